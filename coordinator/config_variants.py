@@ -1,0 +1,479 @@
+"""The enum-like parts of a run configuration (Rust enums with data).
+
+Psyche's TOML writes a Rust enum *externally tagged*: a unit variant is a string
+(`shuffle = "DontShuffle"`), a newtype variant a one-key table whose value is the
+payload (`data_location = { Server = "127.0.0.1:20001" }`), a struct variant a
+one-key table of fields (`[model.LLM.lr_schedule.Cosine]`). In Python each variant
+is its own frozen pydantic model and a field holds a plain instance; the
+`ExternallyTagged` annotation unwraps the tag when validating and writes it back
+when serializing, so `model_dump()` returns the TOML shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from enum import Enum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    Strict,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, core_schema
+
+from coordinator.limits import STRING_MAX_BYTES, URL_MAX_BYTES
+
+# Unsigned integer types of the on-chain layout; Strict() refuses "30" and true.
+U8 = Annotated[int, Strict(), Field(ge=0, le=2**8 - 1)]
+U16 = Annotated[int, Strict(), Field(ge=0, le=2**16 - 1)]
+U32 = Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
+U64 = Annotated[int, Strict(), Field(ge=0, le=2**64 - 1)]
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+StrictStr = Annotated[str, Strict()]
+
+
+def _max_bytes(limit: int) -> Any:
+    def check(value: str) -> str:
+        size = len(value.encode())
+        if size > limit:
+            raise ValueError(f"must be at most {limit} bytes, got {size}")
+        return value
+
+    return check
+
+
+def _nonempty(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+class Variant(BaseModel):
+    """One variant of an externally tagged enum.
+
+    TAG is the TOML tag; NEWTYPE names the single field holding a newtype payload;
+    UNIT marks a unit variant written as a bare string.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    TAG: ClassVar[str]
+    NEWTYPE: ClassVar[str | None] = None
+    UNIT: ClassVar[bool] = False
+
+    def to_tagged(self) -> Any:
+        if self.UNIT:
+            return self.TAG
+        payload = self.model_dump(mode="json", exclude_none=True)
+        if self.NEWTYPE is not None:
+            return {self.TAG: payload[self.NEWTYPE]}
+        return {self.TAG: payload}
+
+
+class ExternallyTagged:
+    """Pydantic annotation: validate `{Tag = payload}` / `"Tag"` into a variant instance.
+
+    Errors carry the tag in their location (`model.LLM.lr_schedule.Cosine.base_lr`).
+    `rejected` maps tags that exist in Psyche but that we refuse to a reason.
+    """
+
+    def __init__(self, *variants: type[Variant], rejected: dict[str, str] | None = None):
+        self.variants = {variant.TAG: variant for variant in variants}
+        self.rejected = rejected or {}
+
+    def _tag_of(self, value: Any) -> str | None:
+        if isinstance(value, Variant):
+            return value.TAG
+        if isinstance(value, str):
+            return value
+        if isinstance(value, dict) and len(value) == 1:
+            tag = next(iter(value))
+            return tag if isinstance(tag, str) else None
+        return None
+
+    def _reject(self, value: Any) -> Any:
+        tag = self._tag_of(value)
+        if tag is None and not isinstance(value, Variant):
+            raise PydanticCustomError(
+                "variant_shape",
+                "expected a variant: one of {tags}, as a string or a one-key table",
+                {"tags": ", ".join(self.variants)},
+            )
+        if tag in self.rejected:
+            raise PydanticCustomError(
+                "variant_rejected", "variant {tag} is not supported: {why}",
+                {"tag": tag, "why": self.rejected[tag]},
+            )
+        return value
+
+    @staticmethod
+    def _unwrap(variant: type[Variant], value: Any) -> Any:
+        if isinstance(value, Variant):
+            return value
+        if isinstance(value, str):
+            return {}
+        payload = value[variant.TAG]
+        if variant.NEWTYPE is not None:
+            return {variant.NEWTYPE: payload}
+        return payload
+
+    def __get_pydantic_core_schema__(
+        self, source_type: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        choices: dict[Any, core_schema.CoreSchema] = {}
+        for tag, variant in self.variants.items():
+            inner = handler.generate_schema(variant)
+            choices[tag] = core_schema.no_info_before_validator_function(
+                functools.partial(self._unwrap, variant), inner
+            )
+        tags = ", ".join(self.variants)
+        union = core_schema.tagged_union_schema(
+            choices,
+            discriminator=self._tag_of,
+            custom_error_type="unknown_variant",
+            custom_error_message=f"unknown variant, expected one of: {tags}",
+        )
+        return core_schema.no_info_before_validator_function(
+            self._reject,
+            union,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda value: value.to_tagged()
+            ),
+        )
+
+
+# ---------------------------------------------------------------- LR schedules
+# Every schedule warms up linearly: lr(s) = init + (base - init) * s / warmup_steps.
+
+
+class ConstantLR(Variant):
+    TAG: ClassVar[str] = "Constant"
+    base_lr: NonNegFloat
+    warmup_init_lr: NonNegFloat
+    warmup_steps: U32
+
+
+class LinearLR(Variant):
+    """After warm-up: lr falls linearly from base_lr to final_lr at total_steps."""
+
+    TAG: ClassVar[str] = "Linear"
+    base_lr: NonNegFloat
+    warmup_init_lr: NonNegFloat
+    final_lr: NonNegFloat
+    warmup_steps: U32
+    total_steps: U32
+
+    @model_validator(mode="after")
+    def _decay_window(self) -> LinearLR:
+        if self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"total_steps must be > warmup_steps ({self.warmup_steps}), got {self.total_steps}"
+            )
+        return self
+
+
+class CosineLR(LinearLR):
+    """After warm-up: lr = final + (base - final) * 1/2 * (1 + cos(pi * (s - w) / (total - w)))."""
+
+    TAG: ClassVar[str] = "Cosine"
+
+
+class WarmupStableDecayLR(Variant):
+    """Warm-up, stable at base_lr, cosine to cosine_decay_final_lr, linear to
+    linear_decay_final_lr, then constant."""
+
+    TAG: ClassVar[str] = "WarmupStableDecay"
+    base_lr: NonNegFloat
+    warmup_init_lr: NonNegFloat
+    cosine_decay_final_lr: NonNegFloat
+    linear_decay_final_lr: NonNegFloat
+    warmup_steps: U32
+    stable_steps: U32
+    cosine_decay_steps: U32
+    linear_decay_steps: U32
+
+
+LRSchedule = ConstantLR | LinearLR | CosineLR | WarmupStableDecayLR
+LR_SCHEDULE = ExternallyTagged(ConstantLR, LinearLR, CosineLR, WarmupStableDecayLR)
+
+
+# ------------------------------------------------------------------ optimizers
+
+
+class DistroOptimizer(Variant):
+    TAG: ClassVar[str] = "Distro"
+    clip_grad_norm: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
+    weight_decay: NonNegFloat | None = None
+    compression_decay: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
+    compression_topk: Annotated[int, Strict(), Field(gt=0, le=2**16 - 1)]
+    compression_chunk: Annotated[int, Strict(), Field(gt=0, le=2**16 - 1)]
+    quantize_1bit: Annotated[bool, Strict()]
+
+
+class AdamWOptimizer(Variant):
+    """Local-only AdamW (shares nothing with peers)."""
+
+    TAG: ClassVar[str] = "AdamW"
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]]
+    weight_decay: NonNegFloat
+    eps: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+    clip_grad_norm: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
+
+
+OptimizerConfig = DistroOptimizer | AdamWOptimizer
+OPTIMIZER = ExternallyTagged(
+    DistroOptimizer, AdamWOptimizer,
+    rejected={"Dummy": "the Dummy optimizer trains nothing; use Distro or AdamW"},
+)
+
+
+# ----------------------------------------------------------------- checkpoints
+
+
+class _HubRepo(Variant):
+    repo_id: Annotated[StrictStr, Field(min_length=1)]
+    revision: StrictStr | None = None
+
+    _check_lengths = field_validator("repo_id", "revision")(
+        lambda value: value if value is None else _max_bytes(STRING_MAX_BYTES)(value)
+    )
+
+
+class _GcsRepo(Variant):
+    bucket: Annotated[StrictStr, Field(min_length=1)]
+    prefix: StrictStr | None = None
+
+    _check_lengths = field_validator("bucket", "prefix")(
+        lambda value: value if value is None else _max_bytes(STRING_MAX_BYTES)(value)
+    )
+
+
+class DummyCheckpoint(_HubRepo):
+    TAG: ClassVar[str] = "Dummy"
+
+
+class HubCheckpoint(_HubRepo):
+    TAG: ClassVar[str] = "Hub"
+
+
+class P2PCheckpoint(_HubRepo):
+    """Fetch the model from peers of the previous epoch (set by the coordinator)."""
+
+    TAG: ClassVar[str] = "P2P"
+
+
+class GcsCheckpoint(_GcsRepo):
+    TAG: ClassVar[str] = "Gcs"
+
+
+class P2PGcsCheckpoint(_GcsRepo):
+    TAG: ClassVar[str] = "P2PGcs"
+
+
+Checkpoint = DummyCheckpoint | HubCheckpoint | P2PCheckpoint | GcsCheckpoint | P2PGcsCheckpoint
+CHECKPOINT = ExternallyTagged(
+    DummyCheckpoint, HubCheckpoint, P2PCheckpoint, GcsCheckpoint, P2PGcsCheckpoint,
+    rejected={"Ephemeral": "a run must start from a Hub, Gcs or Dummy checkpoint"},
+)
+
+
+# ------------------------------------------------------------- data locations
+
+
+class TokenSize(Enum):
+    """Width of one token in the raw data files (little-endian)."""
+
+    TwoBytes = 2
+    FourBytes = 4
+
+    @property
+    def nbytes(self) -> int:
+        return self.value
+
+
+def _token_size(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return TokenSize[value]
+        except KeyError:
+            raise ValueError(f"expected TwoBytes or FourBytes, got {value!r}") from None
+    if isinstance(value, TokenSize):
+        return value
+    raise ValueError(f"expected TwoBytes or FourBytes, got {value!r}")
+
+
+class _Url(Variant):
+    @staticmethod
+    def check_url(value: str) -> str:
+        _max_bytes(URL_MAX_BYTES)(value)
+        if not re.match(r"^[a-z][a-z0-9+.-]*://\S+$", value):
+            raise ValueError(f"must be an absolute URL (scheme://...), got {value!r}")
+        return value
+
+
+class SingleUrl(_Url):
+    TAG: ClassVar[str] = "SingleUrl"
+    NEWTYPE: ClassVar[str | None] = "url"
+    url: StrictStr
+
+    _url = field_validator("url")(lambda value: _Url.check_url(value))
+
+
+class UrlList(_Url):
+    """Our extension: several files by explicit URL, in order."""
+
+    TAG: ClassVar[str] = "UrlList"
+    NEWTYPE: ClassVar[str | None] = "urls"
+    urls: Annotated[list[StrictStr], Field(min_length=1)]
+
+    _urls = field_validator("urls")(lambda urls: [_Url.check_url(url) for url in urls])
+
+
+class NumberedFiles(_Url):
+    """Files url_template.format(zero_padded(start_index + i)) for i < num_files."""
+
+    TAG: ClassVar[str] = "NumberedFiles"
+    url_template: StrictStr
+    start_index: U32
+    n_left_pad_zeros: U8
+    num_files: Annotated[int, Strict(), Field(gt=0, le=2**32 - 1)]
+
+    @field_validator("url_template")
+    @classmethod
+    def _one_placeholder(cls, value: str) -> str:
+        if value.count("{}") != 1:
+            raise ValueError(f'must contain exactly one "{{}}", got {value!r}')
+        return _Url.check_url(value)
+
+
+class GcpBucket(Variant):
+    TAG: ClassVar[str] = "Gcp"
+    bucket_name: Annotated[StrictStr, Field(min_length=1)]
+    filter_directory: StrictStr = ""
+
+
+HttpLocation = SingleUrl | UrlList | NumberedFiles | GcpBucket
+HTTP_LOCATION = ExternallyTagged(SingleUrl, UrlList, NumberedFiles, GcpBucket)
+
+
+class DontShuffle(Variant):
+    TAG: ClassVar[str] = "DontShuffle"
+    UNIT: ClassVar[bool] = True
+
+
+class SeededShuffle(Variant):
+    """Shuffle the sequences with ChaCha8 seeded by these 32 bytes."""
+
+    TAG: ClassVar[str] = "Seeded"
+    NEWTYPE: ClassVar[str | None] = "seed"
+    seed: bytes
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_bytes(cls, value: Any) -> bytes:
+        return seed_bytes(value)
+
+    @field_serializer("seed")
+    def _seed_list(self, seed: bytes) -> list[int]:
+        return list(seed)
+
+
+def seed_bytes(value: Any) -> bytes:
+    """A 32-byte seed from TOML's list of 32 integers 0..255 (or bytes)."""
+    if isinstance(value, bytes | bytearray):
+        raw = bytes(value)
+    elif isinstance(value, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 255 for x in value
+    ):
+        raw = bytes(value)
+    else:
+        raise ValueError("must be a list of 32 integers in 0..255")
+    if len(raw) != 32:
+        raise ValueError(f"must have exactly 32 bytes, got {len(raw)}")
+    return raw
+
+
+Shuffle = DontShuffle | SeededShuffle
+SHUFFLE = ExternallyTagged(DontShuffle, SeededShuffle)
+
+
+class DummyDataLocation(Variant):
+    TAG: ClassVar[str] = "Dummy"
+    UNIT: ClassVar[bool] = True
+
+
+class ServerDataLocation(Variant):
+    """The coordinator's TCP data server, "host:port"."""
+
+    TAG: ClassVar[str] = "Server"
+    NEWTYPE: ClassVar[str | None] = "address"
+    address: StrictStr
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        _max_bytes(URL_MAX_BYTES)(value)
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f'must be "host:port" with a port in 1..65535, got {value!r}')
+        return value
+
+
+class LocalDataLocation(Variant):
+    TAG: ClassVar[str] = "Local"
+    NEWTYPE: ClassVar[str | None] = "path"
+    path: Annotated[StrictStr, Field(min_length=1)]
+
+
+class HttpDataLocation(Variant):
+    TAG: ClassVar[str] = "Http"
+    location: Annotated[HttpLocation, HTTP_LOCATION]
+    token_size_in_bytes: TokenSize
+    shuffle: Annotated[Shuffle, SHUFFLE]
+
+    _token = field_validator("token_size_in_bytes", mode="before")(_token_size)
+
+    @field_serializer("token_size_in_bytes")
+    def _token_name(self, value: TokenSize) -> str:
+        return value.name
+
+
+class WeightedHttpDataLocation(Variant):
+    """URL of a JSON file {shuffle, providers: [[location, weight], ...]}."""
+
+    TAG: ClassVar[str] = "WeightedHttp"
+    NEWTYPE: ClassVar[str | None] = "url"
+    url: Annotated[StrictStr, Field(min_length=1)]
+
+
+class PreprocessedDataLocation(Variant):
+    """A directory or HF dataset of parquet files with an `inputs` column."""
+
+    TAG: ClassVar[str] = "Preprocessed"
+    NEWTYPE: ClassVar[str | None] = "source"
+    source: Annotated[StrictStr, Field(min_length=1)]
+
+
+DataLocation = (
+    DummyDataLocation
+    | ServerDataLocation
+    | LocalDataLocation
+    | HttpDataLocation
+    | WeightedHttpDataLocation
+    | PreprocessedDataLocation
+)
+DATA_LOCATION = ExternallyTagged(
+    DummyDataLocation, ServerDataLocation, LocalDataLocation, HttpDataLocation,
+    WeightedHttpDataLocation, PreprocessedDataLocation,
+)
+
+Architecture = Literal["HfLlama", "HfDeepseek", "HfAuto", "Torchtitan"]
+DataType = Literal["Pretraining", "Finetuning"]
+
