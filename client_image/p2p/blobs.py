@@ -1,0 +1,276 @@
+"""Blob transfer on ALPN ``psyche/blobs/0``: serve the store, fetch verified blobs.
+
+Request (one bi-stream per request)::
+
+    hash (32) ‖ offset (u64 BE) ‖ length (u64 BE, 0 = to the end)
+
+Response: ``status (u8: 0 ok, 1 not found, 2 bad request) ‖ blob size (u64 BE)``
+then ``length`` raw bytes, then the stream is finished.
+
+A download hashes the bytes incrementally as they arrive (BLAKE3), never
+accepts more than the announced size, and on a failed or stalled provider
+resumes at the same offset from the next provider after a jittered,
+exponentially growing pause. A hash mismatch at the end discards everything
+and blames the providers that contributed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import blake3
+import iroh
+
+from client_image.p2p import framing
+from client_image.p2p.blob_store import HASH_BYTES, BlobStore
+from client_image.p2p.transport import Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+BLOBS_ALPN = b"psyche/blobs/0"
+REQUEST = struct.Struct(">32sQQ")
+RESPONSE_HEADER = struct.Struct(">BQ")
+STATUS_OK, STATUS_NOT_FOUND, STATUS_BAD_REQUEST = 0, 1, 2
+SERVE_CHUNK = 1 << 20
+
+
+class BlobDownloadError(RuntimeError):
+    """A blob could not be fetched and verified from any provider."""
+
+
+class BlobProtocolError(ConnectionError):
+    """A provider answered something other than the blob we asked for."""
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    max_blob_bytes: int = 2 << 30
+    max_concurrent_downloads: int = 4
+    max_attempts: int = 6
+    read_timeout_s: float = 10.0
+    total_timeout_s: float = 600.0
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 8.0
+    read_chunk_bytes: int = 1 << 20
+
+
+@dataclass
+class DownloadStats:
+    started: int = 0
+    finished: int = 0
+    retries: int = 0
+    failed: int = 0
+    bytes_received: int = 0
+
+
+class RateLimiter:
+    """Token bucket: ``consume(n)`` waits so the long-run rate stays ≤ bytes_per_second."""
+
+    def __init__(self, bytes_per_second: float, burst_bytes: int = 1 << 20) -> None:
+        if bytes_per_second <= 0:
+            raise ValueError("bandwidth cap must be positive")
+        self.rate = bytes_per_second
+        self.burst = float(burst_bytes)
+        self._tokens = self.burst
+        self._stamp = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def consume(self, amount: int) -> None:
+        async with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= amount
+            if self._tokens < 0:
+                await asyncio.sleep(-self._tokens / self.rate)
+
+
+def backoff_delay(attempt: int, config: DownloadConfig) -> float:
+    """delay = min(max, base·2^attempt) · U(0.5, 1): exponential with jitter, never zero."""
+    return min(config.backoff_max_s, config.backoff_base_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+class BlobService:
+    """Serves ``store`` to peers and downloads blobs from them."""
+
+    def __init__(
+        self, transport: Transport, store: BlobStore, config: DownloadConfig | None = None
+    ) -> None:
+        self.transport = transport
+        self.store = store
+        self.config = config or DownloadConfig()
+        self.stats = DownloadStats()
+        self._slots = asyncio.Semaphore(self.config.max_concurrent_downloads)
+        transport.register_protocol(BLOBS_ALPN, self._handle_connection)
+
+    # -- serving -------------------------------------------------------------------------
+    async def _handle_connection(self, connection: iroh.Connection) -> None:
+        requests: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                stream = await connection.accept_bi()
+                task = asyncio.create_task(self._serve(stream.send(), stream.recv()))
+                requests.add(task)
+                task.add_done_callback(requests.discard)
+        except iroh.IrohError:
+            pass
+        finally:
+            for task in requests:
+                task.cancel()
+
+    async def _serve(self, send: iroh.SendStream, recv: iroh.RecvStream) -> None:
+        try:
+            raw = await asyncio.wait_for(framing.read_exact(recv, REQUEST.size), 10)
+            digest, offset, length = REQUEST.unpack(raw)
+            data = self.store.get(digest)
+            if data is None:
+                await send.write_all(RESPONSE_HEADER.pack(STATUS_NOT_FOUND, 0))
+            elif offset > len(data):
+                await send.write_all(RESPONSE_HEADER.pack(STATUS_BAD_REQUEST, len(data)))
+            else:
+                end = len(data) if length == 0 else min(len(data), offset + length)
+                await send.write_all(RESPONSE_HEADER.pack(STATUS_OK, len(data)))
+                for start in range(offset, end, SERVE_CHUNK):
+                    await send.write_all(data[start : min(end, start + SERVE_CHUNK)])
+            await send.finish()
+        except (TimeoutError, framing.StreamClosed, iroh.IrohError) as error:
+            logger.debug("blob request failed: %s", error)
+
+    # -- downloading ----------------------------------------------------------------------
+    async def download(
+        self,
+        digest: bytes,
+        size: int,
+        providers: Sequence[bytes],
+        rate_limiter: RateLimiter | None = None,
+    ) -> bytes:
+        """Fetch the blob ``digest`` of ``size`` bytes from any of ``providers``, verified.
+
+        Raises ``BlobDownloadError`` naming the cause once every attempt is spent.
+        """
+        candidates = list(providers)
+        random.shuffle(candidates)
+        async with self._slots:
+            data, _ = await self.fetch(digest, size, candidates, rate_limiter)
+        return data
+
+    async def fetch(
+        self,
+        digest: bytes,
+        size: int,
+        providers: Sequence[bytes],
+        rate_limiter: RateLimiter | None = None,
+    ) -> tuple[bytes, bytes | None]:
+        """Like ``download`` but tries ``providers`` in the given order and takes no slot.
+
+        Returns the data and the provider that completed it (None: it was local).
+        """
+        if len(digest) != HASH_BYTES:
+            raise BlobDownloadError(f"blob hash must be {HASH_BYTES} bytes, got {len(digest)}")
+        if not 0 <= size <= self.config.max_blob_bytes:
+            raise BlobDownloadError(
+                f"blob size {size} exceeds the limit of {self.config.max_blob_bytes} bytes"
+            )
+        local = self.store.get(digest)
+        if local is not None:
+            return local, None
+        candidates = list(dict.fromkeys(p for p in providers if p != self.transport.node_id))
+        if not candidates:
+            raise BlobDownloadError(f"no provider for blob {digest.hex()[:12]}")
+        self.stats.started += 1
+        try:
+            result = await asyncio.wait_for(
+                self._download(digest, size, candidates, rate_limiter), self.config.total_timeout_s
+            )
+        except TimeoutError:
+            self.stats.failed += 1
+            raise BlobDownloadError(
+                f"blob {digest.hex()[:12]} not complete after {self.config.total_timeout_s}s"
+            ) from None
+        except BlobDownloadError:
+            self.stats.failed += 1
+            raise
+        self.stats.finished += 1
+        return result
+
+    async def _download(
+        self, digest: bytes, size: int, providers: list[bytes], limiter: RateLimiter | None
+    ) -> tuple[bytes, bytes]:
+        received = bytearray()
+        hasher = blake3.blake3()
+        errors: list[str] = []
+        for attempt in range(self.config.max_attempts):
+            provider = providers[attempt % len(providers)]
+            try:
+                await self._fetch_range(provider, digest, size, received, hasher, limiter)
+                if hasher.digest() == digest:
+                    return bytes(received), provider
+                errors.append(f"{provider.hex()[:8]}: content does not match the hash")
+                received.clear()
+                hasher = blake3.blake3()
+            except (
+                TimeoutError,
+                TransportError,
+                BlobProtocolError,
+                framing.StreamClosed,
+                iroh.IrohError,
+            ) as error:
+                errors.append(f"{provider.hex()[:8]}: {type(error).__name__}: {error}")
+                self.transport.drop_connection(provider, BLOBS_ALPN)
+            self.stats.retries += 1
+            if attempt + 1 < self.config.max_attempts:
+                await asyncio.sleep(backoff_delay(attempt, self.config))
+        raise BlobDownloadError(
+            f"blob {digest.hex()[:12]} ({size} bytes) failed after {self.config.max_attempts} attempts: "
+            + "; ".join(errors[-4:])
+        )
+
+    async def _fetch_range(
+        self,
+        provider: bytes,
+        digest: bytes,
+        size: int,
+        received: bytearray,
+        hasher: blake3.blake3,
+        limiter: RateLimiter | None,
+    ) -> None:
+        """Append bytes [len(received), size) from ``provider`` to ``received``."""
+        timeout = self.config.read_timeout_s
+        connection = await self.transport.connect(provider, BLOBS_ALPN)
+        stream = await asyncio.wait_for(connection.open_bi(), timeout)
+        send, recv = stream.send(), stream.recv()
+        try:
+            await send.write_all(REQUEST.pack(digest, len(received), 0))
+            await send.finish()
+            header = await asyncio.wait_for(framing.read_exact(recv, RESPONSE_HEADER.size), timeout)
+            status, total = RESPONSE_HEADER.unpack(header)
+            if status == STATUS_NOT_FOUND:
+                raise BlobProtocolError("provider does not have the blob")
+            if status != STATUS_OK:
+                raise BlobProtocolError(f"provider answered status {status}")
+            if total != size:
+                raise BlobProtocolError(f"provider says {total} bytes, announcement says {size}")
+            while len(received) < size:
+                chunk = await asyncio.wait_for(recv.read(self.config.read_chunk_bytes), timeout)
+                if not chunk:
+                    raise framing.StreamClosed(f"stream ended at {len(received)} of {size} bytes")
+                if len(received) + len(chunk) > size:
+                    raise BlobProtocolError(f"provider sent more than the announced {size} bytes")
+                received += chunk
+                hasher.update(chunk)
+                self.stats.bytes_received += len(chunk)
+                if limiter is not None:
+                    await limiter.consume(len(chunk))
+            trailing = await asyncio.wait_for(recv.read(1), timeout)
+            if trailing:
+                raise BlobProtocolError(f"provider sent more than the announced {size} bytes")
+        finally:
+            with contextlib.suppress(Exception):
+                await recv.stop(0)

@@ -1,0 +1,270 @@
+"""Model sharing for joiners on ALPN ``psyche/model-sharing/0``.
+
+A sharing peer publishes each parameter as a blob (tag ``model-{name}``) and
+answers a manifest request with the parameter names, shapes, dtypes, sizes and
+BLAKE3 hashes plus the model's config and tokenizer JSON. A joiner fetches the
+manifest from one source, then requests parameter ``i`` first from source
+``i mod n`` (each tensor from a different peer in turn, the others as
+fallbacks), verifies every tensor against its hash and size, and rebuilds a
+state dict that is bit-identical to the peers'.
+
+Request: frame ``{"v": 1, "kind": "manifest"}``; response: frame
+``status (u8: 0 ok, 1 not sharing) ‖ manifest JSON``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import iroh
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from client_image.p2p import framing
+from client_image.p2p.blobs import BlobDownloadError, BlobService, RateLimiter
+from client_image.p2p.transport import Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+MODEL_SHARING_ALPN = b"psyche/model-sharing/0"
+MAX_MANIFEST_BYTES = 64 << 20
+MODEL_TAG_PREFIX = "model-"
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+class ModelSharingError(RuntimeError):
+    """The model could not be fetched or a peer's manifest is unusable."""
+
+
+class ParameterEntry(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", ser_json_bytes="hex", val_json_bytes="hex"
+    )
+
+    name: Annotated[str, Field(min_length=1, max_length=1024)]
+    shape: list[Annotated[int, Field(ge=0)]]
+    dtype: Literal[
+        "float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"
+    ]
+    size: Annotated[int, Field(ge=0)]
+    hash: Annotated[bytes, Field(min_length=32, max_length=32)]
+
+    def expected_size(self) -> int:
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        return numel * _DTYPES[self.dtype].itemsize
+
+
+class ModelManifest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1] = 1
+    parameters: list[ParameterEntry]
+    config_json: str = ""
+    tokenizer_json: str | None = None
+
+    def validate_sizes(self) -> None:
+        for entry in self.parameters:
+            if entry.size != entry.expected_size():
+                raise ModelSharingError(
+                    f"manifest entry {entry.name!r}: {entry.size} bytes does not match "
+                    f"shape {entry.shape} of {entry.dtype} ({entry.expected_size()} bytes)"
+                )
+        names = [e.name for e in self.parameters]
+        if len(set(names)) != len(names):
+            raise ModelSharingError("manifest lists a parameter name twice")
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """Raw little-endian bytes of a tensor in row-major order."""
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def tensor_from_bytes(data: bytes, entry: ParameterEntry) -> torch.Tensor:
+    dtype = _DTYPES[entry.dtype]
+    if not data:
+        return torch.empty(entry.shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(entry.shape)
+
+
+@dataclass(frozen=True)
+class ModelFetchOptions:
+    max_concurrent_parameter_requests: int = 8
+    bandwidth_bytes_per_second: float | None = None
+    manifest_timeout_s: float = 10.0
+
+
+@dataclass
+class ModelFetchReport:
+    parameters: int = 0
+    total_bytes: int = 0
+    served_by: Counter[bytes] = field(default_factory=Counter)
+
+
+class ModelSharing:
+    """Share this node's model with joiners, and fetch a model from peers."""
+
+    def __init__(self, transport: Transport, blobs: BlobService) -> None:
+        self.transport = transport
+        self.blobs = blobs
+        self._manifest: ModelManifest | None = None
+        transport.register_protocol(MODEL_SHARING_ALPN, self._handle_connection)
+
+    # -- sharing ---------------------------------------------------------------------------
+    def share(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        config_json: str = "",
+        tokenizer_json: str | None = None,
+    ) -> ModelManifest:
+        """Publish ``state_dict`` (replacing any model shared before)."""
+        self.stop_sharing()
+        entries = []
+        for name, tensor in state_dict.items():
+            if tensor.dtype not in _DTYPE_NAMES:
+                raise ModelSharingError(f"parameter {name!r} has unsupported dtype {tensor.dtype}")
+            data = tensor_bytes(tensor)
+            digest = self.blobs.store.add(data, tag=MODEL_TAG_PREFIX + name)
+            entries.append(
+                ParameterEntry(
+                    name=name,
+                    shape=list(tensor.shape),
+                    dtype=_DTYPE_NAMES[tensor.dtype],  # type: ignore[arg-type]
+                    size=len(data),
+                    hash=digest,
+                )
+            )
+        self._manifest = ModelManifest(
+            parameters=entries, config_json=config_json, tokenizer_json=tokenizer_json
+        )
+        return self._manifest
+
+    def stop_sharing(self) -> None:
+        self._manifest = None
+        self.blobs.store.remove_tags_where(lambda tag: tag.startswith(MODEL_TAG_PREFIX))
+
+    async def _handle_connection(self, connection: iroh.Connection) -> None:
+        try:
+            while True:
+                stream = await connection.accept_bi()
+                await self._serve_manifest(stream.send(), stream.recv())
+        except iroh.IrohError:
+            pass
+
+    async def _serve_manifest(self, send: iroh.SendStream, recv: iroh.RecvStream) -> None:
+        try:
+            request = await asyncio.wait_for(framing.read_frame(recv, 1024), 10)
+            manifest = self._manifest
+            if request is None or b'"manifest"' not in request or manifest is None:
+                await send.write_all(framing.encode_frame(b"\x01"))
+            else:
+                await send.write_all(
+                    framing.encode_frame(b"\x00" + manifest.model_dump_json().encode())
+                )
+            await send.finish()
+        except (TimeoutError, framing.StreamClosed, framing.FrameTooLarge, iroh.IrohError) as error:
+            logger.debug("manifest request failed: %s", error)
+
+    # -- fetching --------------------------------------------------------------------------
+    async def fetch_manifest(self, source: bytes, timeout: float = 10.0) -> ModelManifest:
+        async def request() -> bytes | None:
+            connection = await self.transport.connect(source, MODEL_SHARING_ALPN)
+            stream = await connection.open_bi()
+            await stream.send().write_all(framing.encode_frame(b'{"v": 1, "kind": "manifest"}'))
+            await stream.send().finish()
+            return await framing.read_frame(stream.recv(), MAX_MANIFEST_BYTES)
+
+        try:
+            reply = await asyncio.wait_for(request(), timeout)
+        except (
+            TimeoutError,
+            TransportError,
+            framing.StreamClosed,
+            framing.FrameTooLarge,
+            iroh.IrohError,
+        ) as error:
+            raise ModelSharingError(f"manifest from {source.hex()[:8]} failed: {error}") from None
+        if not reply or reply[0] != 0:
+            raise ModelSharingError(f"peer {source.hex()[:8]} is not sharing a model")
+        try:
+            manifest = ModelManifest.model_validate_json(reply[1:])
+        except ValidationError as error:
+            raise ModelSharingError(
+                f"invalid manifest from {source.hex()[:8]}: {error.errors()[:3]}"
+            ) from None
+        manifest.validate_sizes()
+        return manifest
+
+    async def fetch_model(
+        self,
+        sources: Sequence[bytes],
+        options: ModelFetchOptions | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[ModelManifest, dict[str, torch.Tensor], ModelFetchReport]:
+        """Download the model from ``sources`` only (e.g. the previous epoch's trainers)."""
+        options = options or ModelFetchOptions()
+        peers = list(dict.fromkeys(s for s in sources if s != self.transport.node_id))
+        if not peers:
+            raise ModelSharingError("no peers to fetch the model from")
+        manifest = None
+        errors = []
+        for peer in peers:
+            try:
+                manifest = await self.fetch_manifest(peer, options.manifest_timeout_s)
+                break
+            except ModelSharingError as error:
+                errors.append(str(error))
+        if manifest is None:
+            raise ModelSharingError("no source served a manifest: " + "; ".join(errors))
+
+        limiter = (
+            RateLimiter(options.bandwidth_bytes_per_second)
+            if options.bandwidth_bytes_per_second
+            else None
+        )
+        slots = asyncio.Semaphore(options.max_concurrent_parameter_requests)
+        report = ModelFetchReport()
+        state: dict[str, torch.Tensor] = {}
+
+        async def fetch_one(index: int, entry: ParameterEntry) -> None:
+            # parameter i starts at source i mod n: spreads the tensors across peers
+            order = peers[index % len(peers) :] + peers[: index % len(peers)]
+            async with slots:
+                try:
+                    data, provider = await self.blobs.fetch(entry.hash, entry.size, order, limiter)
+                except BlobDownloadError as error:
+                    raise ModelSharingError(f"parameter {entry.name!r}: {error}") from None
+            state[entry.name] = tensor_from_bytes(data, entry)
+            report.parameters += 1
+            report.total_bytes += len(data)
+            if provider is not None:
+                report.served_by[provider] += 1
+            if progress is not None:
+                progress(report.parameters, len(manifest.parameters))
+
+        tasks = [asyncio.create_task(fetch_one(i, e)) for i, e in enumerate(manifest.parameters)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        ordered = {entry.name: state[entry.name] for entry in manifest.parameters}
+        return manifest, ordered, report
