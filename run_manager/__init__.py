@@ -1,1 +1,29 @@
-"""run_manager package."""
+"""The run-manager: supervises the versioned client container and shows the run.
+
+Public surface, loaded on first use: the client imports `run_manager.sources.metrics`,
+which runs this file, and must not pay for docker-py or pydantic-settings. Textual is
+never imported here; the TUI lives in `run_manager.tui`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Supervisor": "run_manager.docker_supervisor",
+    "SupervisorConfig": "run_manager.docker_supervisor",
+    "RunManagerSettings": "run_manager.settings",
+    "SettingsError": "run_manager.settings",
+    "load_settings": "run_manager.settings",
+    "ClientMetrics": "run_manager.sources.metrics",
+    "CoordinatorSource": "run_manager.sources.coordinator",
+    "PinnedVersionSource": "run_manager.sources.coordinator",
+    "RunSnapshot": "run_manager.sources.coordinator",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'run_manager' has no attribute {name!r}")

@@ -1,0 +1,264 @@
+"""Keeps the client container alive: the run-manager's main job.
+
+Loop (Psyche's run-manager, plus crash restarts as its train_entrypoint.sh does):
+  1. ask the coordinator which client version the run wants -> image `repo:version`;
+  2. use the local image or pull it (progress reported);
+  3. start the container, stream its logs, wait for it to exit;
+  4. exit 10 (the run wants another version): wait `version_change_delay_s`, go to 1;
+     exit 0: the client finished, stop; any other code: a crash, restart after
+     backoff_base_s * 2**(n-1) seconds (capped) up to `max_crash_restarts` times in a
+     row (the count resets after `healthy_uptime_s` of uptime);
+  5. stop request (Ctrl+C, SIGTERM, q): stop and remove the container, return.
+A container a killed run-manager left behind is found by its labels and removed first.
+Docker calls block, so they run in worker threads; events reach `on_event` on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import docker
+from docker.models.containers import Container
+
+from run_manager import engine
+from run_manager.sources.coordinator import CoordinatorSource
+
+VERSION_MISMATCH_EXIT_CODE = 10
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    run_id: str
+    image_repository: str = "psyche-client"
+    environment: dict[str, str] = field(default_factory=dict)
+    gpus: bool = False
+    entrypoint: list[str] | None = None
+    """Replaces the image's `psyche-client` entry point (Psyche's `--entrypoint X -- args`)."""
+    command: list[str] = field(default_factory=list)
+    scratch_dir: Path | None = None
+    max_crash_restarts: int = 5
+    backoff_base_s: float = 5.0
+    backoff_max_s: float = 120.0
+    healthy_uptime_s: float = 120.0
+    version_change_delay_s: float = 5.0
+    stop_timeout_s: int = 10
+
+
+# Events, in the order a run produces them.
+@dataclass(frozen=True)
+class StaleContainerRemoved:
+    container_id: str
+
+
+@dataclass(frozen=True)
+class ImagePull:
+    progress: engine.PullProgress
+
+
+@dataclass(frozen=True)
+class ContainerStarted:
+    container_id: str
+    image: str
+    version: str
+    restarts: int
+
+
+@dataclass(frozen=True)
+class LogLine:
+    text: str
+
+
+@dataclass(frozen=True)
+class ContainerExited:
+    exit_code: int
+    uptime_s: float
+
+
+@dataclass(frozen=True)
+class RestartScheduled:
+    reason: Literal["version-change", "crash", "requested"]
+    delay_s: float
+    crash_restarts: int
+
+
+@dataclass(frozen=True)
+class SupervisorFinished:
+    reason: Literal["stopped", "client-finished", "gave-up", "error"]
+    message: str
+
+
+SupervisorEvent = (
+    StaleContainerRemoved | ImagePull | ContainerStarted | LogLine | ContainerExited
+    | RestartScheduled | SupervisorFinished
+)  # fmt: skip
+
+
+class Supervisor:
+    """Runs one run's client container until told to stop or it cannot go on."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        coordinator: CoordinatorSource,
+        config: SupervisorConfig,
+        on_event: Callable[[SupervisorEvent], None],
+    ) -> None:
+        self._client = client
+        self._coordinator = coordinator
+        self._config = config
+        self._on_event = on_event
+        self._stop = asyncio.Event()
+        self._restart = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.restarts = 0
+        self.crash_restarts = 0
+        self.container: Container | None = None
+
+    def request_stop(self) -> None:
+        """Stops the container and ends `run`. Safe from any thread or a signal handler."""
+        self._threadsafe(self._stop.set)
+
+    def request_restart(self) -> None:
+        """Restarts the container now (not counted as a crash)."""
+        self._threadsafe(self._restart.set)
+
+    def _threadsafe(self, action: Callable[[], None]) -> None:
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(action)
+        else:
+            action()
+
+    async def run(self) -> SupervisorFinished:
+        self._loop = asyncio.get_running_loop()
+        try:
+            finished = await self._supervise()
+        except engine.EngineError as error:
+            finished = SupervisorFinished("error", str(error))
+        finally:
+            if self.container is not None:  # an error or cancellation mid-run: leave nothing behind
+                await asyncio.to_thread(self._stop_and_remove, self.container)
+                self.container = None
+        self._on_event(finished)
+        return finished
+
+    async def _supervise(self) -> SupervisorFinished:
+        for stale in await asyncio.to_thread(
+            engine.find_managed_containers, self._client, self._config.run_id
+        ):
+            await asyncio.to_thread(engine.remove_container, stale)
+            self._on_event(StaleContainerRemoved(stale.id or ""))
+        while not self._stop.is_set():
+            version = await self._coordinator.client_version()
+            image = f"{self._config.image_repository}:{version}"
+            await asyncio.to_thread(engine.ensure_image, self._client, image, self._report_pull)
+            if self._stop.is_set():
+                break
+            exit_code, uptime_s = await self._run_once(image, version)
+            if self._stop.is_set():
+                break
+            if self._restart.is_set():
+                self._restart.clear()
+                self.restarts += 1
+                self._on_event(RestartScheduled("requested", 0.0, self.crash_restarts))
+                continue
+            if exit_code == 0:
+                return SupervisorFinished("client-finished", "the client exited normally (code 0)")
+            if exit_code == VERSION_MISMATCH_EXIT_CODE:
+                delay = self._config.version_change_delay_s
+                self._on_event(RestartScheduled("version-change", delay, self.crash_restarts))
+            else:
+                if uptime_s >= self._config.healthy_uptime_s:
+                    self.crash_restarts = 0  # it ran long enough: a fresh crash, not a crash loop
+                if self.crash_restarts >= self._config.max_crash_restarts:
+                    return SupervisorFinished(
+                        "gave-up",
+                        f"the client crashed (exit code {exit_code}) "
+                        f"{self.crash_restarts + 1} times in a row; giving up",
+                    )
+                self.crash_restarts += 1
+                delay = min(
+                    self._config.backoff_max_s,
+                    self._config.backoff_base_s * 2 ** (self.crash_restarts - 1),
+                )
+                self._on_event(RestartScheduled("crash", delay, self.crash_restarts))
+            self.restarts += 1
+            if await self._sleep_unless_stopped(delay):
+                break
+        return SupervisorFinished("stopped", "stopped on request; container removed")
+
+    async def _run_once(self, image: str, version: str) -> tuple[int, float]:
+        """Starts one container and waits for it to exit, a stop or a restart request."""
+        spec = engine.ContainerSpec(
+            image=image,
+            name=container_name(self._config.run_id),
+            environment={**self._config.environment, "CLIENT_VERSION": version},
+            labels={
+                engine.MANAGED_BY_LABEL: engine.MANAGED_BY_VALUE,
+                engine.RUN_ID_LABEL: self._config.run_id,
+                engine.CLIENT_VERSION_LABEL: version,
+                "io.psyche.run-manager-pid": str(os.getpid()),
+            },
+            gpus=self._config.gpus,
+            entrypoint=self._config.entrypoint,
+            command=self._config.command,
+            scratch_dir=self._config.scratch_dir,
+        )
+        self._restart.clear()  # any restart asked before this start is served by it
+        container = await asyncio.to_thread(engine.start_container, self._client, spec)
+        self.container = container
+        started = time.monotonic()
+        self._on_event(ContainerStarted(container.id or "", image, version, self.restarts))
+        log_thread = engine.follow_logs(container, self._report_log_line)
+        exited = asyncio.ensure_future(asyncio.to_thread(engine.wait_exit_code, container))
+        interrupts = [asyncio.ensure_future(e.wait()) for e in (self._stop, self._restart)]
+        await asyncio.wait([exited, *interrupts], return_when=asyncio.FIRST_COMPLETED)
+        for task in interrupts:
+            task.cancel()
+        if not exited.done():  # stop or restart asked: the container is still running
+            await asyncio.to_thread(engine.stop_container, container, self._config.stop_timeout_s)
+        exit_code = await exited
+        uptime_s = time.monotonic() - started
+        await asyncio.to_thread(log_thread.join, 5.0)
+        self._on_event(ContainerExited(exit_code, uptime_s))
+        await asyncio.to_thread(engine.remove_container, container)
+        self.container = None
+        return exit_code, uptime_s
+
+    def _stop_and_remove(self, container: Container) -> None:
+        engine.stop_container(container, self._config.stop_timeout_s)
+        engine.remove_container(container)
+
+    async def _sleep_unless_stopped(self, delay_s: float) -> bool:
+        """Sleeps `delay_s`, cut short by a restart request; True when a stop request came."""
+        wakers = [asyncio.ensure_future(e.wait()) for e in (self._stop, self._restart)]
+        await asyncio.wait(wakers, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
+        for task in wakers:
+            task.cancel()
+        self._restart.clear()  # a restart asked during the wait is this restart
+        return self._stop.is_set()
+
+    def _report_pull(self, progress: engine.PullProgress) -> None:
+        self._emit_threadsafe(ImagePull(progress))
+
+    def _report_log_line(self, text: str) -> None:
+        self._emit_threadsafe(LogLine(text))
+
+    def _emit_threadsafe(self, event: SupervisorEvent) -> None:
+        # Called from worker threads: hand the event to the loop's thread.
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._on_event, event)
+            except RuntimeError:
+                pass  # the loop closed between the check and the call: nobody listens
+
+
+def container_name(run_id: str) -> str:
+    """A container name from the run id (Docker allows [a-zA-Z0-9][a-zA-Z0-9_.-]*)."""
+    return "psyche-client-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", run_id)

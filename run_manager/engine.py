@@ -1,0 +1,238 @@
+"""The Docker engine, as the supervisor uses it (docker-py against /var/run/docker.sock).
+
+Each function turns the engine's failures into an EngineError whose message tells the
+operator what to do: no engine, an image that is neither local nor pullable, GPUs
+requested without the NVIDIA Container Toolkit.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.types import DeviceRequest, Mount
+
+MANAGED_BY_LABEL = "io.psyche.managed-by"
+MANAGED_BY_VALUE = "run-manager"
+RUN_ID_LABEL = "io.psyche.run-id"
+CLIENT_VERSION_LABEL = "io.psyche.client-version"
+
+NVIDIA_TOOLKIT_MESSAGE = (
+    "GPUs were requested but Docker cannot give them to the container "
+    '(engine: could not select device driver "" with capabilities: [[gpu]]). '
+    "Install the NVIDIA Container Toolkit "
+    "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/install-guide.html), "
+    "run `sudo nvidia-ctk runtime configure --runtime=docker` and restart Docker; "
+    "or set GPUS=none to train on the CPU."
+)
+
+
+class EngineError(Exception):
+    """The engine refused or failed; the message is meant for the operator."""
+
+
+class ImageUnavailableError(EngineError):
+    pass
+
+
+class GpuUnavailableError(EngineError):
+    pass
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """Progress of one `docker pull`, summed over the layers seen so far."""
+
+    image: str
+    status: str
+    current_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """How to run one client container."""
+
+    image: str
+    name: str
+    environment: dict[str, str]
+    labels: dict[str, str]
+    gpus: bool = False
+    entrypoint: list[str] | None = None
+    command: list[str] = field(default_factory=list)
+    scratch_dir: Path | None = None
+
+
+def connect(timeout_s: float = 30.0) -> docker.DockerClient:
+    """A client of the local engine, checked with a ping."""
+    try:
+        client = docker.from_env(timeout=int(timeout_s))
+        client.ping()
+    except docker.errors.DockerException as error:
+        raise EngineError(
+            f"cannot reach the Docker engine ({error}). Is dockerd running? "
+            "Start it with `sudo scripts/docker_engine.sh start`."
+        ) from None
+    return client
+
+
+def gpus_present() -> bool:
+    """NVIDIA GPUs are visible to the host (the driver creates /dev/nvidia0)."""
+    return Path("/dev/nvidia0").exists()
+
+
+def split_image(image: str) -> tuple[str, str]:
+    """`repo[:tag]` -> (repo, tag); a ':' inside a registry host:port is not a tag."""
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        return image, "latest"
+    return repository, tag
+
+
+def ensure_image(
+    client: docker.DockerClient,
+    image: str,
+    on_progress: Callable[[PullProgress], None] | None = None,
+) -> None:
+    """Uses the local image when there is one; pulls it otherwise, reporting progress."""
+    try:
+        client.images.get(image)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.APIError as error:
+        raise EngineError(f"cannot inspect image {image}: {error.explanation}") from None
+    repository, tag = split_image(image)
+    layers: dict[str, tuple[int, int]] = {}
+    try:
+        # The low-level API streams progress; the generator must be consumed to the end
+        # or the engine cancels the pull.
+        stream: Iterator[dict[str, Any]] = client.api.pull(repository, tag=tag, stream=True, decode=True)
+        for event in stream:
+            if "error" in event:
+                raise ImageUnavailableError(_unavailable(image, str(event["error"])))
+            detail = event.get("progressDetail") or {}
+            if "id" in event and detail.get("total"):
+                layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
+            if on_progress is not None:
+                current = sum(c for c, _ in layers.values())
+                total = sum(t for _, t in layers.values())
+                on_progress(PullProgress(image, str(event.get("status", "")), current, total))
+    except docker.errors.APIError as error:
+        raise ImageUnavailableError(_unavailable(image, str(error.explanation or error))) from None
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise ImageUnavailableError(_unavailable(image, "the pull finished without it")) from None
+
+
+def _unavailable(image: str, reason: str) -> str:
+    return (
+        f"image {image} is not on this machine and cannot be pulled ({reason.strip()}). "
+        "Check CLIENT_IMAGE and the version the run wants, your network and registry login, "
+        "or build it locally with scripts/build_client_image.sh."
+    )
+
+
+def start_container(client: docker.DockerClient, spec: ContainerSpec) -> Container:
+    """Creates and starts the client container: host network, 1 GiB /dev/shm, the env,
+    labels to find it again, and every GPU through a device request when asked."""
+    mounts = []
+    if spec.scratch_dir is not None:
+        mounts.append(Mount(target="/scratch", source=str(spec.scratch_dir), type="bind"))
+    device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if spec.gpus else None
+    try:
+        container = client.containers.create(
+            spec.image,
+            command=spec.command or None,
+            entrypoint=spec.entrypoint,
+            name=spec.name,
+            environment=spec.environment,
+            labels=spec.labels,
+            network_mode="host",
+            shm_size="1g",
+            device_requests=device_requests,
+            mounts=mounts,
+        )
+    except docker.errors.ImageNotFound:
+        raise ImageUnavailableError(_unavailable(spec.image, "not found at create")) from None
+    except docker.errors.APIError as error:
+        raise EngineError(f"cannot create container from {spec.image}: {error.explanation}") from None
+    try:
+        container.start()
+    except docker.errors.APIError as error:
+        # A container that failed to start stays "created": remove it so no trace is left.
+        remove_container(container)
+        explanation = str(error.explanation or error)
+        if re.search(r"could not select device driver .* capabilities", explanation):
+            raise GpuUnavailableError(NVIDIA_TOOLKIT_MESSAGE) from None
+        raise EngineError(f"cannot start container from {spec.image}: {explanation}") from None
+    return container
+
+
+def find_managed_containers(client: docker.DockerClient, run_id: str) -> list[Container]:
+    """Containers this run's run-manager started, running or not (found by label)."""
+    filters = {"label": [f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}", f"{RUN_ID_LABEL}={run_id}"]}
+    result: list[Container] = client.containers.list(all=True, filters=filters)
+    return result
+
+
+def stop_container(container: Container, timeout_s: int = 10) -> None:
+    """SIGTERM, then SIGKILL after `timeout_s`; a container already gone is fine."""
+    try:
+        container.stop(timeout=timeout_s)
+    except docker.errors.NotFound:
+        pass
+
+
+def remove_container(container: Container) -> None:
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as error:
+        # "removal already in progress" is the engine finishing our own earlier request.
+        if "already in progress" not in str(error.explanation):
+            raise EngineError(f"cannot remove container {container.short_id}: {error.explanation}") from None
+
+
+def wait_exit_code(container: Container) -> int:
+    """Blocks until the container stops; its exit code (-1 when it vanished)."""
+    try:
+        status = container.wait(condition="not-running")
+    except docker.errors.NotFound:
+        return -1
+    return int(status.get("StatusCode", -1))
+
+
+def follow_logs(
+    container: Container, on_line: Callable[[str], None], name: str = "container-logs"
+) -> threading.Thread:
+    """Streams the container's output, line by line, from a daemon thread.
+
+    The thread ends by itself when the container stops (the engine closes the stream).
+    """
+
+    def pump() -> None:
+        pending = b""
+        try:
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode("utf-8", "replace").rstrip("\r"))
+        except docker.errors.DockerException:
+            pass  # the container was removed under the stream: nothing more to read
+        if pending:
+            on_line(pending.decode("utf-8", "replace"))
+
+    thread = threading.Thread(target=pump, name=name, daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,90 @@
+"""Polls the run's data sources into the Dashboard: coordinator, client metrics, wallet."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+from run_manager.sources.coordinator import CoordinatorSource
+from run_manager.sources.metrics import ClientMetrics
+from run_manager.view import Dashboard
+
+Part = Literal["run", "training", "wallet"]
+
+
+class MetricsSource(Protocol):
+    async def fetch(self) -> ClientMetrics: ...
+
+    async def close(self) -> None: ...
+
+
+class Monitor:
+    """Refreshes `dashboard` every `interval_s`; calls `on_change(part)` for what changed."""
+
+    def __init__(
+        self,
+        dashboard: Dashboard,
+        coordinator: CoordinatorSource,
+        metrics: MetricsSource | None,
+        on_change: Callable[[Part], None],
+        rpc_url: str | None = None,
+        interval_s: float = 1.0,
+        balance_interval_s: float = 30.0,
+    ) -> None:
+        self.dashboard = dashboard
+        self._coordinator = coordinator
+        self._metrics = metrics
+        self._on_change = on_change
+        self._rpc_url = rpc_url
+        self._interval_s = interval_s
+        self._balance_interval_s = balance_interval_s
+        self._balance_checked_at = float("-inf")
+
+    async def poll_once(self) -> None:
+        try:
+            self.dashboard.apply_run(await self._coordinator.snapshot())
+        except Exception as error:  # a source's failure must not end the TUI; it is shown
+            self.dashboard.container.message = f"coordinator: {error}"
+        self._on_change("run")
+        if self._metrics is not None:
+            from run_manager.sources.http_metrics import MetricsUnavailable
+
+            try:
+                self.dashboard.apply_metrics(await self._metrics.fetch())
+            except MetricsUnavailable as error:
+                self.dashboard.metrics_error = str(error)
+            self._on_change("training")
+        if self._due_for_balance():
+            await self._refresh_balance()
+            self._on_change("wallet")
+
+    def _due_for_balance(self) -> bool:
+        wallet = self.dashboard.wallet
+        if self._rpc_url is None or wallet.address is None:
+            return False
+        return time.monotonic() - self._balance_checked_at >= self._balance_interval_s
+
+    async def _refresh_balance(self) -> None:
+        from run_manager.wallet import WalletError, get_balance
+
+        assert self._rpc_url is not None and self.dashboard.wallet.address is not None
+        self._balance_checked_at = time.monotonic()
+        try:
+            lamports = await asyncio.to_thread(
+                get_balance, self._rpc_url, self.dashboard.wallet.address
+            )
+        except WalletError as error:
+            self.dashboard.wallet.error = str(error)
+            return
+        self.dashboard.wallet.balance_lamports = lamports
+        self.dashboard.wallet.error = ""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.poll_once()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+            except TimeoutError:
+                pass

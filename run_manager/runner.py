@@ -1,0 +1,144 @@
+"""`run-manager --env-file F`: settings -> coordinator source -> supervisor, with or without TUI."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from run_manager import engine
+from run_manager.docker_supervisor import (
+    ContainerStarted,
+    LogLine,
+    Supervisor,
+    SupervisorConfig,
+    SupervisorEvent,
+    SupervisorFinished,
+)
+from run_manager.monitor import Monitor, Part
+from run_manager.settings import RunManagerSettings
+from run_manager.sources.coordinator import CoordinatorSource, PinnedVersionSource
+from run_manager.view import (
+    Dashboard,
+    describe_container,
+    describe_run,
+    describe_training,
+    describe_wallet,
+    describe_witnesses,
+)
+
+
+class SourceUnavailable(Exception):
+    """No coordinator source can serve these settings yet."""
+
+
+# Backends register how to build their coordinator source from the settings:
+# issue 5 adds "tcp" (COORDINATOR_ADDRESS), the Solana issue adds "solana" (RPC).
+COORDINATOR_SOURCES: dict[str, Callable[[RunManagerSettings], CoordinatorSource]] = {}
+
+
+def make_coordinator_source(
+    settings: RunManagerSettings, pinned_version: str | None
+) -> CoordinatorSource:
+    if pinned_version is not None:
+        return PinnedVersionSource(pinned_version)
+    factory = COORDINATOR_SOURCES.get(settings.backend)
+    if factory is None:
+        raise SourceUnavailable(
+            f"this run-manager cannot yet ask a {settings.backend} coordinator for the client "
+            "version; pass --client-version VERSION to run that image"
+        )
+    return factory(settings)
+
+
+@dataclass
+class RunOptions:
+    pinned_version: str | None = None
+    entrypoint: str | None = None
+    container_args: list[str] = field(default_factory=list)
+    wallet_address: str | None = None
+
+
+def supervisor_config(settings: RunManagerSettings, options: RunOptions) -> SupervisorConfig:
+    gpus = settings.GPUS == "all" or (settings.GPUS == "auto" and engine.gpus_present())
+    environment = settings.container_environment()
+    if settings.WALLET_PRIVATE_KEY_PATH is not None:
+        from run_manager.wallet import load_keypair_bytes
+
+        # Psyche hands the key to the container as RAW_WALLET_PRIVATE_KEY (a JSON array):
+        # the container cannot see the host's wallet path.
+        raw = load_keypair_bytes(settings.WALLET_PRIVATE_KEY_PATH)
+        environment["RAW_WALLET_PRIVATE_KEY"] = str(list(raw)).replace(" ", "")
+    return SupervisorConfig(
+        run_id=settings.RUN_ID,
+        image_repository=settings.CLIENT_IMAGE,
+        environment=environment,
+        gpus=gpus,
+        entrypoint=[options.entrypoint] if options.entrypoint else None,
+        command=options.container_args,
+        scratch_dir=settings.SCRATCH_DIR,
+        max_crash_restarts=settings.MAX_CRASH_RESTARTS,
+    )
+
+
+class LogLinePrinter:
+    """`--no-tui`: the TUI's panels as log lines, printed when their text changes."""
+
+    def __init__(self, dashboard: Dashboard, out: TextIO) -> None:
+        self.dashboard = dashboard
+        self._out = out
+        self._last: dict[str, list[str]] = {}
+
+    def on_event(self, event: SupervisorEvent) -> None:
+        self.dashboard.apply_event(event)
+        if isinstance(event, LogLine):
+            self._print("client", event.text)
+        elif isinstance(event, ContainerStarted) or not isinstance(event, LogLine):
+            self._show("container", describe_container(self.dashboard.container))
+
+    def on_change(self, part: Part) -> None:
+        d = self.dashboard
+        if part == "run":
+            self._show("run", describe_run(d.run))
+            self._show("witnesses", describe_witnesses(d.run))
+        elif part == "training":
+            self._show("training", describe_training(d.metrics, d.metrics_error))
+        else:
+            self._show("wallet", describe_wallet(d.wallet))
+
+    def _show(self, panel: str, lines: list[str]) -> None:
+        if self._last.get(panel) == lines:
+            return
+        self._last[panel] = lines
+        for line in lines:
+            self._print(panel, line)
+
+    def _print(self, panel: str, text: str) -> None:
+        print(f"[{panel}] {text}", file=self._out, flush=True)
+
+
+async def run_headless(
+    supervisor_factory: Callable[[Callable[[SupervisorEvent], None]], Supervisor],
+    monitor_factory: Callable[[Callable[[Part], None]], Monitor],
+    dashboard: Dashboard,
+    out: TextIO = sys.stdout,
+) -> SupervisorFinished:
+    printer = LogLinePrinter(dashboard, out)
+    supervisor = supervisor_factory(printer.on_event)
+    monitor = monitor_factory(printer.on_change)
+    printer.on_change("wallet")
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, supervisor.request_stop)
+    stop_polling = asyncio.Event()
+    polling = asyncio.create_task(monitor.run(stop_polling))
+    try:
+        return await supervisor.run()
+    finally:
+        stop_polling.set()
+        await polling
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

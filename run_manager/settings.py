@@ -1,0 +1,189 @@
+"""The run-manager's settings: the operator's env file, validated at the edge.
+
+`run-manager --env-file run.env` reads KEY=VALUE lines (and the process environment,
+which wins over the file: pydantic-settings precedence init > env > dotenv). Every
+missing or malformed value becomes one line naming its variable; nothing starts
+until all of them are right.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# NVIDIA Container Toolkit driver capabilities (NVIDIA_DRIVER_CAPABILITIES).
+KNOWN_DRIVER_CAPABILITIES = frozenset(
+    {"all", "compute", "compat32", "graphics", "utility", "video", "display"}
+)
+_BASE58 = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,44}")
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):(?P<port>\d{1,5})")
+
+
+class SettingsError(Exception):
+    """The settings are unusable; `problems` has one line per variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class RunManagerSettings(BaseSettings):
+    """Everything `run-manager` reads from the env file."""
+
+    model_config = SettingsConfigDict(
+        env_file_encoding="utf-8",
+        env_ignore_empty=True,
+        extra="ignore",
+        case_sensitive=True,
+        populate_by_name=False,
+    )
+
+    RUN_ID: str = Field(min_length=1)
+    """The run to join (at most 32 bytes, as the coordinator stores it)."""
+    COORDINATOR_ADDRESS: str | None = Field(
+        default=None, validation_alias=AliasChoices("COORDINATOR_ADDRESS", "SERVER_ADDR")
+    )
+    """host:port of a TCP coordinator (TCP runs); SERVER_ADDR is accepted too."""
+    RPC: str | None = None
+    """Solana JSON-RPC endpoint (Solana runs)."""
+    WS_RPC: str | None = None
+    RPC_2: str | None = None
+    """Fallback JSON-RPC endpoint."""
+    WS_RPC_2: str | None = None
+    WALLET_PRIVATE_KEY_PATH: Path | None = Field(
+        default=None, validation_alias=AliasChoices("WALLET_PRIVATE_KEY_PATH", "WALLET_PATH")
+    )
+    """solana-keygen JSON keypair file; WALLET_PATH is accepted too (Psyche's docs)."""
+    AUTHORIZER: str | None = None
+    """Public key of the join-authorization grantee the client joins as."""
+    DATA_PARALLELISM: int = Field(default=1, ge=1, le=1024)
+    TENSOR_PARALLELISM: int = Field(default=1, ge=1, le=1024)
+    MICRO_BATCH_SIZE: int = Field(default=1, ge=1, le=65536)
+    NVIDIA_DRIVER_CAPABILITIES: str = "compute,utility"
+
+    # The run-manager's own knobs.
+    CLIENT_IMAGE: str = "psyche-client"
+    """Image repository; the tag is the client version the run wants."""
+    GPUS: Literal["auto", "all", "none"] = "auto"
+    """auto: request every GPU when /dev/nvidia0 exists; all: always; none: CPU only."""
+    METRICS_LOCAL_PORT: int = Field(default=6269, ge=1, le=65535)
+    """Port of the client's local metrics endpoint (127.0.0.1, host network)."""
+    MAX_CRASH_RESTARTS: int = Field(default=5, ge=0, le=1000)
+    SCRATCH_DIR: Path | None = None
+
+    @field_validator("RUN_ID")
+    @classmethod
+    def _run_id_fits(cls, value: str) -> str:
+        if len(value.encode()) > 32:
+            raise ValueError(f"must be at most 32 bytes, got {len(value.encode())}")
+        return value
+
+    @field_validator("RPC", "RPC_2")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"https?://[^\s/]+", value):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    @field_validator("WS_RPC", "WS_RPC_2")
+    @classmethod
+    def _ws_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"wss?://[^\s/]+", value):
+            raise ValueError(f"must be a ws:// or wss:// URL, got {value!r}")
+        return value
+
+    @field_validator("COORDINATOR_ADDRESS")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        match = _HOST_PORT.fullmatch(value)
+        if match is None or not 1 <= int(match["port"]) <= 65535:
+            raise ValueError(f"must be host:port with a port in 1..65535, got {value!r}")
+        return value
+
+    @field_validator("AUTHORIZER")
+    @classmethod
+    def _base58_pubkey(cls, value: str | None) -> str | None:
+        if value is not None and not _BASE58.fullmatch(value):
+            raise ValueError(f"must be a base58 public key, got {value!r}")
+        return value
+
+    @field_validator("NVIDIA_DRIVER_CAPABILITIES")
+    @classmethod
+    def _known_capabilities(cls, value: str) -> str:
+        unknown = [c for c in value.split(",") if c.strip() not in KNOWN_DRIVER_CAPABILITIES]
+        if unknown:
+            known = ", ".join(sorted(KNOWN_DRIVER_CAPABILITIES))
+            raise ValueError(f"unknown capabilities {unknown} (known: {known})")
+        return value
+
+    @model_validator(mode="after")
+    def _backend_is_complete(self) -> RunManagerSettings:
+        if self.COORDINATOR_ADDRESS is None and self.RPC is None:
+            raise ValueError(
+                "COORDINATOR_ADDRESS (TCP run) or RPC (Solana run): one is required, neither is set"
+            )
+        if self.RPC is not None:
+            if self.WS_RPC is None:
+                raise ValueError("WS_RPC: required with RPC (Solana run), not set")
+            if self.WALLET_PRIVATE_KEY_PATH is None:
+                raise ValueError(
+                    "WALLET_PRIVATE_KEY_PATH: required with RPC (Solana run), not set"
+                )
+        return self
+
+    @property
+    def backend(self) -> Literal["tcp", "solana"]:
+        return "tcp" if self.COORDINATOR_ADDRESS is not None else "solana"
+
+    def container_environment(self) -> dict[str, str]:
+        """The variables the client container receives (Psyche passes its env file on)."""
+        names = [
+            "RUN_ID", "COORDINATOR_ADDRESS", "RPC", "WS_RPC", "RPC_2", "WS_RPC_2",
+            "AUTHORIZER", "DATA_PARALLELISM", "TENSOR_PARALLELISM", "MICRO_BATCH_SIZE",
+            "NVIDIA_DRIVER_CAPABILITIES", "METRICS_LOCAL_PORT",
+        ]  # fmt: skip
+        values = {name: getattr(self, name) for name in names}
+        return {name: str(value) for name, value in values.items() if value is not None}
+
+
+def load_settings(env_file: Path | None, overrides: dict[str, Any] | None = None) -> RunManagerSettings:
+    """Reads and validates the settings, then checks the wallet file is a usable keypair.
+
+    Raises SettingsError with one line per problem, each naming its variable.
+    """
+    if env_file is not None and not env_file.is_file():
+        raise SettingsError([f"--env-file {env_file}: no such file"])
+    try:
+        settings = RunManagerSettings(_env_file=env_file, **(overrides or {}))  # type: ignore[call-arg]
+    except ValidationError as error:
+        raise SettingsError(describe_validation_error(error)) from None
+    if settings.WALLET_PRIVATE_KEY_PATH is not None:
+        from run_manager.wallet import WalletError, load_keypair_bytes
+
+        try:
+            load_keypair_bytes(settings.WALLET_PRIVATE_KEY_PATH)
+        except WalletError as error:
+            raise SettingsError([f"WALLET_PRIVATE_KEY_PATH: {error}"]) from None
+    return settings
+
+
+def describe_validation_error(error: ValidationError) -> list[str]:
+    """One line per pydantic error, led by the variable it is about."""
+    problems = []
+    for item in error.errors():
+        variable = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "missing":
+            problems.append(f"{variable}: required, not set")
+        elif not variable:
+            problems.append(message)  # model-level checks name their variables themselves
+        else:
+            problems.append(f"{variable}: {message} (got {item.get('input')!r})"
+                            if item["type"] != "value_error" else f"{variable}: {message}")
+    return problems

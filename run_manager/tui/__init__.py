@@ -1,0 +1,1 @@
+"""The run-manager's Textual TUI (imported only when the TUI starts)."""

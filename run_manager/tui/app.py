@@ -1,0 +1,140 @@
+"""The run-manager's TUI: run, witnesses, training, container and wallet panels.
+
+The supervisor and the monitor run as async workers on the app's event loop; their
+events update the shared Dashboard and the panels redraw from it. Keys: q stops the
+client gracefully and quits, r restarts the client, l shows the full-screen logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.widgets import Footer, Header
+
+from run_manager.docker_supervisor import LogLine, Supervisor, SupervisorEvent, SupervisorFinished
+from run_manager.monitor import Monitor, Part
+from run_manager.tui.messages import DashboardChanged, SupervisorEventPosted
+from run_manager.tui.widgets import (
+    ContainerPanel,
+    RunPanel,
+    TrainingPanel,
+    WalletPanel,
+    WitnessPanel,
+)
+from run_manager.tui.widgets.log_screen import LogScreen
+from run_manager.view import Dashboard
+
+SupervisorFactory = Callable[[Callable[[SupervisorEvent], None]], Supervisor]
+MonitorFactory = Callable[[Callable[[Part], None]], Monitor]
+
+
+class RunManagerApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "psyche run-manager"
+    BINDINGS = [
+        Binding("q", "stop", "Stop & quit"),
+        Binding("r", "restart_client", "Restart client"),
+        Binding("l", "show_logs", "Logs"),
+    ]
+
+    def __init__(
+        self,
+        dashboard: Dashboard,
+        supervisor_factory: SupervisorFactory | None = None,
+        monitor_factory: MonitorFactory | None = None,
+    ) -> None:
+        super().__init__()
+        self.dashboard = dashboard
+        self._supervisor_factory = supervisor_factory
+        self._monitor_factory = monitor_factory
+        self.supervisor: Supervisor | None = None
+        self.finished: SupervisorFinished | None = None
+        self._stop_polling = asyncio.Event()
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Grid(id="panels"):
+            yield RunPanel(id="run")
+            yield WitnessPanel(id="witnesses")
+            yield TrainingPanel(id="training")
+            yield ContainerPanel(id="container")
+        yield WalletPanel(id="wallet")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_panels()
+        if self._supervisor_factory is not None:
+            self.supervisor = self._supervisor_factory(self._post_supervisor_event)
+            self._supervise()
+        if self._monitor_factory is not None:
+            self._poll(self._monitor_factory(self._post_dashboard_change))
+
+    @work(exclusive=True, group="supervisor")
+    async def _supervise(self) -> None:
+        assert self.supervisor is not None
+        self.finished = await self.supervisor.run()
+        self._stop_polling.set()
+        if self.finished.reason == "stopped":
+            self.exit()
+        else:  # gave up or failed: leave the reason on screen until the operator quits
+            self.notify(self.finished.message, severity="error", timeout=30)
+
+    @work(exclusive=True, group="monitor")
+    async def _poll(self, monitor: Monitor) -> None:
+        await monitor.run(self._stop_polling)
+
+    def _post_dashboard_change(self, part: Part) -> None:
+        self.post_message(DashboardChanged(part))
+
+    def _post_supervisor_event(self, event: SupervisorEvent) -> None:
+        self.post_message(SupervisorEventPosted(event))
+
+    @on(SupervisorEventPosted)
+    def _apply_supervisor_event(self, message: SupervisorEventPosted) -> None:
+        self.dashboard.apply_event(message.event)
+        if isinstance(message.event, LogLine):
+            self.query_one(ContainerPanel).append_log(message.event.text)
+            if isinstance(self.screen, LogScreen):
+                self.screen.append_log(message.event.text)
+        else:
+            self.query_one(ContainerPanel).show(self.dashboard)
+
+    @on(DashboardChanged)
+    def _apply_dashboard_change(self, message: DashboardChanged) -> None:
+        self.refresh_panels(message.part)
+
+    def refresh_panels(self, part: Part | None = None) -> None:
+        """Redraws the panels showing `part` (all of them when None)."""
+        if part in (None, "run"):
+            self.query_one(RunPanel).show(self.dashboard)
+            self.query_one(WitnessPanel).show(self.dashboard)
+        if part in (None, "training"):
+            self.query_one(TrainingPanel).show(self.dashboard)
+        if part in (None, "wallet", "run"):
+            self.query_one(WalletPanel).show(self.dashboard)
+        if part is None:
+            self.query_one(ContainerPanel).show(self.dashboard)
+
+    def action_stop(self) -> None:
+        if self.supervisor is None or self.finished is not None:
+            self._stop_polling.set()
+            self.exit()
+            return
+        self.notify("stopping the client container…")
+        self.supervisor.request_stop()  # the supervise worker exits the app once it is removed
+
+    def action_restart_client(self) -> None:
+        if self.supervisor is None:
+            self.notify("no client container to restart", severity="warning")
+            return
+        self.notify("restarting the client container…")
+        self.supervisor.request_restart()
+
+    def action_show_logs(self) -> None:
+        if not isinstance(self.screen, LogScreen):
+            self.push_screen(LogScreen(self.dashboard.log_tail))

@@ -1,0 +1,27 @@
+"""The client container: image, state, restarts and a live tail of its log."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import RichLog, Static
+
+from run_manager.view import Dashboard, describe_container
+
+TAIL_LINES = 200
+
+
+class ContainerPanel(Vertical):
+    BORDER_TITLE = "Container"
+
+    def compose(self) -> ComposeResult:
+        self.summary = Static(id="container-summary")
+        self.tail = RichLog(id="container-tail", max_lines=TAIL_LINES, wrap=False, markup=False)
+        yield self.summary
+        yield self.tail
+
+    def show(self, dashboard: Dashboard) -> None:
+        self.summary.update("\n".join(describe_container(dashboard.container)))
+
+    def append_log(self, text: str) -> None:
+        self.tail.write(text)

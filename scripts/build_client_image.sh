@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build the client image psyche-client:<project version> from Dockerfile.client.
+#   scripts/build_client_image.sh [--base IMAGE] [--repo NAME] [--force]
+# 1. A wheelhouse on the host (build/wheelhouse): the dependencies once (cached; refreshed when
+#    pyproject.toml's dependencies change), the project wheel every time. torch comes from the
+#    pinned CPU wheel pip already finds (PIP_FIND_LINKS), never an unpinned CUDA download.
+# 2. `docker build` on a context holding only that wheelhouse; `pip install --no-index` inside.
+# Idempotent: skips the build when an image with this tag and the same project wheel exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BASE=psyche-base:bookworm
+REPO=psyche-client
+FORCE=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --base) BASE=$2; shift 2 ;;
+        --repo) REPO=$2; shift 2 ;;
+        --force) FORCE=1; shift ;;
+        *) echo "build_client_image: unknown option '$1' (known: --base, --repo, --force)" >&2; exit 2 ;;
+    esac
+done
+
+PY=${PYTHON:-.venv/bin/python}
+VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
+TAG="$REPO:$VERSION"
+WHEELHOUSE=build/wheelhouse
+DEPS="$WHEELHOUSE/deps"
+PROJECT="$WHEELHOUSE/project"
+CONTEXT=build/client-image-context
+mkdir -p "$DEPS" "$PROJECT"
+
+# Dependencies: rebuilt only when the dependency list changes.
+DEPS_STAMP=$("$PY" -c 'import hashlib,json,tomllib; p=tomllib.load(open("pyproject.toml","rb"))["project"]; print(hashlib.sha256(json.dumps(p["dependencies"]).encode()).hexdigest())')
+if [ "$(cat "$DEPS/.stamp" 2>/dev/null)" != "$DEPS_STAMP" ]; then
+    echo "build_client_image: building the dependency wheelhouse (once)"
+    "$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))' >"$DEPS/requirements.txt"
+    # pip's warnings about absent extra-index folders are noise here; real errors still show.
+    "$PY" -m pip wheel --quiet --wheel-dir "$DEPS" --find-links "$DEPS" -r "$DEPS/requirements.txt" \
+        2>"$DEPS/pip.log" || { grep -v "is ignored: it is neither" "$DEPS/pip.log" >&2; exit 1; }
+    echo "$DEPS_STAMP" >"$DEPS/.stamp"
+fi
+
+# The project wheel: always rebuilt (the sources change), without dependencies.
+rm -f "$PROJECT"/*.whl
+"$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$PROJECT" . 2>/dev/null \
+    || "$PY" -m pip wheel --quiet --no-deps --wheel-dir "$PROJECT" .
+WHEEL_SHA=$(sha256sum "$PROJECT"/*.whl | awk '{print substr($1,1,16)}')
+rm -rf build/psyche_py.egg-info 2>/dev/null || true
+
+if [ "$FORCE" = 0 ] && [ "$(docker image inspect -f '{{ index .Config.Labels "io.psyche.wheel-sha" }}' "$TAG" 2>/dev/null)" = "$WHEEL_SHA" ]; then
+    echo "build_client_image: $TAG is up to date"
+    exit 0
+fi
+
+# A minimal context (hard links, no copies): the repository itself is not sent to the engine.
+rm -rf "$CONTEXT"
+mkdir -p "$CONTEXT/wheelhouse"
+ln "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/" 2>/dev/null || cp "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/"
+cp Dockerfile.client "$CONTEXT/Dockerfile"
+echo "build_client_image: docker build $TAG on $BASE"
+DOCKER_BUILDKIT=0 docker build --quiet 2>&1 --network host \
+    --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" \
+    --label io.psyche.wheel-sha="$WHEEL_SHA" \
+    -t "$TAG" "$CONTEXT" >/dev/null
+rm -rf "$CONTEXT"
+echo "build_client_image: built $TAG"
