@@ -1,0 +1,280 @@
+"""The coordinator state machine: `tick` and the client events (reference §1.2–1.3).
+
+Every public method returns a value: `TickResult` or `None` on success, `Rejected` when
+the call is refused; a refused call leaves the state exactly as it was (all checks run
+before the first mutation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coordinator.commitment import participant_item
+from coordinator.committee import Committee, CommitteeProof, SelectionError, witness_quorum
+from coordinator.config import (
+    Checkpoint,
+    GcsCheckpoint,
+    HubCheckpoint,
+    P2PCheckpoint,
+    P2PGcsCheckpoint,
+    StateFile,
+)
+from coordinator.core import CoordinatorCore, _with_checkpoint
+from coordinator.data_assignment import selection_for_round
+from coordinator.limits import MAX_CLIENTS, MAX_WITNESSES, ClientState, RunState
+from coordinator.outcomes import CoordinatorError, Rejected, TickResult
+from coordinator.state import CoordinatorState, NodeIdentity, Round, Witness
+
+U64_MAX = 2**64 - 1
+
+
+def _dedupe(pending: Sequence[NodeIdentity]) -> list[NodeIdentity]:
+    seen: set[NodeIdentity] = set()
+    unique = []
+    for node in pending:
+        if node not in seen:
+            seen.add(node)
+            unique.append(node)
+    return unique
+
+
+class Coordinator(CoordinatorCore):
+    """Owns one `CoordinatorState`; see the package docstring for how a backend drives it."""
+
+    @classmethod
+    def from_state_file(cls, state_file: StateFile) -> Coordinator:
+        core = CoordinatorCore.from_state_file(state_file)
+        return cls(core.state)
+
+    # ------------------------------------------------------------------ tick
+    def tick(self, pending: Sequence[NodeIdentity], now: int, seed: int) -> TickResult | Rejected:
+        """Advance by time. `pending`: clients asking to join (used in WaitingForMembers)."""
+        if not (0 <= now <= U64_MAX and 0 <= seed <= U64_MAX):
+            return Rejected(CoordinatorError.WrongRunState, "now and seed must be u64")
+        run_state = self.state.run_state
+        if run_state.halted:
+            return Rejected(CoordinatorError.Halted)
+        if run_state is RunState.WaitingForMembers:
+            return self._tick_waiting_for_members(_dedupe(pending), now)
+        if run_state is RunState.Warmup:
+            return self._tick_warmup(now, seed)
+        if run_state is RunState.RoundTrain:
+            if self.timed_out(now, self.state.config.max_round_train_time):
+                self.change_state(now, RunState.RoundWitness)
+            return TickResult.Ticked
+        if run_state is RunState.RoundWitness:
+            return self._tick_round_witness(now, seed)
+        return self._tick_cooldown(now)
+
+    def _tick_waiting_for_members(self, pending: list[NodeIdentity], now: int) -> TickResult:
+        config = self.state.config
+        if len(pending) >= config.init_min_clients and self.timed_out(
+                now, config.waiting_for_members_extra_time):
+            self.start_warmup(now, pending)
+        return TickResult.Ticked
+
+    def _tick_warmup(self, now: int, seed: int) -> TickResult:
+        if self.timed_out(now, self.state.config.warmup_time):
+            self.start_round_train(now, seed)
+            return TickResult.Ticked
+        self.move_clients_to_exited(0)
+        if len(self.state.epoch_state.clients) < self.state.config.min_clients:
+            self.start_waiting_for_members(now)
+            self.credit_epoch()
+            return TickResult.EpochEndFailure
+        return TickResult.Ticked
+
+    def _tick_round_witness(self, now: int, seed: int) -> TickResult:
+        state, config, epoch = self.state, self.state.config, self.state.epoch_state
+        if not self.timed_out(now, config.round_witness_time):
+            return TickResult.Ticked
+        epoch.first_round = False
+        state.progress.step = min(state.progress.step + 1, 2**32 - 1)
+        round_ = state.current_round
+        witnesses = len(round_.witnesses)
+        self.move_clients_to_exited(round_.height)
+        if witnesses == 0:
+            # No witness: we cannot tell who is still there; end the epoch.
+            self.withdraw_all()
+            self.start_cooldown(now)
+            return TickResult.Ticked
+        if now >= epoch.start_timestamp + config.epoch_time and epoch.last_step == 0:
+            # Two more rounds apply the last trained steps; the pipeline needs 4 rounds.
+            if state.progress.step + 2 >= 4:
+                epoch.last_step = state.progress.step + 2
+        if epoch.last_step != 0 and state.progress.step == epoch.last_step:
+            self.start_cooldown(now)
+            return TickResult.Ticked
+        if (len(epoch.clients) < config.min_clients
+                or witnesses < witness_quorum(self.witness_target())
+                or state.progress.step >= config.total_steps
+                or state.pending_pause):
+            self.start_cooldown(now)
+            return TickResult.Ticked
+        self.start_round_train(now, seed)
+        return TickResult.Ticked
+
+    def _tick_cooldown(self, now: int) -> TickResult:
+        if not self.timed_out(now, self.state.config.cooldown_time):
+            return TickResult.Ticked
+        self.end_cooldown(now)
+        self.credit_epoch()
+        return TickResult.EpochEndSuccess
+
+    # ---------------------------------------------------------------- events
+    def _witness_problem(self, sender: NodeIdentity, witness: Witness,
+                         round_: Round) -> Rejected | None:
+        clients = self.state.epoch_state.clients
+        index = witness.proof.index
+        if not 0 <= index < len(clients):
+            return Rejected(CoordinatorError.InvalidClientIndex, f"index {index}")
+        if clients[index].id != sender:
+            return Rejected(CoordinatorError.NotYourIndex, f"index {index}")
+        for stored in round_.witnesses:
+            stored_index = stored.proof.index
+            if stored_index < len(clients) and clients[stored_index].id == sender:
+                return Rejected(CoordinatorError.DuplicateWitness)
+        if len(round_.witnesses) >= min(self.witness_target(), MAX_WITNESSES):
+            return Rejected(CoordinatorError.WitnessesFull)
+        return None
+
+    def warmup_witness(self, sender: NodeIdentity, witness: Witness, now: int,
+                       seed: int) -> Rejected | None:
+        """A client has loaded the model; W of them start the first round early."""
+        if self.state.run_state is RunState.RoundTrain:
+            return None  # late warm-up witness: harmless
+        if self.state.run_state is not RunState.Warmup:
+            return Rejected(CoordinatorError.WrongRunState, self.state.run_state.name)
+        round_ = self.state.current_round
+        problem = self._witness_problem(sender, witness, round_)
+        if problem is not None:
+            return problem
+        round_.witnesses.append(witness)
+        if len(round_.witnesses) == self.witness_target():
+            self.start_round_train(now, seed)
+        return None
+
+    def witness(self, sender: NodeIdentity, witness: Witness, now: int) -> Rejected | None:
+        """An elected witness reports the round; all W of them end RoundTrain early."""
+        state = self.state
+        if state.run_state not in (RunState.RoundTrain, RunState.RoundWitness):
+            return Rejected(CoordinatorError.WrongRunState, state.run_state.name)
+        round_ = state.current_round
+        try:
+            selection = selection_for_round(state)
+        except SelectionError as exc:
+            return Rejected(CoordinatorError.InvalidWitnessProof, str(exc))
+        proof = witness.proof
+        if not proof.witness or not selection.verify_witness(proof):
+            return Rejected(CoordinatorError.InvalidWitnessProof,
+                            f"position {proof.position} index {proof.index}")
+        problem = self._witness_problem(sender, witness, round_)
+        if problem is not None:
+            return problem
+        round_.witnesses.append(witness)
+        if len(round_.witnesses) == self.witness_target() and state.run_state is RunState.RoundTrain:
+            self.change_state(now, RunState.RoundWitness)
+        return None
+
+    def is_healthy(self, node: NodeIdentity, proof: CommitteeProof) -> bool:
+        """§2.7: a Trainer of the previous round is healthy iff at least quorum of that
+        round's witnesses have its SHA-256(signer) in their participant bloom."""
+        previous = self.state.previous_round
+        if previous is None:
+            return True
+        item = participant_item(node.key)
+        confirmations = sum(1 for w in previous.witnesses if w.participant_bloom.contains(item))
+        return confirmations >= witness_quorum(len(previous.witnesses))
+
+    def health_check(self, sender: NodeIdentity,
+                     checks: Sequence[tuple[NodeIdentity, CommitteeProof]]) -> Rejected | None:
+        """Drop the listed clients; refused as a whole unless every one is unhealthy."""
+        state = self.state
+        if not state.run_state.active or state.run_state is RunState.Cooldown:
+            return Rejected(CoordinatorError.WrongRunState, state.run_state.name)
+        if state.index_of(sender) is None:
+            return Rejected(CoordinatorError.NotAClient)
+        previous = state.previous_round
+        if state.current_round.height < 2 or previous is None:
+            return Rejected(CoordinatorError.HealthCheckTooEarly)
+        try:
+            selection = selection_for_round(state, previous)
+        except SelectionError as exc:
+            return Rejected(CoordinatorError.InvalidHealthCheck, str(exc))
+        if not checks:
+            return Rejected(CoordinatorError.InvalidHealthCheck, "empty list")
+        for node, proof in checks:
+            listed = state.client_at(proof.index, previous.clients_len)
+            if (proof.committee is not Committee.Trainer or not selection.verify_committee(proof)
+                    or listed is None or listed.id != node):
+                return Rejected(CoordinatorError.InvalidHealthCheck, f"bad proof for {node!r}")
+            if self.is_healthy(node, proof):
+                return Rejected(CoordinatorError.InvalidHealthCheck, f"{node!r} is healthy")
+        for node, _ in checks:
+            index = state.index_of(node)
+            if index is not None and state.epoch_state.clients[index].state is ClientState.Healthy:
+                state.epoch_state.clients[index].state = ClientState.Dropped
+        return None
+
+    def checkpoint(self, sender: NodeIdentity, index: int, repo: Checkpoint) -> Rejected | None:
+        """A client uploaded the epoch's model; record where (last writer wins)."""
+        state = self.state
+        if state.run_state.halted:
+            return Rejected(CoordinatorError.Halted)
+        clients = state.epoch_state.clients
+        if not 0 <= index < len(clients):
+            return Rejected(CoordinatorError.InvalidClientIndex, f"index {index}")
+        if clients[index].id != sender:
+            return Rejected(CoordinatorError.NotYourIndex, f"index {index}")
+        if not isinstance(repo, HubCheckpoint | GcsCheckpoint):
+            return Rejected(CoordinatorError.InvalidCheckpoint, type(repo).__name__)
+        current = state.model.checkpoint
+        updated: Checkpoint | None = None
+        if isinstance(repo, HubCheckpoint):
+            if isinstance(current, P2PCheckpoint | P2PGcsCheckpoint):
+                updated = P2PCheckpoint(repo_id=repo.repo_id, revision=repo.revision)
+            elif isinstance(current, HubCheckpoint):
+                updated = repo
+        else:
+            if isinstance(current, P2PGcsCheckpoint | P2PCheckpoint):
+                updated = P2PGcsCheckpoint(bucket=repo.bucket, prefix=repo.prefix)
+            elif isinstance(current, GcsCheckpoint):
+                updated = repo
+        if updated is not None:  # other pairs (e.g. Dummy) are ignored, as in Psyche
+            state.model = _with_checkpoint(state.model, updated)
+        return None
+
+    def withdraw(self, index: int) -> Rejected | None:
+        """The backend saw client `index` leave (e.g. its connection closed)."""
+        clients = self.state.epoch_state.clients
+        if self.state.run_state.halted:
+            return Rejected(CoordinatorError.Halted)
+        if not 0 <= index < len(clients):
+            return Rejected(CoordinatorError.InvalidClientIndex, f"index {index}")
+        if clients[index].state is not ClientState.Healthy:
+            return Rejected(CoordinatorError.InvalidWithdraw, clients[index].state.name)
+        clients[index].state = ClientState.Withdrawn
+        return None
+
+    def pause(self, now: int) -> Rejected | None:
+        """Active: pause after this epoch's Cooldown. Otherwise pause now (withdraw all)."""
+        if self.state.run_state.halted:
+            return Rejected(CoordinatorError.Halted)
+        if self.state.run_state.active:
+            self.state.pending_pause = True
+        else:
+            self.enter_paused(now)
+        return None
+
+    def resume(self, now: int) -> Rejected | None:
+        if self.state.run_state not in (RunState.Paused, RunState.Uninitialized):
+            return Rejected(CoordinatorError.CannotResume, self.state.run_state.name)
+        self.start_waiting_for_members(now)
+        return None
+
+
+def coordinator_from_state(state: CoordinatorState) -> Coordinator:
+    return Coordinator(state)
+
+
+__all__ = ["Coordinator", "MAX_CLIENTS", "coordinator_from_state"]

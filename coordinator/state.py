@@ -1,0 +1,135 @@
+"""The coordinator's state, field for field in the on-chain repr(C) order (§1.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.bloom import Bloom
+from coordinator.committee import WitnessProof
+from coordinator.config import CoordinatorConfig, LLMConfig
+from coordinator.limits import NUM_STORED_ROUNDS, ClientState, RunState
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class NodeIdentity:
+    """A client: its 32-byte Ed25519 public key (signer and p2p identity off-chain)."""
+
+    key: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, bytes) or len(self.key) != 32:
+            raise ValueError("a NodeIdentity is a 32-byte Ed25519 public key")
+
+    def __repr__(self) -> str:
+        return f"NodeIdentity({self.key.hex()[:12]}…)"
+
+
+@dataclass(slots=True)
+class Client:
+    id: NodeIdentity
+    state: ClientState = ClientState.Healthy
+    exited_height: int = 0
+
+
+@dataclass(slots=True)
+class Witness:
+    proof: WitnessProof
+    participant_bloom: Bloom = field(default_factory=Bloom)
+    broadcast_bloom: Bloom = field(default_factory=Bloom)
+    broadcast_merkle: bytes = bytes(32)
+
+
+@dataclass(slots=True)
+class Round:
+    witnesses: list[Witness] = field(default_factory=list)
+    data_index: int = 0
+    random_seed: int = 0
+    height: int = 0
+    clients_len: int = 0
+    tie_breaker_tasks: int = 0  # always 0: tie breakers are not implemented
+
+
+@dataclass(slots=True)
+class EpochState:
+    rounds: list[Round] = field(default_factory=lambda: [Round() for _ in range(NUM_STORED_ROUNDS)])
+    clients: list[Client] = field(default_factory=list)
+    exited_clients: list[Client] = field(default_factory=list)
+    rounds_head: int = 0
+    start_step: int = 0
+    last_step: int = 0  # 0 = not set yet
+    start_timestamp: int = 0
+    first_round: bool = True
+    cold_start_epoch: bool = False
+
+
+@dataclass(slots=True)
+class Progress:
+    epoch: int = 0
+    step: int = 1  # steps 1 .. total_steps - 1 are trained
+    epoch_start_data_index: int = 0
+
+
+@dataclass(slots=True)
+class RewardEntry:
+    id: NodeIdentity
+    earned: int = 0
+    slashed: int = 0
+
+
+@dataclass(slots=True)
+class Rewards:
+    """Points per epoch (§2.8): the earning rate is shared by the epoch's healthy clients."""
+
+    entries: list[RewardEntry] = field(default_factory=list)
+    current_earning_rate_total_shared: int = 0
+    current_slashing_rate_per_client: int = 0
+    future_earning_rate_total_shared: int = 0
+    future_slashing_rate_per_client: int = 0
+
+
+@dataclass(slots=True)
+class CoordinatorState:
+    run_id: str
+    run_state: RunState
+    model: LLMConfig
+    config: CoordinatorConfig
+    progress: Progress = field(default_factory=Progress)
+    epoch_state: EpochState = field(default_factory=EpochState)
+    run_state_start_unix_timestamp: int = 0
+    pending_pause: bool = False
+    client_version: str = "latest"
+    rewards: Rewards = field(default_factory=Rewards)
+
+    @property
+    def current_round(self) -> Round:
+        return self.epoch_state.rounds[self.epoch_state.rounds_head]
+
+    @property
+    def previous_round(self) -> Round | None:
+        """The round before the current one in this epoch, if any."""
+        if self.current_round.height == 0:
+            return None
+        head = (self.epoch_state.rounds_head + NUM_STORED_ROUNDS - 1) % NUM_STORED_ROUNDS
+        return self.epoch_state.rounds[head]
+
+    def client_at(self, index: int, round_clients_len: int) -> Client | None:
+        """Who had `index` in a round with `round_clients_len` clients (§1.4).
+
+        Clients still listed keep their index; the ones that exited since were
+        appended to exited_clients, so they are found from its end: offset L - n - 1.
+        """
+        clients, exited = self.epoch_state.clients, self.epoch_state.exited_clients
+        if not 0 <= index < round_clients_len:
+            return None
+        if index < len(clients):
+            return clients[index]
+        offset = round_clients_len - index - 1
+        if offset < len(exited):
+            return exited[len(exited) - 1 - offset]
+        return None
+
+    def index_of(self, node: NodeIdentity) -> int | None:
+        for index, client in enumerate(self.epoch_state.clients):
+            if client.id == node:
+                return index
+        return None
