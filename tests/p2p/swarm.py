@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from client_image.p2p import DownloadConfig, GossipConfig, GossipTopic, NodeConfig, P2PNode
 
 FAST_GOSSIP = GossipConfig(maintenance_interval_s=0.1, handshake_timeout_s=3.0)
-FAST_DOWNLOADS = DownloadConfig(read_timeout_s=3.0, total_timeout_s=30.0, backoff_base_s=0.05, backoff_max_s=0.5)
+FAST_DOWNLOADS = DownloadConfig(
+    read_timeout_s=3.0, total_timeout_s=30.0, backoff_base_s=0.05, backoff_max_s=0.5
+)
 
 
 @contextlib.asynccontextmanager
@@ -19,7 +21,11 @@ async def started_nodes(
     download_config: DownloadConfig = FAST_DOWNLOADS,
 ) -> AsyncIterator[list[P2PNode]]:
     nodes = [
-        P2PNode(config=NodeConfig.loopback(), gossip_config=gossip_config, download_config=download_config)
+        P2PNode(
+            config=NodeConfig.loopback(),
+            gossip_config=gossip_config,
+            download_config=download_config,
+        )
         for _ in range(count)
     ]
     try:
@@ -29,7 +35,9 @@ async def started_nodes(
         await asyncio.gather(*(node.stop() for node in nodes), return_exceptions=True)
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+async def wait_until(
+    condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
+) -> None:
     """Poll ``condition`` every 20 ms; fail after ``timeout`` instead of hanging."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
