@@ -1,0 +1,56 @@
+"""`psyche-coordinator validate-config`, in process and as the console script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from coordinator_tcp.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = ROOT / "config" / "llama2-20m-dev"
+BAD = Path(__file__).parent / "fixtures" / "bad_state.toml"
+
+
+def test_valid_config_prints_ok() -> None:
+    result = CliRunner().invoke(app, ["validate-config", "--state", str(DEV / "state.toml"),
+                                      "--data-config", str(DEV / "data.toml")])
+    assert result.exit_code == 0 and result.output.strip() == "OK"
+
+
+def test_invalid_config_prints_every_error(tmp_path: Path) -> None:
+    data = tmp_path / "data.toml"
+    data.write_text('dir = "d"\ntoken_size = "TwoBytes"\nseq_len = 0\nshuffle_seed = [1]\n')
+    result = CliRunner().invoke(app, ["validate-config", "--state", str(BAD),
+                                      "--data-config", str(data)])
+    assert result.exit_code == 1
+    assert "config.init_min_clients: must be >= config.min_clients (2), got 1" in result.output
+    assert "config.witness_nodes: must be <= 32, got 33" in result.output
+    assert "seq_len: Input should be greater than 0" in result.output
+    assert "OK" not in result.output
+
+
+def test_missing_file_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["validate-config", "--state", str(tmp_path / "none.toml")])
+    assert result.exit_code == 1 and "cannot read" in result.output
+
+
+def test_module_entry_point_runs() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", "from coordinator_tcp.cli import main; main()", "validate-config",
+         "--state", str(DEV / "state.toml")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert completed.returncode == 0 and completed.stdout.strip() == "OK"
+
+
+def test_benchmark_smoke() -> None:
+    completed = subprocess.run([sys.executable, str(ROOT / "bench" / "coordinator.py"),
+                                "--rounds", "3"], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    import json
+
+    figures = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert figures["ticks_per_s"] > 0 and figures["witness_msgs_per_s"] > 0
