@@ -1,0 +1,368 @@
+"""The TCP coordinator server: owns the coordinator, ticks it, broadcasts its state.
+
+One asyncio task ticks the coordinator every `tick_interval_s` with the clients that
+joined (in join order) and an OS-random seed, as Psyche's server does; every accepted
+event and every tick that changes the state is followed by a broadcast of the whole
+encoded state to every joined client (clients de-duplicate by content), plus a
+heartbeat. All coordinator calls run on the event loop thread, one at a time.
+
+Untrusted input is handled at the edge: a handshake must finish within a timeout,
+at most `max_handshakes` may be in flight, frames are size-limited before they are
+read, and a garbage frame or a bad signature gets an error reply and a disconnect —
+never an exception in the server, never a change to the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from client_image.p2p.identity import verify
+from coordinator import (
+    ClientState,
+    Coordinator,
+    CoordinatorError,
+    CoordinatorState,
+    NodeIdentity,
+    Rejected,
+    RunState,
+    encode_state,
+)
+from coordinator_tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
+from coordinator_tcp.persistence import StateStore
+from coordinator_tcp.protocol import (
+    Challenge,
+    CheckpointReport,
+    ErrorReply,
+    HealthCheck,
+    Heartbeat,
+    Join,
+    ProtocolError,
+    StateUpdate,
+    WarmupWitness,
+    Welcome,
+    Withdraw,
+    WitnessSubmit,
+    decode_client_message,
+    encode,
+    join_signing_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+# A client that stops reading is cut off rather than let our buffers grow without bound.
+MAX_OUTGOING_BUFFER = 64 * 1024 * 1024
+
+
+@dataclass
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 20000
+    save_state_dir: Path | None = None
+    withdraw_on_disconnect: bool = True
+    init_warmup_time: int | None = None
+    tick_interval_s: float = 0.5
+    heartbeat_interval_s: float = 5.0
+    handshake_timeout_s: float = 5.0
+    max_handshakes: int = 64
+    # After a restart from --save-state-dir, listed clients get this long to reconnect.
+    reconnect_grace_s: float = 20.0
+
+
+@dataclass
+class ServerStats:
+    connections_accepted: int = 0
+    handshakes_failed: int = 0
+    handshakes_refused_busy: int = 0
+    protocol_errors: int = 0
+    rejected_events: int = 0
+    broadcasts: int = 0
+    last_errors: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.last_errors = (self.last_errors + [text])[-20:]
+
+
+class _Peer:
+    def __init__(self, identity: NodeIdentity, address: str, writer: asyncio.StreamWriter):
+        self.identity = identity
+        self.p2p_address = address
+        self.writer = writer
+
+    def send(self, payload: bytes) -> bool:
+        """Queue a frame without waiting; False if the peer is too far behind."""
+        transport = self.writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size() > MAX_OUTGOING_BUFFER:
+            return False
+        self.writer.write(encode_frame(payload))
+        return True
+
+
+class CoordinatorServer:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        options: ServerOptions,
+        *,
+        p2p_addresses: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+        seed_source: Callable[[], int] = lambda: int.from_bytes(os.urandom(8), "little"),
+        resumed: bool = False,
+    ):
+        self.coordinator = coordinator
+        self.options = options
+        self.clock = clock
+        self.seed_source = seed_source
+        self.stats = ServerStats()
+        self.peers: dict[NodeIdentity, _Peer] = {}  # joined, in join order
+        self.p2p_addresses: dict[str, str] = dict(p2p_addresses or {})
+        self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
+        self._handshakes = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_broadcast: bytes | None = None
+        self._reconnect_deadline = self.now() + options.reconnect_grace_s if resumed else None
+        self._original_warmup_time = coordinator.state.config.warmup_time
+        self._been_active = coordinator.state.run_state.active
+        self._apply_init_warmup_time()
+        self.on_change: list[Callable[[CoordinatorState], None]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def state(self) -> CoordinatorState:
+        return self.coordinator.state
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle_connection, self.options.host, self.options.port, limit=2**16)
+        self._tasks = [asyncio.create_task(self._tick_loop(), name="coordinator-tick"),
+                       asyncio.create_task(self._heartbeat_loop(), name="coordinator-heartbeat")]
+        self._persist()
+        log.info("coordinator server for run %r listening on %s:%d",
+                 self.state.run_id, self.options.host, self.port)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            self._server.close()
+        for peer in list(self.peers.values()):
+            peer.writer.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def __aenter__(self) -> CoordinatorServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ ticking
+    def _pending(self) -> list[NodeIdentity]:
+        exited_unhealthy = {c.id for c in self.state.epoch_state.exited_clients
+                            if c.state is not ClientState.Healthy}
+        return [node for node in self.peers if node not in exited_unhealthy]
+
+    def tick_once(self) -> None:
+        now = self.now()
+        self._withdraw_missing_after_restart(now)
+        result = self.coordinator.tick(self._pending(), now, self.seed_source())
+        if isinstance(result, Rejected) and self.state.run_state is not RunState.Finished:
+            log.debug("tick: %s", result)
+        if self.state.run_state.active and not self._been_active:
+            self._been_active = True
+            self._apply_init_warmup_time()
+        self._publish_if_changed()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                self.tick_once()
+            except Exception:  # a bug must not stop the run: log it and keep ticking
+                log.exception("tick failed")
+            await asyncio.sleep(self.options.tick_interval_s)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.heartbeat_interval_s)
+            self._send_all(encode(Heartbeat(server_time=self.now())))
+
+    def _apply_init_warmup_time(self) -> None:
+        """--init-warmup-time replaces warmup_time until the run first becomes active."""
+        init = self.options.init_warmup_time
+        if init is None:
+            return
+        warmup = self._original_warmup_time if self._been_active else init
+        self.state.config = self.state.config.model_copy(update={"warmup_time": warmup})
+
+    def _withdraw_missing_after_restart(self, now: int) -> None:
+        if self._reconnect_deadline is None or now < self._reconnect_deadline:
+            return
+        self._reconnect_deadline = None
+        for index, client in enumerate(self.state.epoch_state.clients):
+            if client.state is ClientState.Healthy and client.id not in self.peers:
+                log.info("client %r did not reconnect after the restart: withdrawn", client.id)
+                self.coordinator.withdraw(index)
+
+    # ------------------------------------------------------------------ broadcasting
+    def state_message(self) -> bytes:
+        return encode(StateUpdate(
+            state=base64.b64encode(encode_state(self.state)).decode(),
+            p2p_addresses=self.p2p_addresses, server_time=self.now()))
+
+    def _publish_if_changed(self) -> None:
+        encoded = encode_state(self.state)
+        if encoded == self._last_broadcast:
+            return
+        self._last_broadcast = encoded
+        self._persist(encoded)
+        self._send_all(self.state_message())
+        self.stats.broadcasts += 1
+        for callback in self.on_change:
+            callback(self.state)
+
+    def _persist(self, encoded: bytes | None = None) -> None:
+        if self.store is not None:
+            self.store.save(encoded or encode_state(self.state), self.p2p_addresses)
+
+    def _send_all(self, payload: bytes) -> None:
+        for peer in list(self.peers.values()):
+            if not peer.send(payload):
+                log.warning("client %r is not reading: disconnecting", peer.identity)
+                peer.writer.close()
+
+    # ------------------------------------------------------------------ connections
+    async def _handle_connection(self, reader: asyncio.StreamReader,
+                                 writer: asyncio.StreamWriter) -> None:
+        self.stats.connections_accepted += 1
+        if self._handshakes >= self.options.max_handshakes:
+            self.stats.handshakes_refused_busy += 1
+            await self._fail(writer, "Busy", "too many connections are joining; retry later")
+            return
+        self._handshakes += 1
+        try:
+            peer = await asyncio.wait_for(self._handshake(reader, writer),
+                                          self.options.handshake_timeout_s)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, FrameError,
+                ProtocolError) as exc:
+            self.stats.handshakes_failed += 1
+            self.stats.note(f"handshake: {exc!r}")
+            await self._fail(writer, "HandshakeFailed", str(exc) or type(exc).__name__)
+            return
+        finally:
+            self._handshakes -= 1
+        if peer is None:
+            return
+        try:
+            await self._serve_peer(peer, reader)
+        finally:
+            self._disconnected(peer)
+
+    async def _fail(self, writer: asyncio.StreamWriter, error: str, detail: str) -> None:
+        with contextlib.suppress(Exception):
+            writer.write(encode_frame(encode(ErrorReply(error=error, detail=detail, fatal=True))))
+            await asyncio.wait_for(writer.drain(), 1)
+        writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> _Peer | None:
+        nonce = os.urandom(32)
+        writer.write(encode_frame(encode(Challenge(nonce=nonce))))
+        await writer.drain()
+        message = decode_client_message(await read_frame(reader, SERVER_MAX_FRAME))
+        if not isinstance(message, Join):
+            raise ProtocolError(f"expected a join message first, got {message.type!r}")
+        if message.run_id != self.state.run_id:
+            await self._fail(writer, "WrongRunId",
+                             f"this server runs {self.state.run_id!r}, not {message.run_id!r}")
+            self.stats.handshakes_failed += 1
+            return None
+        signed = join_signing_bytes(nonce, message.run_id, message.p2p_address)
+        if not verify(message.identity, signed, message.signature):
+            await self._fail(writer, "BadSignature",
+                             "the join signature does not verify for this identity and challenge")
+            self.stats.handshakes_failed += 1
+            return None
+        identity = NodeIdentity(message.identity)
+        previous = self.peers.pop(identity, None)
+        if previous is not None:  # the same key reconnected: the newest connection wins
+            previous.writer.close()
+        peer = _Peer(identity, message.p2p_address, writer)
+        self.peers[identity] = peer
+        self.p2p_addresses[identity.key.hex()] = message.p2p_address
+        writer.write(encode_frame(encode(Welcome(identity=identity.key))))
+        peer.send(self.state_message())
+        log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
+        return peer
+
+    async def _serve_peer(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                frame = await read_frame(reader, SERVER_MAX_FRAME)
+                message = decode_client_message(frame)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            except (FrameError, ProtocolError) as exc:
+                self.stats.protocol_errors += 1
+                self.stats.note(f"{peer.identity!r}: {exc}")
+                await self._fail(peer.writer, "ProtocolError", str(exc))
+                return
+            rejected = self._apply(peer, message)
+            if rejected is not None:
+                self.stats.rejected_events += 1
+                peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))
+            self._publish_if_changed()
+
+    def _apply(self, peer: _Peer, message: object) -> Rejected | None:
+        sender, now = peer.identity, self.now()
+        coordinator = self.coordinator
+        if isinstance(message, WarmupWitness):
+            return coordinator.warmup_witness(sender, message.witness.to_witness(), now,
+                                              self.seed_source())
+        if isinstance(message, WitnessSubmit):
+            return coordinator.witness(sender, message.witness.to_witness(), now)
+        if isinstance(message, HealthCheck):
+            return coordinator.health_check(sender, [c.to_pair() for c in message.checks])
+        if isinstance(message, CheckpointReport):
+            repo = message.hub or message.gcs
+            if repo is None:
+                return Rejected(CoordinatorError.InvalidCheckpoint, "neither hub nor gcs given")
+            return coordinator.checkpoint(sender, message.index, repo)
+        if isinstance(message, Withdraw):
+            index = self.state.index_of(sender)
+            self.peers.pop(sender, None)
+            return None if index is None else coordinator.withdraw(index)
+        if isinstance(message, Join):
+            return Rejected(CoordinatorError.WrongRunState, "already joined")
+        return None
+
+    def _disconnected(self, peer: _Peer) -> None:
+        if self.peers.get(peer.identity) is peer:
+            del self.peers[peer.identity]
+            if self.options.withdraw_on_disconnect:
+                index = self.state.index_of(peer.identity)
+                if index is not None and not self.state.run_state.halted:
+                    self.coordinator.withdraw(index)
+            self._publish_if_changed()
+        peer.writer.close()
+        log.info("client %r disconnected", peer.identity)
