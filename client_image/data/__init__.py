@@ -1,0 +1,58 @@
+"""Data providers: the token samples a client trains on (reference §7).
+
+Public surface:
+
+    DataProvider                      protocol: num_sequences, async fetch(start, end) -> Tensor
+    LocalDataProvider(path, max_seq_len, token_size=TwoBytes, shuffle=None)
+        .get_samples(start, end) -> Tensor [n, max_seq_len] int64   (sync)
+        await .fetch(start, end)                                    (off the event loop)
+    await HttpDataProvider.open(location: HttpDataLocation, max_seq_len, *, client=None,
+                                retries=3, backoff_s=1.0, timeout_s=5.0)
+        await .fetch(start, end); await .aclose()
+    await open_provider(location: LocalDataLocation | HttpDataLocation, max_seq_len, **kw)
+    DataProviderError                 missing/short file, index out of range, server failure
+    shuffle_in_place(items, seed)     ChaCha8Rng + rand 0.8 slice shuffle (Seeded shuffle)
+
+A batch id [start, end] is inclusive; sample i is exactly max_seq_len tokens (see
+client_image.data.sequences for the offset rules).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from client_image.data.chacha import ChaChaRng, shuffle_in_place
+from client_image.data.http import HttpDataProvider, location_urls
+from client_image.data.local import LocalDataProvider
+from client_image.data.sequences import DataProviderError
+from coordinator.config import HttpDataLocation, LocalDataLocation, TokenSize
+
+
+class DataProvider(Protocol):
+    @property
+    def num_sequences(self) -> int: ...
+
+    async def fetch(self, start: int, end: int) -> torch.Tensor: ...
+
+
+async def open_provider(
+    location: LocalDataLocation | HttpDataLocation,
+    max_seq_len: int,
+    *,
+    token_size: TokenSize = TokenSize.TwoBytes,
+    **http_options: float,
+) -> DataProvider:
+    """A provider for a run config's data location (Local: TwoBytes, unshuffled)."""
+    if isinstance(location, LocalDataLocation):
+        return LocalDataProvider(location.path, max_seq_len, token_size)
+    if isinstance(location, HttpDataLocation):
+        return await HttpDataProvider.open(location, max_seq_len, **http_options)  # type: ignore[arg-type]
+    raise DataProviderError(f"data location {type(location).__name__} is not supported here")
+
+
+__all__ = [
+    "ChaChaRng", "DataProvider", "DataProviderError", "HttpDataProvider", "LocalDataProvider",
+    "location_urls", "open_provider", "shuffle_in_place",
+]

@@ -1,0 +1,70 @@
+"""The training core: models, DisTrO, its wire format, checkpoints (reference §5, §8).
+
+Public surface (typed; see each module for the equations and details):
+
+Models (client_image.training.model)
+    load_causal_lm(source, *, dtype="fp32"|"bf16", device="auto"|"cpu"|"cuda"|"mps",
+                   revision=None, local_files_only=False) -> torch.nn.Module
+    load_tokenizer(source, ...) ; resolve_model_dir(source, ...) -> Path ; pick_device(name)
+    ModelLoadError
+
+DisTrO (client_image.training.trainer, .distro)
+    DistroTrainer(model, optimizer: DistroOptimizer, lr_schedule: LRSchedule, *,
+                  micro_batch_size, cold_start_warmup_steps=0, start_step=0)
+        .decode(payload: bytes) -> DistroResult        validate a peer's bytes (ResultDecodeError)
+        .apply(step, results: Sequence[DistroResult]) -> bool   consensus results of step-2
+        .train(step, batch [n, seq] int64, *, batch_id=(start, end), cold_start=False)
+            -> TrainStepOutput(step, loss, payload: bytes, grad_norm)
+        .learning_rate(step) ; .plans: list[BlockPlan] ; .timings: Timings
+    AdamWTrainer(model, optimizer: AdamWOptimizer, lr_schedule, *, micro_batch_size)
+    scheduled_lr(schedule, step), cold_start_factor(step, start, n)
+
+Wire format (client_image.training.wire)
+    encode_result(tensors, plans, *, step, trainer_nonce, batch_start, batch_end, one_bit) -> bytes
+    decode_result(payload, plans) -> DistroResult ; ResultDecodeError ; WIRE_VERSION
+
+Checkpoints (client_image.training.checkpoint)
+    save_checkpoint(model, checkpoint_dir, run_id, step, *, tokenizer_dir=None, keep_steps=3) -> Path
+    list_checkpoints(checkpoint_dir, run_id) ; upload_checkpoint(path, repo_id, step, *, token,
+    revision, api) -> str ; CheckpointError
+
+Simulation and CLI: client_image.training.simulate (Simulation, SimulationConfig,
+validation_loss), client_image.training.cli:main (psyche-train).
+"""
+
+from client_image.training.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    save_checkpoint,
+    upload_checkpoint,
+)
+from client_image.training.distro import BlockPlan, SparseResult, plan_model
+from client_image.training.lr import cold_start_factor, scheduled_lr
+from client_image.training.model import (
+    ModelLoadError,
+    load_causal_lm,
+    load_tokenizer,
+    pick_device,
+    resolve_model_dir,
+)
+from client_image.training.trainer import (
+    AdamWTrainer,
+    DistroTrainer,
+    Timings,
+    TrainStepOutput,
+)
+from client_image.training.wire import (
+    WIRE_VERSION,
+    DistroResult,
+    ResultDecodeError,
+    decode_result,
+    encode_result,
+)
+
+__all__ = [
+    "WIRE_VERSION", "AdamWTrainer", "BlockPlan", "CheckpointError", "DistroResult",
+    "DistroTrainer", "ModelLoadError", "ResultDecodeError", "SparseResult", "Timings",
+    "TrainStepOutput", "cold_start_factor", "decode_result", "encode_result", "list_checkpoints",
+    "load_causal_lm", "load_tokenizer", "pick_device", "plan_model", "resolve_model_dir",
+    "save_checkpoint", "scheduled_lr", "upload_checkpoint",
+]

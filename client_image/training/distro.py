@@ -1,0 +1,269 @@
+"""DisTrO math: blockwise DCT, per-block top-k, and the peers' aggregation.
+
+This is DeMo ("Decoupled Momentum Optimization", Peng, Quesnelle, Kingma 2024) as
+Psyche implements it (`shared/modeling/src/distro.rs`). Every parameter is cut into
+blocks; each block is moved to the frequency domain with an orthonormal 2-D DCT; only the
+k largest coefficients of each block are sent.
+
+Chunk size. For a dimension of size s and the configured chunk c_max:
+
+    c(s) = s                          if s < c_max
+         = largest divisor of s <= c_max  otherwise   (a prime > c_max gives 1)
+
+DCT basis (DCT-II, orthonormal, = scipy.fft.dct(eye(c), norm='ortho')):
+
+    F_c[i, k] = sigma_k * cos(pi * (2i + 1) * k / (2c)),
+    sigma_0 = sqrt(1/c),  sigma_k = sqrt(2/c) for k > 0,      F_c^T F_c = I
+
+Encode. A matrix T of shape (..., R, C) with a = c(R), b = c(C) is viewed as blocks
+X_{y,x} of shape (a, b) (y < R/a, x < C/b; leading dimensions are more blocks):
+
+    E_{y,x} = F_a^T X_{y,x} F_b          i.e. E[p,q] = sum_{j,l} X[j,l] F_a[j,p] F_b[l,q]
+
+A vector of length L is a matrix (L, 1): blocks of (a, 1), F_1 = [[1]].
+
+Compress. Per block keep the k = clamp(topk, 1, a*b) coefficients of largest |E|
+(indices in ascending order, so that the encoding is canonical and deterministic).
+
+Aggregate (decode). Each coefficient is the mean over the peers that sent it; the rest are 0:
+
+    G[p] = sum_{peers that sent p} v / #{peers that sent p}
+
+then the inverse transform X = F_a G F_b^T puts the block back in place.
+
+All transforms run as two batched matmuls over every block of every parameter with the
+same block shape at once; there is no Python loop over blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+def chunk_size(dim: int, max_chunk: int) -> int:
+    """c(s): the block width used along a dimension of size `dim`."""
+    if dim < 1 or max_chunk < 1:
+        raise ValueError(f"dimension and chunk must be positive, got {dim} and {max_chunk}")
+    if dim < max_chunk:
+        return dim
+    for candidate in range(max_chunk, 0, -1):
+        if dim % candidate == 0:
+            return candidate
+    raise AssertionError("unreachable: 1 divides every dimension")
+
+
+@lru_cache(maxsize=64)
+def _dct_basis_cpu(size: int) -> torch.Tensor:
+    # Built in float64 so that bf16/fp32 copies are correctly rounded.
+    i = torch.arange(size, dtype=torch.float64).unsqueeze(1)
+    k = torch.arange(size, dtype=torch.float64).unsqueeze(0)
+    basis = torch.cos(math.pi * (2 * i + 1) * k / (2 * size))
+    sigma = torch.full((size,), math.sqrt(2.0 / size), dtype=torch.float64)
+    sigma[0] = math.sqrt(1.0 / size)
+    return basis * sigma
+
+
+def dct_basis(size: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """F_size: the orthonormal DCT-II matrix, columns are frequencies."""
+    return _dct_basis_cpu(size).to(device=device, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """How one parameter is cut into DCT blocks and compressed.
+
+    The wire format checks every payload against these numbers.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    rows: int  # R: second-to-last dimension (the length, for a vector)
+    cols: int  # C: last dimension (1 for a vector)
+    row_chunk: int  # a = c(R)
+    col_chunk: int  # b = c(C)
+    topk: int  # k = clamp(topk, 1, a*b)
+
+    @property
+    def leading(self) -> int:
+        return math.prod(self.shape) // (self.rows * self.cols)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.leading * (self.rows // self.row_chunk) * (self.cols // self.col_chunk)
+
+    @property
+    def block_numel(self) -> int:
+        return self.row_chunk * self.col_chunk
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def block_shape(self) -> tuple[int, int]:
+        return (self.row_chunk, self.col_chunk)
+
+
+def plan_parameter(name: str, shape: Sequence[int], max_chunk: int, topk: int) -> BlockPlan:
+    """The BlockPlan of one parameter for a `compression_chunk` and `compression_topk`."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        rows, cols = 1, 1
+    elif len(shape) == 1:
+        rows, cols = shape[0], 1
+    else:
+        rows, cols = shape[-2], shape[-1]
+    a, b = chunk_size(rows, max_chunk), chunk_size(cols, max_chunk)
+    k = max(1, min(topk, a * b))
+    return BlockPlan(name, shape, rows, cols, a, b, k)
+
+
+def plan_model(
+    named_shapes: Sequence[tuple[str, Sequence[int]]], max_chunk: int, topk: int
+) -> list[BlockPlan]:
+    """BlockPlans for a model's trainable parameters, in the given (stable) order."""
+    return [plan_parameter(name, shape, max_chunk, topk) for name, shape in named_shapes]
+
+
+def to_blocks(tensor: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """(..., R, C) -> (n_blocks, a, b), blocks in row-major (leading, y, x) order."""
+    a, b = plan.block_shape
+    view = tensor.reshape(plan.leading, plan.rows // a, a, plan.cols // b, b)
+    return view.permute(0, 1, 3, 2, 4).reshape(plan.n_blocks, a, b)
+
+
+def from_blocks(blocks: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """Inverse of to_blocks: (n_blocks, a, b) -> the parameter's shape."""
+    a, b = plan.block_shape
+    view = blocks.reshape(plan.leading, plan.rows // a, plan.cols // b, a, b)
+    return view.permute(0, 1, 3, 2, 4).reshape(plan.shape)
+
+
+def dct_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """E = F_a^T X F_b for every block at once."""
+    a, b = blocks.shape[-2:]
+    f_a = dct_basis(a, blocks.dtype, blocks.device)
+    f_b = dct_basis(b, blocks.dtype, blocks.device)
+    return f_a.T @ blocks @ f_b
+
+
+def idct_blocks(coefficients: torch.Tensor) -> torch.Tensor:
+    """X = F_a E F_b^T for every block at once (F is orthonormal, so this inverts dct_blocks)."""
+    a, b = coefficients.shape[-2:]
+    f_a = dct_basis(a, coefficients.dtype, coefficients.device)
+    f_b = dct_basis(b, coefficients.dtype, coefficients.device)
+    return f_a @ coefficients @ f_b.T
+
+
+def topk_blocks(coefficients: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block, the k coefficients of largest magnitude: (idx (N, k) ascending, val (N, k))."""
+    flat = coefficients.reshape(coefficients.shape[0], -1)
+    _, idx = torch.topk(flat.abs(), k, dim=1, sorted=False)
+    idx, _ = torch.sort(idx, dim=1)
+    return idx, torch.gather(flat, 1, idx)
+
+
+def scatter_mean(
+    indices: Sequence[torch.Tensor], values: Sequence[torch.Tensor], block_numel: int
+) -> torch.Tensor:
+    """G: each coefficient averaged over the peers that sent it (0 where none did).
+
+    indices[i], values[i]: peer i's (n_blocks, k_i). Returns (n_blocks, block_numel).
+    """
+    idx = torch.cat(list(indices), dim=1)
+    val = torch.cat(list(values), dim=1)
+    total = torch.zeros(idx.shape[0], block_numel, dtype=val.dtype, device=val.device)
+    count = torch.zeros_like(total)
+    total.scatter_add_(1, idx, val)
+    count.scatter_add_(1, idx, torch.ones_like(val))
+    return total / count.clamp_min(1)
+
+
+@dataclass
+class SparseResult:
+    """One parameter's compressed update: idx (n_blocks, k) int64, val (n_blocks, k)."""
+
+    idx: torch.Tensor
+    val: torch.Tensor
+
+
+def compress(tensors: Sequence[torch.Tensor], plans: Sequence[BlockPlan]) -> list[SparseResult]:
+    """encode + top-k for every parameter; blocks of equal shape go through one matmul."""
+    results: list[SparseResult | None] = [None] * len(plans)
+    for members in _group_by_block_shape(plans).values():
+        blocks = torch.cat([to_blocks(tensors[i], plans[i]) for i in members])
+        k = plans[members[0]].topk
+        idx, val = topk_blocks(dct_blocks(blocks), k)
+        offset = 0
+        for i in members:
+            n = plans[i].n_blocks
+            results[i] = SparseResult(idx[offset : offset + n], val[offset : offset + n])
+            offset += n
+    return [r for r in results if r is not None]
+
+
+def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """X = F_a G F_b^T for blocks G with m nonzeros each (idx = p*b + q, value weight).
+
+    X = sum_m w_m F_a[:, p_m] F_b[:, q_m]^T: a*b*m multiply-adds per block instead of the
+    dense a*b*(a+b), so a block holding only a few peers' top-k is cheap to decode.
+    """
+    f_a = dct_basis(a, weight.dtype, weight.device)
+    f_b = dct_basis(b, weight.dtype, weight.device)
+    rows = f_a[:, idx // b].permute(1, 0, 2) * weight.unsqueeze(1)  # (N, a, m)
+    cols = f_b[:, idx % b].permute(1, 2, 0)  # (N, m, b)
+    return rows @ cols
+
+
+def decompress(
+    peer_results: Sequence[Sequence[SparseResult]],
+    plans: Sequence[BlockPlan],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> list[torch.Tensor]:
+    """Aggregate any number of peers' results into one dense tensor per parameter.
+
+    Each coefficient is weighted by 1 / (number of peers that sent it), which makes the sum
+    the scatter-mean G; the inverse DCT of all equal-shape blocks then runs at once, as
+    dense matmuls or, when a block holds fewer than a + b coefficients, as rank-m products.
+    """
+    if not peer_results:
+        raise ValueError("decompress needs at least one result")
+    out: list[torch.Tensor | None] = [None] * len(plans)
+    for members in _group_by_block_shape(plans).values():
+        a, b = plans[members[0]].block_shape
+        indices, weights = [], []
+        for i in members:
+            idx = torch.cat([r[i].idx.to(device) for r in peer_results], dim=1)
+            val = torch.cat([r[i].val.to(device=device, dtype=dtype) for r in peer_results], dim=1)
+            if len(peer_results) > 1:
+                count = torch.zeros(idx.shape[0], a * b, dtype=dtype, device=device)
+                count.scatter_add_(1, idx, torch.ones_like(val))
+                val = val / torch.gather(count, 1, idx)
+            indices.append(idx)
+            weights.append(val)
+        idx, weight = torch.cat(indices), torch.cat(weights)
+        if idx.shape[1] < a + b:
+            spatial = sparse_idct_blocks(idx, weight, a, b)
+        else:
+            dense = torch.zeros(idx.shape[0], a * b, dtype=dtype, device=device)
+            dense.scatter_add_(1, idx, weight)
+            spatial = idct_blocks(dense.reshape(-1, a, b))
+        offset = 0
+        for i in members:
+            n = plans[i].n_blocks
+            out[i] = from_blocks(spatial[offset : offset + n], plans[i])
+            offset += n
+    return [t for t in out if t is not None]
+
+
+def _group_by_block_shape(plans: Sequence[BlockPlan]) -> dict[tuple[int, int], list[int]]:
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, plan in enumerate(plans):
+        groups.setdefault(plan.block_shape, []).append(i)
+    return groups

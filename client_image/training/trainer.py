@@ -1,0 +1,264 @@
+"""One client's DisTrO trainer: the per-step pipeline of reference §5, overlapped.
+
+Per step s (delta: a persistent buffer per parameter, zero at the start):
+
+ 1. apply(s, results of step s-2)   theta -= lr(s) * sign(decompress(results))
+                                    (nothing at heights 0 and 1 of an epoch)
+ 2. train(s, batch):
+      cold start                    delta = 0
+      lookahead                     theta -= lr(s-1) * sign(delta)        (lr(0) at s = 0)
+      forward/backward              grad = mean over micro-batches of dCE/dtheta
+      clip                          grad *= c / (||grad||_2 + 1e-6)      if ||grad|| > c
+      undo lookahead                theta += lr(s-1) * sign(delta)
+      error feedback                delta -= decompress(own result of s-1, unquantized)
+      weight decay                  theta *= 1 - lr(s) * weight_decay
+      momentum                      delta = compression_decay * delta + lr(s) * grad
+      publish                       compress(delta) -> wire bytes (signs only if 1-bit)
+
+The update of step s reaches the weights at step s+2 (while s+1 trains); the lookahead
+approximates the still-missing update of s-1 by this client's own sign(delta).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from client_image.training.distro import (
+    BlockPlan,
+    SparseResult,
+    compress,
+    decompress,
+    plan_model,
+)
+from client_image.training.lr import cold_start_factor, scheduled_lr
+from client_image.training.wire import DistroResult, ResultDecodeError, decode_result, encode_result
+from coordinator.config import AdamWOptimizer, DistroOptimizer, LRSchedule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Timings:
+    """Seconds spent, accumulated over steps (the benchmark's overhead figure)."""
+
+    forward_backward_s: float = 0.0
+    compress_s: float = 0.0  # delta update, DCT, top-k, wire encoding
+    decompress_s: float = 0.0  # wire decoding, aggregation, inverse DCT (own and peers')
+    apply_s: float = 0.0  # sign step, lookahead, weight decay
+
+    @property
+    def optimizer_s(self) -> float:
+        return self.compress_s + self.decompress_s + self.apply_s
+
+
+@dataclass
+class TrainStepOutput:
+    step: int
+    loss: float  # mean next-token cross-entropy over the batch
+    payload: bytes | None  # this step's result in the wire format (None for AdamW)
+    grad_norm: float
+
+
+@dataclass
+class _PendingOwnResult:
+    step: int
+    tensors: list[SparseResult] = field(default_factory=list)
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters DisTrO updates, in the model's stable registration order."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int) -> float:
+    """Forward/backward over micro-batches; gradients accumulate the mean loss. Returns it."""
+    micro_batches = torch.split(batch, micro_batch_size)
+    total = 0.0
+    for micro in micro_batches:
+        loss = model(input_ids=micro, labels=micro).loss / len(micro_batches)
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
+class DistroTrainer:
+    """DisTrO for one client. Thread-unsafe; the runtime calls it from one worker thread.
+
+    >>> trainer = DistroTrainer(model, DistroOptimizer(...), CosineLR(...), micro_batch_size=4)
+    >>> trainer.apply(step, [trainer.decode(p) for p in payloads_of_step_minus_2])
+    >>> out = trainer.train(step, batch, batch_id=(start, end))   # out.payload: bytes to publish
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: DistroOptimizer,
+        lr_schedule: LRSchedule,
+        *,
+        micro_batch_size: int,
+        cold_start_warmup_steps: int = 0,
+        start_step: int = 0,
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.model = model
+        self.config = optimizer
+        self.lr_schedule = lr_schedule
+        self.micro_batch_size = micro_batch_size
+        self.cold_start_warmup_steps = cold_start_warmup_steps
+        self.start_step = start_step
+        named = trainable_parameters(model)
+        self.names = [name for name, _ in named]
+        self.params: list[torch.Tensor] = [p for _, p in named]
+        self.plans: list[BlockPlan] = plan_model(
+            [(name, p.shape) for name, p in named],
+            optimizer.compression_chunk,
+            optimizer.compression_topk,
+        )
+        self.delta = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        self.trainer_nonce = 0  # train() calls since this process started (reference §2.6)
+        self.timings = Timings()
+        self._pending: _PendingOwnResult | None = None
+
+    def learning_rate(self, step: int) -> float:
+        """lr(s) = schedule(s) x cold-start factor."""
+        factor = cold_start_factor(step, self.start_step, self.cold_start_warmup_steps)
+        return scheduled_lr(self.lr_schedule, step) * factor
+
+    def decode(self, payload: bytes) -> DistroResult:
+        """Validate a peer's payload for this model; raises ResultDecodeError."""
+        started = time.perf_counter()
+        result = decode_result(payload, self.plans)
+        if result.one_bit != self.config.quantize_1bit:
+            raise ResultDecodeError(
+                f"payload one_bit={result.one_bit}, the run's quantize_1bit={self.config.quantize_1bit}"
+            )
+        self.timings.decompress_s += time.perf_counter() - started
+        return result
+
+    @torch.no_grad()
+    def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
+        """Step 1: theta -= lr(step) * sign(mean of the peers' decoded results). False if none."""
+        if not results:
+            logger.warning("step %d: no results to apply, weights unchanged", step)
+            return False
+        started = time.perf_counter()
+        aggregate = decompress(
+            [r.tensors for r in results], self.plans, self.params[0].dtype, self.params[0].device
+        )
+        decoded_at = time.perf_counter()
+        torch._foreach_add_(self.params, torch._foreach_sign(aggregate), alpha=-self.learning_rate(step))
+        self.timings.decompress_s += decoded_at - started
+        self.timings.apply_s += time.perf_counter() - decoded_at
+        return True
+
+    def train(
+        self,
+        step: int,
+        batch: torch.Tensor,
+        *,
+        batch_id: tuple[int, int] = (0, 0),
+        cold_start: bool = False,
+    ) -> TrainStepOutput:
+        """Step 2: train on `batch` ([n, seq_len] token ids) and produce this step's payload."""
+        lr_now = self.learning_rate(step)
+        lr_prev = self.learning_rate(max(step - 1, 0))
+        started = time.perf_counter()
+        for param in self.params:
+            param.grad = None
+        with torch.no_grad():
+            if cold_start:
+                for delta in self.delta:
+                    delta.zero_()
+                self._pending = None
+            if lr_prev:
+                torch._foreach_add_(self.params, torch._foreach_sign(self.delta), alpha=-lr_prev)
+        self.timings.apply_s += time.perf_counter() - started
+
+        started = time.perf_counter()
+        loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size)
+        grad_norm = _clip(self.params, self.config.clip_grad_norm)
+        self.timings.forward_backward_s += time.perf_counter() - started
+
+        with torch.no_grad():
+            started = time.perf_counter()
+            if lr_prev:
+                torch._foreach_add_(self.params, torch._foreach_sign(self.delta), alpha=lr_prev)
+            if self.config.weight_decay:
+                torch._foreach_mul_(self.params, 1 - lr_now * self.config.weight_decay)
+            applied_at = time.perf_counter()
+            self.timings.apply_s += applied_at - started
+            if self._pending is not None:
+                # Error feedback: what was transmitted last step leaves the buffer.
+                sent = decompress(
+                    [self._pending.tensors], self.plans, self.delta[0].dtype, self.delta[0].device
+                )
+                torch._foreach_sub_(self.delta, sent)
+            decompressed_at = time.perf_counter()
+            self.timings.decompress_s += decompressed_at - applied_at
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            torch._foreach_mul_(self.delta, self.config.compression_decay)
+            torch._foreach_add_(self.delta, grads, alpha=lr_now)
+            sparse = compress(self.delta, self.plans)
+            payload = encode_result(
+                sparse, self.plans, step=step, trainer_nonce=self.trainer_nonce,
+                batch_start=batch_id[0], batch_end=batch_id[1], one_bit=self.config.quantize_1bit,
+            )
+            self.timings.compress_s += time.perf_counter() - decompressed_at
+        self._pending = _PendingOwnResult(step, sparse)
+        self.trainer_nonce += 1
+        return TrainStepOutput(step, loss, payload, grad_norm)
+
+
+class AdamWTrainer:
+    """The dense baseline: AdamW on the mean gradient (what an all-reduce would give)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: AdamWOptimizer,
+        lr_schedule: LRSchedule,
+        *,
+        micro_batch_size: int,
+    ) -> None:
+        self.model = model
+        self.config = optimizer
+        self.lr_schedule = lr_schedule
+        self.micro_batch_size = micro_batch_size
+        self.params: list[torch.Tensor] = [p for _, p in trainable_parameters(model)]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=0.0, betas=optimizer.betas, eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+        self.timings = Timings()
+
+    def learning_rate(self, step: int) -> float:
+        return scheduled_lr(self.lr_schedule, step)
+
+    def train(self, step: int, batch: torch.Tensor, **_: object) -> TrainStepOutput:
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size)
+        grad_norm = _clip(self.params, self.config.clip_grad_norm)
+        self.timings.forward_backward_s += time.perf_counter() - started
+        started = time.perf_counter()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate(step)
+        self.optimizer.step()
+        self.timings.apply_s += time.perf_counter() - started
+        return TrainStepOutput(step, loss, None, grad_norm)
+
+
+def _clip(params: Sequence[torch.Tensor], max_norm: float | None) -> float:
+    """Global L2 clipping: grad *= c / (norm + 1e-6) when norm > c. Returns the norm."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm is None:
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
