@@ -81,6 +81,8 @@ def supervisor_config(settings: RunManagerSettings, options: RunOptions) -> Supe
         command=options.container_args,
         scratch_dir=settings.SCRATCH_DIR,
         max_crash_restarts=settings.MAX_CRASH_RESTARTS,
+        backoff_base_s=settings.CRASH_BACKOFF_S,
+        version_change_delay_s=settings.VERSION_CHANGE_DELAY_S,
     )
 
 

@@ -73,6 +73,11 @@ class RunManagerSettings(BaseSettings):
     METRICS_LOCAL_PORT: int = Field(default=6269, ge=1, le=65535)
     """Port of the client's local metrics endpoint (127.0.0.1, host network)."""
     MAX_CRASH_RESTARTS: int = Field(default=5, ge=0, le=1000)
+    """Crash restarts in a row before giving up (the count resets after 120 s of uptime)."""
+    CRASH_BACKOFF_S: float = Field(default=5.0, ge=0, le=3600)
+    """First crash-restart delay; it doubles with each crash in a row (capped at 120 s)."""
+    VERSION_CHANGE_DELAY_S: float = Field(default=5.0, ge=0, le=3600)
+    """Pause before restarting with a new client version (exit code 10), as Psyche does."""
     SCRATCH_DIR: Path | None = None
 
     @field_validator("RUN_ID")

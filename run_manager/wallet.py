@@ -59,11 +59,8 @@ def load_keypair_bytes(path: Path) -> bytes:
     raw = bytes(values)
     from solders.keypair import Keypair
 
-    try:
-        keypair = Keypair.from_bytes(raw)
-    except Exception as error:  # solders raises its own error types for bad key material
-        raise WalletError(f"{path}: invalid keypair ({error})") from None
-    if bytes(keypair.pubkey()) != raw[32:]:
+    # The public half must be the one the secret seed derives (solana-keygen writes both).
+    if bytes(Keypair.from_seed(raw[:32]).pubkey()) != raw[32:]:
         raise WalletError(f"{path}: public key half does not match the secret half")
     return raw
 

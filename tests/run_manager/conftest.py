@@ -1,0 +1,73 @@
+"""Fixtures for the run-manager tests: a real Docker engine and the real client image."""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from run_manager import engine
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BASE_IMAGE = "psyche-base:bookworm"
+
+
+def project_version() -> str:
+    with open(REPO_ROOT / "pyproject.toml", "rb") as handle:
+        return str(tomllib.load(handle)["project"]["version"])
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    """The local engine. Fails (never skips) when there is none: these tests are required."""
+    try:
+        client = engine.connect(timeout_s=60)
+    except engine.EngineError as error:
+        pytest.fail(
+            f"the container tests need a running Docker engine: {error}\n"
+            "Start one with `sudo scripts/docker_engine.sh start` (CI: .ci/run does it).",
+            pytrace=False,
+        )
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def client_image(docker_client: docker.DockerClient) -> str:
+    """The real client image psyche-client:<version>, built with our scripts when missing."""
+    image = f"psyche-client:{project_version()}"
+    try:
+        docker_client.images.get(image)
+        return image
+    except docker.errors.ImageNotFound:
+        pass
+    for script in ("build_base_image.sh", "build_client_image.sh"):
+        result = subprocess.run(
+            ["bash", str(REPO_ROOT / "scripts" / script)],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        if result.returncode != 0:
+            pytest.fail(f"scripts/{script} failed:\n{result.stdout}\n{result.stderr}", pytrace=False)
+    docker_client.images.get(image)
+    return image
+
+
+@pytest.fixture
+def run_id() -> str:
+    """A run id of its own per test, so containers of different tests never collide."""
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def no_leftover_containers(docker_client: docker.DockerClient, run_id: str) -> Iterator[None]:
+    """Checks the test left no container of its run behind; removes any it did."""
+    yield
+    leftovers = engine.find_managed_containers(docker_client, run_id)
+    for container in leftovers:
+        engine.remove_container(container)
+    assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"
