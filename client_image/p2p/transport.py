@@ -15,6 +15,7 @@ import fnmatch
 import logging
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -51,6 +52,9 @@ class NodeConfig:
     relay_mode: RelayModeName = "default"
     relay_urls: tuple[str, ...] = ()
     connect_timeout_s: float = 5.0
+    # After a failed dial, further dials to that peer fail at once for this long, so many
+    # concurrent requests to a dead peer do not queue up one connect timeout each.
+    dial_failure_cache_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.bind_port < 65536:
@@ -63,8 +67,8 @@ class NodeConfig:
             raise ValueError("relay_mode 'custom' needs at least one relay URL")
 
     @classmethod
-    def loopback(cls) -> NodeConfig:
-        return cls(bind_ip="127.0.0.1", relay_mode="disabled")
+    def loopback(cls, connect_timeout_s: float = 5.0) -> NodeConfig:
+        return cls(bind_ip="127.0.0.1", relay_mode="disabled", connect_timeout_s=connect_timeout_s)
 
 
 def interface_ipv4(pattern: str) -> str:
@@ -114,6 +118,7 @@ class Transport:
         self._handler_tasks: set[asyncio.Task[None]] = set()
         self._outgoing: dict[tuple[bytes, bytes], iroh.Connection] = {}
         self._dial_locks: dict[tuple[bytes, bytes], asyncio.Lock] = {}
+        self._dial_failed_at: dict[bytes, float] = {}
         self._incoming: list[iroh.Connection] = []
         self._peers = _PeerBook()
 
@@ -204,13 +209,22 @@ class Transport:
             existing = self._outgoing.get(key)
             if existing is not None and existing.close_reason() is None:
                 return existing
+            failed_at = self._dial_failed_at.get(node_id)
+            if (
+                failed_at is not None
+                and time.monotonic() - failed_at < self.config.dial_failure_cache_s
+            ):
+                raise TransportError(f"{node_id.hex()[:10]} was unreachable moments ago")
             try:
                 connection = await asyncio.wait_for(
                     endpoint.connect(self._peers.endpoint_addr(node_id), alpn),
                     timeout=self.config.connect_timeout_s,
                 )
             except (TimeoutError, iroh.IrohError) as error:
-                raise TransportError(f"cannot connect to {node_id.hex()[:10]}: {error}") from None
+                self._dial_failed_at[node_id] = time.monotonic()
+                reason = error or f"no answer within {self.config.connect_timeout_s}s"
+                raise TransportError(f"cannot connect to {node_id.hex()[:10]}: {reason}") from None
+            self._dial_failed_at.pop(node_id, None)
             self._outgoing[key] = connection
             return connection
 

@@ -22,7 +22,7 @@ async def started_nodes(
 ) -> AsyncIterator[list[P2PNode]]:
     nodes = [
         P2PNode(
-            config=NodeConfig.loopback(),
+            config=NodeConfig.loopback(connect_timeout_s=1.0),
             gossip_config=gossip_config,
             download_config=download_config,
         )

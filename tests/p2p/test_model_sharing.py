@@ -1,0 +1,100 @@
+"""A joiner rebuilds a tiny Llama's exact state dict from three peers."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from client_image.p2p import ModelFetchOptions, ModelManifest, ModelSharingError
+from client_image.p2p.model_sharing import ParameterEntry, tensor_bytes
+
+from .swarm import started_nodes
+
+
+def tiny_llama() -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    torch.manual_seed(1234)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    return config, {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def state_hash(state: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        digest.update(name.encode())
+        digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+        digest.update(tensor_bytes(tensor))
+    return digest.hexdigest()
+
+
+async def test_joiner_reproduces_the_exact_state_dict_from_three_peers() -> None:
+    config, state = tiny_llama()
+    tokenizer_json = json.dumps({"model": {"type": "BPE"}, "added_tokens": []})
+    async with started_nodes(5) as (*sharers, outsider, joiner):
+        for sharer in sharers:
+            sharer.model_sharing.share(state, config.to_json_string(), tokenizer_json)
+        outsider.model_sharing.share({"other": torch.zeros(3)}, "{}")  # not a source: never asked
+        joiner.add_peer_addresses([node.address for node in [*sharers, outsider]])
+        progress: list[tuple[int, int]] = []
+        manifest, fetched, report = await joiner.model_sharing.fetch_model(
+            [s.node_id for s in sharers],
+            ModelFetchOptions(max_concurrent_parameter_requests=4),
+            progress=lambda done, total: progress.append((done, total)),
+        )
+        assert state_hash(fetched) == state_hash(state)
+        assert list(fetched) == list(state)
+        assert all(torch.equal(fetched[name], state[name]) for name in state)
+        assert json.loads(manifest.config_json)["hidden_size"] == 64
+        assert manifest.tokenizer_json == tokenizer_json
+        # each tensor requested from a different peer in turn: all three served a share
+        assert set(report.served_by) == {s.node_id for s in sharers}
+        assert max(report.served_by.values()) - min(report.served_by.values()) <= 1
+        assert progress[-1] == (len(state), len(state))
+        rebuilt = LlamaForCausalLM(LlamaConfig.from_dict(json.loads(manifest.config_json)))
+        rebuilt.load_state_dict(fetched)
+        ids = torch.tensor([[1, 2, 3, 4]])
+        reference = LlamaForCausalLM(config)
+        reference.load_state_dict(state)
+        assert torch.equal(rebuilt(ids).logits, reference(ids).logits)
+
+
+async def test_bf16_state_and_a_source_that_stops_mid_fetch() -> None:
+    _, state = tiny_llama()
+    bf16 = {name: tensor.to(torch.bfloat16) for name, tensor in state.items()}
+    async with started_nodes(3) as (first, second, joiner):
+        for sharer in (first, second):
+            sharer.model_sharing.share(bf16)
+        joiner.add_peer_addresses([first.address, second.address])
+        await second.stop()  # listed as a source but gone: its tensors come from `first`
+        _, fetched, report = await joiner.model_sharing.fetch_model([second.node_id, first.node_id])
+        assert state_hash(fetched) == state_hash(bf16)
+        assert set(report.served_by) == {first.node_id}
+
+
+async def test_fetch_fails_clearly_without_sharing_sources() -> None:
+    async with started_nodes(2) as (idle, joiner):
+        joiner.add_peer_addresses([idle.address])
+        with pytest.raises(ModelSharingError, match="not sharing a model"):
+            await joiner.model_sharing.fetch_model([idle.node_id])
+        with pytest.raises(ModelSharingError, match="no peers"):
+            await joiner.model_sharing.fetch_model([])
+
+
+def test_manifest_with_inconsistent_sizes_is_rejected() -> None:
+    entry = ParameterEntry(name="w", shape=[2, 3], dtype="float32", size=20, hash=bytes(32))
+    with pytest.raises(ModelSharingError, match="does not match shape"):
+        ModelManifest(parameters=[entry]).validate_sizes()
+    ok = entry.model_copy(update={"size": 24})
+    with pytest.raises(ModelSharingError, match="twice"):
+        ModelManifest(parameters=[ok, ok]).validate_sizes()
