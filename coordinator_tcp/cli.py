@@ -2,8 +2,15 @@
 
     psyche-coordinator validate-config --state state.toml [--data-config data.toml]
 
-prints `OK` or every problem (one per line) and exits 1 on error. The `run`
-subcommand (the TCP server) is registered on the same `app` by its module.
+prints `OK` or every problem (one per line) and exits 1 on error.
+
+    psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
+        [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
+        [--tui true|false] [--tick-interval 0.5] [--bind-host 0.0.0.0]
+
+runs the TCP coordinator (and the TCP data server when the run's data location is
+`Server`) until SIGINT/SIGTERM; the same config errors as validate-config exit 1.
+Logs go to stderr (to the TUI's log panel with --tui true).
 """
 
 from __future__ import annotations
@@ -41,6 +48,58 @@ def validate_config(
             typer.echo(line, err=True)
         raise typer.Exit(code=1)
     typer.echo("OK")
+
+
+def _parse_bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise typer.BadParameter(f"expected true or false, got {value!r}")
+
+
+@app.command("run")
+def run(
+    state: Annotated[Path, typer.Option("--state", help="the run's state.toml")],
+    server_port: Annotated[int, typer.Option("--server-port", min=0, max=65535,
+                                             help="TCP port of the coordinator")] = 20000,
+    data_config: Annotated[Path | None, typer.Option(
+        "--data-config", help="data.toml of the TCP data server")] = None,
+    save_state_dir: Annotated[Path | None, typer.Option(
+        "--save-state-dir", help="save every state change here; resume from it")] = None,
+    withdraw_on_disconnect: Annotated[str, typer.Option(
+        "--withdraw-on-disconnect", help="true|false: withdraw a client whose connection "
+        "drops")] = "true",
+    init_warmup_time: Annotated[int | None, typer.Option(
+        "--init-warmup-time", min=0, help="warmup_time until the run first becomes active "
+        "(seconds)")] = None,
+    tui: Annotated[str, typer.Option("--tui", help="true|false: the server TUI")] = "false",
+    tick_interval: Annotated[float, typer.Option(
+        "--tick-interval", min=0.01, max=60.0, help="seconds between ticks")] = 0.5,
+    bind_host: Annotated[str, typer.Option(
+        "--bind-host", help="interface the servers listen on")] = "0.0.0.0",
+) -> None:
+    """Run the TCP coordinator server for a run."""
+    import asyncio
+    import logging
+
+    from coordinator_tcp.runner import RunOptions, run_coordinator
+    from coordinator_tcp.server import ServerOptions
+
+    withdraw = _parse_bool(withdraw_on_disconnect)
+    with_tui = _parse_bool(tui)
+    if not with_tui:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                            "%(message)s")
+    options = RunOptions(
+        state_path=state, data_config_path=data_config, tui=with_tui,
+        server=ServerOptions(host=bind_host, port=server_port, save_state_dir=save_state_dir,
+                             withdraw_on_disconnect=withdraw, init_warmup_time=init_warmup_time,
+                             tick_interval_s=tick_interval))
+    code = asyncio.run(run_coordinator(options))
+    if code:
+        raise typer.Exit(code=code)
 
 
 @app.callback()

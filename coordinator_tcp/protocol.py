@@ -9,6 +9,11 @@ One connection = one client identity:
     then               client: WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
                        server: StateUpdate (on every change) | Heartbeat | ErrorReply
 
+`Join.observe = true` opens a read-only connection (the testnet's watcher, dashboards,
+benchmarks): it is authenticated the same way and receives every StateUpdate, but its
+key is never offered to the coordinator as a pending client and any event it sends is
+rejected. The data server (`data_protocol`) reuses Challenge/Join for its handshake.
+
 Messages after `Join` carry no sender field: the server attributes them to the key that
 signed the challenge, so a client can only ever speak for itself. Every message is a
 JSON object with `type` and `version`; anything else is rejected with an error naming
@@ -18,8 +23,9 @@ what is wrong.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -147,6 +153,8 @@ class StateUpdate(_Message):
     state: str
     p2p_addresses: dict[str, str] = Field(default_factory=dict)
     server_time: int = 0
+    # Unix time (float seconds) at which the server encoded this broadcast: latency probes.
+    sent_at: float = 0.0
 
     @property
     def state_bytes(self) -> bytes:
@@ -173,6 +181,7 @@ class Join(_Message):
     p2p_address: str = Field(max_length=1024)
     client_version: str = Field(default="", max_length=96)
     signature: Bytes64
+    observe: bool = False
 
     @field_validator("run_id")
     @classmethod
@@ -236,18 +245,44 @@ def encode(message: BaseModel) -> bytes:
     return message.model_dump_json().encode()
 
 
-def decode_client_message(frame: bytes) -> Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw:
+def parse_envelope(frame: bytes, kind: str) -> dict[str, Any]:
+    """JSON object with a supported `version` and a `type`, or a ProtocolError saying
+    which of those is wrong (checked before the per-type validation so that a peer
+    speaking another version is told so, not shown a list of field errors)."""
     try:
-        return _CLIENT.validate_json(frame)
-    except ValidationError as exc:
-        raise ProtocolError(f"invalid client message: {_describe(exc)}") from None
+        data = json.loads(frame)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"invalid {kind} message: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(
+            f"invalid {kind} message: expected a JSON object, got {type(data).__name__}")
+    version = data.get("version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"unsupported protocol version {version!r}: this side speaks {PROTOCOL_VERSION}")
+    if not isinstance(data.get("type"), str):
+        raise ProtocolError(f"invalid {kind} message: no `type` field")
+    return data
 
 
-def decode_server_message(frame: bytes) -> Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply:
+def validate_frame(adapter: TypeAdapter[Any], frame: bytes, kind: str) -> Any:
+    data = parse_envelope(frame, kind)
     try:
-        return _SERVER.validate_json(frame)
+        return adapter.validate_python(data)
     except ValidationError as exc:
-        raise ProtocolError(f"invalid server message: {_describe(exc)}") from None
+        raise ProtocolError(f"invalid {kind} message: {_describe(exc)}") from None
+
+
+def decode_client_message(
+    frame: bytes,
+) -> Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw:
+    return validate_frame(_CLIENT, frame, "client")  # type: ignore[no-any-return]
+
+
+def decode_server_message(
+    frame: bytes,
+) -> Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply:
+    return validate_frame(_SERVER, frame, "server")  # type: ignore[no-any-return]
 
 
 def join_signing_bytes(nonce: bytes, run_id: str, p2p_address: str) -> bytes:

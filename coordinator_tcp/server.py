@@ -91,10 +91,12 @@ class ServerStats:
 
 
 class _Peer:
-    def __init__(self, identity: NodeIdentity, address: str, writer: asyncio.StreamWriter):
+    def __init__(self, identity: NodeIdentity, address: str, writer: asyncio.StreamWriter,
+                 observer: bool = False):
         self.identity = identity
         self.p2p_address = address
         self.writer = writer
+        self.observer = observer
 
     def send(self, payload: bytes) -> bool:
         """Queue a frame without waiting; False if the peer is too far behind."""
@@ -122,6 +124,8 @@ class CoordinatorServer:
         self.seed_source = seed_source
         self.stats = ServerStats()
         self.peers: dict[NodeIdentity, _Peer] = {}  # joined, in join order
+        # Read-only connections (Join.observe): they get broadcasts, never join the run.
+        self.observers: set[_Peer] = set()
         self.p2p_addresses: dict[str, str] = dict(p2p_addresses or {})
         self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
         self._handshakes = 0
@@ -164,7 +168,7 @@ class CoordinatorServer:
                 await task
         if self._server is not None:
             self._server.close()
-        for peer in list(self.peers.values()):
+        for peer in [*self.peers.values(), *self.observers]:
             peer.writer.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
@@ -182,6 +186,11 @@ class CoordinatorServer:
         exited_unhealthy = {c.id for c in self.state.epoch_state.exited_clients
                             if c.state is not ClientState.Healthy}
         return [node for node in self.peers if node not in exited_unhealthy]
+
+    @property
+    def pending(self) -> list[NodeIdentity]:
+        """The clients connected and asking to take part (what the next tick is given)."""
+        return self._pending()
 
     def tick_once(self) -> None:
         now = self.now()
@@ -228,7 +237,11 @@ class CoordinatorServer:
     def state_message(self) -> bytes:
         return encode(StateUpdate(
             state=base64.b64encode(encode_state(self.state)).decode(),
-            p2p_addresses=self.p2p_addresses, server_time=self.now()))
+            p2p_addresses=self.p2p_addresses, server_time=self.now(), sent_at=time.time()))
+
+    def publish(self) -> None:
+        """Broadcast (and persist) the state if it changed: after an operator action."""
+        self._publish_if_changed()
 
     def _publish_if_changed(self) -> None:
         encoded = encode_state(self.state)
@@ -246,7 +259,7 @@ class CoordinatorServer:
             self.store.save(encoded or encode_state(self.state), self.p2p_addresses)
 
     def _send_all(self, payload: bytes) -> None:
-        for peer in list(self.peers.values()):
+        for peer in [*self.peers.values(), *self.observers]:
             if not peer.send(payload):
                 log.warning("client %r is not reading: disconnecting", peer.identity)
                 peer.writer.close()
@@ -304,6 +317,13 @@ class CoordinatorServer:
             self.stats.handshakes_failed += 1
             return None
         identity = NodeIdentity(message.identity)
+        if message.observe:
+            observer = _Peer(identity, message.p2p_address, writer, observer=True)
+            self.observers.add(observer)
+            writer.write(encode_frame(encode(Welcome(identity=identity.key))))
+            observer.send(self.state_message())
+            log.info("observer %r connected", identity)
+            return observer
         previous = self.peers.pop(identity, None)
         if previous is not None:  # the same key reconnected: the newest connection wins
             previous.writer.close()
@@ -335,6 +355,9 @@ class CoordinatorServer:
 
     def _apply(self, peer: _Peer, message: object) -> Rejected | None:
         sender, now = peer.identity, self.now()
+        if peer.observer:
+            return Rejected(CoordinatorError.WrongRunState,
+                            "an observer connection is read-only: join without observe to act")
         coordinator = self.coordinator
         if isinstance(message, WarmupWitness):
             return coordinator.warmup_witness(sender, message.witness.to_witness(), now,
@@ -357,6 +380,10 @@ class CoordinatorServer:
         return None
 
     def _disconnected(self, peer: _Peer) -> None:
+        if peer.observer:
+            self.observers.discard(peer)
+            peer.writer.close()
+            return
         if self.peers.get(peer.identity) is peer:
             del self.peers[peer.identity]
             if self.options.withdraw_on_disconnect:

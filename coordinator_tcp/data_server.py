@@ -1,0 +1,205 @@
+"""The TCP data server: serves `data.toml`'s token files to the clients of the current epoch.
+
+    server = DataServer(load_data_config("data.toml"), run_id, members=lambda: keys,
+                        DataServerOptions(host="127.0.0.1", port=20001))
+    await server.start(); ...; await server.stop()
+
+The samples are exactly `LocalDataProvider(dir, seq_len, token_size, Seeded(shuffle_seed))`'s
+(the server always shuffles, as Psyche's does), so data index n means the same sample
+for every client. `members()` returns the public keys allowed to fetch (the coordinator's
+`epoch_state.clients`); anyone else is answered `NotInThisRound`. The protocol is in
+`coordinator_tcp.data_protocol`; untrusted input is handled as in the coordinator server
+(handshake timeout, cap on concurrent handshakes, size-limited frames, error + disconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from client_image.data import DataProviderError, LocalDataProvider
+from client_image.p2p.identity import verify
+from coordinator.config import DataServerConfig, SeededShuffle
+from coordinator_tcp.data_protocol import (
+    DataRejected,
+    DataRequest,
+    DataResponse,
+    DataWelcome,
+    decode_data_client_message,
+    max_samples_per_request,
+)
+from coordinator_tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
+from coordinator_tcp.protocol import (
+    Challenge,
+    ErrorReply,
+    Join,
+    ProtocolError,
+    encode,
+    join_signing_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DataServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 20001
+    handshake_timeout_s: float = 5.0
+    max_handshakes: int = 64
+    # Requests are tiny; a client frame bigger than this is garbage.
+    max_request_frame: int = min(SERVER_MAX_FRAME, 64 * 1024)
+
+
+class DataServer:
+    def __init__(self, config: DataServerConfig, run_id: str,
+                 members: Callable[[], Collection[bytes]],
+                 options: DataServerOptions | None = None):
+        self.config = config
+        self.run_id = run_id
+        self.members = members
+        self.options = options or DataServerOptions()
+        self.provider = LocalDataProvider(config.dir, config.seq_len, config.token_size,
+                                          SeededShuffle(seed=config.shuffle_seed))
+        self.max_samples = max_samples_per_request(config.seq_len)
+        self.samples_served: Counter[str] = Counter()  # hex key -> samples sent
+        self.rejections = 0
+        self.protocol_errors = 0
+        self._handshakes = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def num_sequences(self) -> int:
+        return self.provider.num_sequences
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle_connection, self.options.host, self.options.port, limit=2**16)
+        log.info("data server: %d samples of %d tokens from %s on %s:%d", self.num_sequences,
+                 self.config.seq_len, self.config.dir, self.options.host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def __aenter__(self) -> DataServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ connections
+    async def _handle_connection(self, reader: asyncio.StreamReader,
+                                 writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            if self._handshakes >= self.options.max_handshakes:
+                await self._fail(writer, "Busy", "too many connections are joining; retry later")
+                return
+            self._handshakes += 1
+            try:
+                identity = await asyncio.wait_for(self._handshake(reader, writer),
+                                                  self.options.handshake_timeout_s)
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, FrameError,
+                    ProtocolError) as exc:
+                self.protocol_errors += 1
+                await self._fail(writer, "HandshakeFailed", str(exc) or type(exc).__name__)
+                return
+            finally:
+                self._handshakes -= 1
+            if identity is not None:
+                await self._serve(identity, reader, writer)
+        except Exception:  # never let one connection take the server down
+            log.exception("data server connection failed")
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _fail(self, writer: asyncio.StreamWriter, error: str, detail: str) -> None:
+        with contextlib.suppress(Exception):
+            writer.write(encode_frame(encode(ErrorReply(error=error, detail=detail, fatal=True))))
+            await asyncio.wait_for(writer.drain(), 1)
+        writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> bytes | None:
+        nonce = os.urandom(32)
+        writer.write(encode_frame(encode(Challenge(nonce=nonce))))
+        await writer.drain()
+        message = decode_data_client_message(
+            await read_frame(reader, self.options.max_request_frame))
+        if not isinstance(message, Join):
+            raise ProtocolError(f"expected a join message first, got {message.type!r}")
+        if message.run_id != self.run_id:
+            await self._fail(writer, "WrongRunId",
+                             f"this data server serves {self.run_id!r}, not {message.run_id!r}")
+            return None
+        if not verify(message.identity, join_signing_bytes(nonce, message.run_id,
+                                                           message.p2p_address),
+                      message.signature):
+            await self._fail(writer, "BadSignature",
+                             "the join signature does not verify for this identity and challenge")
+            return None
+        writer.write(encode_frame(encode(DataWelcome(num_sequences=self.num_sequences,
+                                                     seq_len=self.config.seq_len))))
+        await writer.drain()
+        return message.identity
+
+    async def _serve(self, identity: bytes, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                message = decode_data_client_message(
+                    await read_frame(reader, self.options.max_request_frame))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            except (FrameError, ProtocolError) as exc:
+                self.protocol_errors += 1
+                await self._fail(writer, "ProtocolError", str(exc))
+                return
+            if not isinstance(message, DataRequest):
+                self.protocol_errors += 1
+                await self._fail(writer, "ProtocolError",
+                                 f"expected a data request, got {message.type!r}")
+                return
+            reply = await self._answer(identity, message)
+            writer.write(encode_frame(encode(reply)))
+            await writer.drain()
+
+    async def _answer(self, identity: bytes,
+                      request: DataRequest) -> DataResponse | DataRejected:
+        start, end = request.start, request.end
+
+        def reject(reason: str, detail: str) -> DataRejected:
+            self.rejections += 1
+            return DataRejected(start=start, end=end, reason=reason,  # type: ignore[arg-type]
+                                detail=detail)
+
+        if identity not in set(self.members()):
+            return reject("NotInThisRound",
+                          f"{identity.hex()[:16]}… is not a client of the current epoch")
+        if end >= start and end - start + 1 > self.max_samples:
+            return reject("TooLarge", f"at most {self.max_samples} samples per request")
+        try:
+            samples = await asyncio.to_thread(self.provider.get_samples, start, end)
+        except DataProviderError as exc:
+            return reject("OutOfRange", str(exc))
+        self.samples_served[identity.hex()] += samples.shape[0]
+        return DataResponse.of(start, end, samples)

@@ -1,0 +1,163 @@
+"""What `psyche-coordinator run` does: load or resume, start the servers, stop on a signal.
+
+    options = RunOptions(state_path=Path("state.toml"), server=ServerOptions(port=20000), ...)
+    exit_code = asyncio.run(run_coordinator(options))
+
+Resuming: when `--save-state-dir` holds a `state.bin`, that state is the run (the
+state.toml still has to be valid; its run_id must match the saved one). The TCP data
+server starts when the run's data location is `Server("host:port")`, on that port; it
+needs the data.toml (`--data-config`), whose seq_len must equal the model's max_seq_len.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator import Coordinator
+from coordinator.config import (
+    ConfigError,
+    DataServerConfig,
+    ServerDataLocation,
+    StateFile,
+    load_data_config,
+    load_state_file,
+)
+from coordinator.machine import coordinator_from_state
+from coordinator_tcp.data_server import DataServer, DataServerOptions
+from coordinator_tcp.persistence import PersistenceError, StateStore
+from coordinator_tcp.server import CoordinatorServer, ServerOptions
+
+log = logging.getLogger("coordinator_tcp")
+
+
+@dataclass
+class RunOptions:
+    state_path: Path
+    server: ServerOptions = field(default_factory=ServerOptions)
+    data_config_path: Path | None = None
+    tui: bool = False
+
+
+@dataclass
+class LoadedRun:
+    coordinator: Coordinator
+    p2p_addresses: dict[str, str]
+    resumed: bool
+    data_config: DataServerConfig | None
+    data_address: tuple[str, int] | None
+
+
+def load_run(options: RunOptions) -> LoadedRun:
+    """Validate everything before anything listens; ConfigError lists every problem."""
+    errors: list[str] = []
+    state_file: StateFile | None = None
+    data_config: DataServerConfig | None = None
+    try:
+        state_file = load_state_file(options.state_path)
+    except ConfigError as exc:
+        errors += exc.errors
+    if options.data_config_path is not None:
+        try:
+            data_config = load_data_config(options.data_config_path)
+        except ConfigError as exc:
+            errors += exc.errors
+    if errors or state_file is None:
+        raise ConfigError(errors)
+
+    location = state_file.model.data_location
+    data_address: tuple[str, int] | None = None
+    if isinstance(location, ServerDataLocation):
+        host, _, port = location.address.rpartition(":")
+        data_address = (host.strip("[]"), int(port))
+        if data_config is None:
+            errors.append(f"model.LLM.data_location is Server({location.address!r}): "
+                          "pass --data-config data.toml for the TCP data server")
+        elif data_config.seq_len != state_file.model.max_seq_len:
+            errors.append(f"{options.data_config_path}: seq_len ({data_config.seq_len}) must "
+                          f"equal model.LLM.max_seq_len ({state_file.model.max_seq_len})")
+    elif data_config is not None:
+        errors.append(f"--data-config given but model.LLM.data_location is "
+                      f"{type(location).__name__}, not Server(\"host:port\")")
+    if errors:
+        raise ConfigError(errors)
+
+    coordinator = Coordinator.from_state_file(state_file)
+    addresses: dict[str, str] = {}
+    resumed = False
+    if options.server.save_state_dir is not None:
+        try:
+            saved = StateStore(options.server.save_state_dir).load()
+        except PersistenceError as exc:
+            raise ConfigError([f"--save-state-dir: {exc}"]) from None
+        if saved is not None:
+            state, addresses = saved
+            if state.run_id != state_file.run_id:
+                raise ConfigError([
+                    f"--save-state-dir holds run {state.run_id!r}, the state file is for "
+                    f"{state_file.run_id!r}: use another directory"])
+            coordinator, resumed = coordinator_from_state(state), True
+    return LoadedRun(coordinator, addresses, resumed, data_config, data_address)
+
+
+async def run_coordinator(options: RunOptions, stop: asyncio.Event | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or `stop` is set); returns the process exit code."""
+    try:
+        loaded = load_run(options)
+    except ConfigError as exc:
+        for line in exc.errors:  # the same lines validate-config prints
+            print(line, file=sys.stderr)
+        return 1
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    server = CoordinatorServer(loaded.coordinator, options.server,
+                               p2p_addresses=loaded.p2p_addresses, resumed=loaded.resumed)
+    data_server: DataServer | None = None
+    if loaded.data_config is not None and loaded.data_address is not None:
+        host, port = loaded.data_address
+        bind = options.server.host if host not in ("127.0.0.1", "localhost", "::1") else host
+        data_server = DataServer(
+            loaded.data_config, server.state.run_id,
+            members=lambda: [c.id.key for c in server.state.epoch_state.clients],
+            options=DataServerOptions(host=bind, port=port))
+    if loaded.resumed:
+        log.info("resuming run %r from %s: %s, epoch %d, step %d", server.state.run_id,
+                 options.server.save_state_dir, server.state.run_state.name,
+                 server.state.progress.epoch, server.state.progress.step)
+    try:
+        await server.start()
+        if data_server is not None:
+            await data_server.start()
+    except OSError as exc:
+        log.error("cannot listen: %s", exc)
+        await server.stop()
+        return 1
+    try:
+        if options.tui:
+            from coordinator_tcp.tui import CoordinatorApp
+
+            app = CoordinatorApp(server, data_server)
+            tui_task = asyncio.create_task(app.run_async())
+            stop_task = asyncio.create_task(stop.wait())
+            await asyncio.wait({tui_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not tui_task.done():
+                app.exit()
+                await tui_task
+            stop_task.cancel()
+        else:
+            await stop.wait()
+    finally:
+        log.info("stopping")
+        if data_server is not None:
+            await data_server.stop()
+        await server.stop()
+    return 0

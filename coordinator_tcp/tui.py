@@ -1,0 +1,120 @@
+"""The coordinator server's TUI (`psyche-coordinator run --tui true`).
+
+Dashboard: run id and address, phase with its timer, epoch, step, round height, this
+round's witnesses against the quorum, the clients and their states, samples served by
+the data server, and the server's log. Ctrl+P pauses the run (or resumes a paused one),
+as in Psyche's server dashboard. Refreshes twice a second from the live server object
+(same event loop, so no locking is needed).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer, Header, RichLog, Static
+
+from coordinator import RunState
+from coordinator_tcp.data_server import DataServer
+from coordinator_tcp.server import CoordinatorServer
+from coordinator_tcp.summary import summarize
+
+
+class _TuiLogHandler(logging.Handler):
+    def __init__(self, app: CoordinatorApp):
+        super().__init__(level=logging.INFO)
+        self.app = app
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.app.add_log_line(self.format(record))
+        except Exception:  # the TUI may be gone while the server still logs
+            pass
+
+
+class CoordinatorApp(App[None]):
+    TITLE = "psyche coordinator"
+    BINDINGS = [Binding("ctrl+p", "toggle_pause", "pause/resume", priority=True),
+                Binding("q", "quit", "quit")]
+    CSS = """
+    #status { height: auto; padding: 0 1; border: round $accent; }
+    #clients { height: 1fr; border: round $accent; }
+    #data { height: 1fr; border: round $accent; }
+    #log { height: 12; border: round $accent; }
+    """
+
+    def __init__(self, server: CoordinatorServer, data_server: DataServer | None = None):
+        super().__init__()
+        self.server = server
+        self.data_server = data_server
+        self._handler = _TuiLogHandler(self)
+        self.last_action = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="status")
+        with Horizontal():
+            yield DataTable(id="clients")
+            with Vertical(id="data"):
+                yield DataTable(id="served")
+        yield RichLog(id="log", max_lines=500)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#clients", DataTable).add_columns("#", "client", "state", "connected")
+        self.query_one("#served", DataTable).add_columns("client", "samples served")
+        logging.getLogger().addHandler(self._handler)
+        self.refresh_view()
+        self.set_interval(0.5, self.refresh_view)
+
+    def on_unmount(self) -> None:
+        logging.getLogger().removeHandler(self._handler)
+
+    def add_log_line(self, line: str) -> None:
+        self.query_one("#log", RichLog).write(line)
+
+    def status_text(self) -> str:
+        s = summarize(self.server.state, self.server.now(),
+                      {p.key for p in self.server.peers})
+        pause = "  (pause pending)" if s.paused_pending else ""
+        return (
+            f"run {s.run_id}  on {self.server.options.host}:{self.server.port}\n"
+            f"phase {s.phase} {s.phase_timer}{pause}   epoch {s.epoch}   "
+            f"step {s.step}/{s.total_steps}   height {s.height}\n"
+            f"witnesses {s.witnesses}/{s.witness_target} (quorum {s.quorum})   "
+            f"clients {len(s.clients)}   connected {len(self.server.peers)}   "
+            f"checkpoint {s.checkpoint}   Ctrl+P pause/resume"
+            + (f"\n{self.last_action}" if self.last_action else ""))
+
+    def refresh_view(self) -> None:
+        self.query_one("#status", Static).update(self.status_text())
+        summary = summarize(self.server.state, self.server.now(),
+                            {p.key for p in self.server.peers})
+        table = self.query_one("#clients", DataTable)
+        table.clear()
+        for row in summary.clients:
+            table.add_row(str(row.index), row.key_hex[:16], row.state,
+                          "yes" if row.connected else "no")
+        served = self.query_one("#served", DataTable)
+        served.clear()
+        if self.data_server is not None:
+            for key, count in sorted(self.data_server.samples_served.items()):
+                served.add_row(key[:16], str(count))
+
+    def action_toggle_pause(self) -> None:
+        now = self.server.now()
+        coordinator = self.server.coordinator
+        if self.server.state.run_state is RunState.Paused:
+            rejected = coordinator.resume(now)
+            verb = "resume"
+        else:
+            rejected = coordinator.pause(now)
+            verb = "pause"
+        self.last_action = f"{verb}: {rejected}" if rejected else f"{verb}: ok"
+        logging.getLogger("coordinator_tcp").info("operator %s: %s", verb,
+                                                  rejected or "accepted")
+        self.server.publish()
+        self.refresh_view()

@@ -1,0 +1,62 @@
+"""Helpers for the TCP backend tests: a short-timed run config, keys, joining."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from client_image.p2p.identity import Identity
+from coordinator.config import StateFile, state_file_from_dict
+from coordinator_tcp.client import ProtocolConnection
+from coordinator_tcp.protocol import StateUpdate
+from coordinator_tcp.server import CoordinatorServer, ServerOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTNET = ROOT / "config" / "local-testnet"
+RUN_ID = "local-testnet"
+
+
+def make_state_file(**config: Any) -> StateFile:
+    """The local-testnet state with [config] overrides (short times for tests)."""
+    data = tomllib.loads((TESTNET / "state.toml").read_text())
+    data["config"].update({"init_min_clients": 1, "min_clients": 1, "warmup_time": 2,
+                           "waiting_for_members_extra_time": 1, "max_round_train_time": 2,
+                           "round_witness_time": 1, "cooldown_time": 1, "epoch_time": 30})
+    model = config.pop("model", {})
+    data["config"].update(config)
+    data["model"]["LLM"].update(model)
+    return state_file_from_dict(data)
+
+
+def identity(i: int) -> Identity:
+    return Identity(i.to_bytes(32, "big"))
+
+
+def server_options(**overrides: Any) -> ServerOptions:
+    options = ServerOptions(host="127.0.0.1", port=0, tick_interval_s=0.05,
+                            heartbeat_interval_s=0.5, handshake_timeout_s=2.0)
+    for key, value in overrides.items():
+        setattr(options, key, value)
+    return options
+
+
+async def join(server: CoordinatorServer, who: Identity, *, observe: bool = False,
+               address: str = "") -> ProtocolConnection:
+    connection, _welcome = await ProtocolConnection.connect(
+        "127.0.0.1", server.port, who, RUN_ID, address or f"{who.node_id}@127.0.0.1:1",
+        observe=observe, timeout_s=5)
+    return connection
+
+
+async def next_state(connection: ProtocolConnection, timeout_s: float = 5.0) -> StateUpdate:
+    """The next StateUpdate (heartbeats skipped)."""
+    import asyncio
+
+    async def wait() -> StateUpdate:
+        while True:
+            message = await connection.receive()
+            if isinstance(message, StateUpdate):
+                return message
+
+    return await asyncio.wait_for(wait(), timeout_s)
