@@ -68,6 +68,7 @@ class RunManagerApp(App[None]):
 
     def on_mount(self) -> None:
         self.refresh_panels()
+        self.query_one(ContainerPanel).replay(list(self.dashboard.log_tail))
         if self._supervisor_factory is not None:
             self.supervisor = self._supervisor_factory(self._post_supervisor_event)
             self._supervise()

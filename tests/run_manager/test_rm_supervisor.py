@@ -186,3 +186,15 @@ def test_sigterm_to_the_run_manager_stops_and_removes_the_container(
     assert process.returncode == 0, "".join(lines) + output
     assert "stopped on request; container removed" in output
     assert engine.find_managed_containers(docker_client, run_id) == []
+
+
+def test_the_benchmark_runs_and_ends_with_its_json_line(client_image: str) -> None:
+    bench = Path(__file__).resolve().parents[2] / "bench" / "run_manager.py"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--repeats", "1"], capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    import json
+
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert 0 < figures["start_to_running_s"] < 60 and 0 < figures["crash_to_restarted_s"] < 60

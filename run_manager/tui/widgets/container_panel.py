@@ -23,5 +23,10 @@ class ContainerPanel(Vertical):
     def show(self, dashboard: Dashboard) -> None:
         self.summary.update("\n".join(describe_container(dashboard.container)))
 
+    def replay(self, lines: list[str]) -> None:
+        """Fills the tail with lines logged before the panel existed."""
+        for line in lines[-TAIL_LINES:]:
+            self.tail.write(line)
+
     def append_log(self, text: str) -> None:
         self.tail.write(text)
