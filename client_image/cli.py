@@ -1,13 +1,15 @@
 """``psyche-client``: the client's command line (Typer).
 
-Only ``show-identity`` lives here for now; ``train`` is added by the runtime.
+``train`` joins a run through a TCP coordinator; ``show-identity`` prints the node id.
+Every ``train`` option also reads its upper-snake environment variable, as Psyche's
+client does (``RUN_ID``, ``MICRO_BATCH_SIZE``, ``DATA_PARALLELISM``…).
 Import-light on purpose: heavy modules (torch, iroh) load inside commands.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -53,6 +55,201 @@ def show_identity(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(code=2) from None
     typer.echo(identity.node_id)
+
+
+def _relay(value: str) -> tuple[Literal["disabled", "default", "custom"], tuple[str, ...]]:
+    if value == "disabled":
+        return "disabled", ()
+    if value == "default":
+        return "default", ()
+    if value.startswith(("http://", "https://")):
+        return "custom", tuple(v for v in value.split(",") if v)
+    raise typer.BadParameter(
+        "use disabled, default, or relay URLs (https://...)", param_hint="--iroh-relay"
+    )
+
+
+@app.command("train")
+def train(
+    run_id: Annotated[str, typer.Option("--run-id", envvar="RUN_ID", help="The run to join.")],
+    server_addr: Annotated[
+        str, typer.Option("--server-addr", envvar="SERVER_ADDR", help="TCP coordinator HOST:PORT.")
+    ],
+    identity_secret_key_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--identity-secret-key-path",
+            envvar="IDENTITY_SECRET_KEY_PATH",
+            help="32 raw secret bytes; else RAW_IDENTITY_SECRET_KEY; else a fresh key.",
+        ),
+    ] = None,
+    bind_p2p_port: Annotated[
+        int, typer.Option("--bind-p2p-port", envvar="BIND_P2P_PORT", min=0, max=65535)
+    ] = 0,
+    bind_p2p_interface: Annotated[
+        str | None,
+        typer.Option(
+            "--bind-p2p-interface",
+            envvar="BIND_P2P_INTERFACE",
+            help="An IP address, or an interface name pattern such as eth*.",
+        ),
+    ] = None,
+    iroh_relay: Annotated[
+        str,
+        typer.Option("--iroh-relay", envvar="IROH_RELAY", help="disabled | default | relay URLs"),
+    ] = "default",
+    iroh_discovery: Annotated[
+        str,
+        typer.Option(
+            "--iroh-discovery",
+            envvar="IROH_DISCOVERY",
+            help="local: peers' addresses come from the coordinator's client list.",
+        ),
+    ] = "local",
+    device: Annotated[str, typer.Option("--device", envvar="DEVICE")] = "auto",
+    micro_batch_size: Annotated[
+        int, typer.Option("--micro-batch-size", envvar="MICRO_BATCH_SIZE", min=1)
+    ] = 1,
+    data_parallelism: Annotated[
+        int, typer.Option("--data-parallelism", envvar="DATA_PARALLELISM", min=1)
+    ] = 1,
+    tensor_parallelism: Annotated[
+        int, typer.Option("--tensor-parallelism", envvar="TENSOR_PARALLELISM", min=1)
+    ] = 1,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option("--checkpoint-dir", envvar="CHECKPOINT_DIR")
+    ] = None,
+    hub_repo: Annotated[
+        str | None,
+        typer.Option("--hub-repo", envvar="HUB_REPO", help="Upload checkpoints to this hub repo."),
+    ] = None,
+    keep_steps: Annotated[int, typer.Option("--keep-steps", envvar="KEEP_STEPS", min=1)] = 3,
+    delete_old_steps: Annotated[
+        bool, typer.Option("--delete-old-steps", envvar="DELETE_OLD_STEPS")
+    ] = True,
+    max_concurrent_parameter_requests: Annotated[
+        int,
+        typer.Option(
+            "--max-concurrent-parameter-requests", envvar="MAX_CONCURRENT_PARAMETER_REQUESTS", min=1
+        ),
+    ] = 8,
+    write_gradients_dir: Annotated[
+        Path | None, typer.Option("--write-gradients-dir", envvar="WRITE_GRADIENTS_DIR")
+    ] = None,
+    metrics_local_port: Annotated[
+        int | None,
+        typer.Option("--metrics-local-port", envvar="METRICS_LOCAL_PORT", min=1, max=65535),
+    ] = None,
+    logs: Annotated[
+        str,
+        typer.Option(
+            "--logs", envvar="LOGS", help="console | json | none (tui shows console lines)"
+        ),
+    ] = "console",
+    torch_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--torch-threads",
+            envvar="TORCH_THREADS",
+            min=1,
+            help="CPU threads for torch (default: torch's choice).",
+        ),
+    ] = None,
+) -> None:
+    """Join a run through its TCP coordinator and train until it finishes."""
+    import asyncio
+    import os
+
+    if logs not in ("tui", "console", "json", "none"):
+        raise typer.BadParameter("use tui, console, json or none", param_hint="--logs")
+    if data_parallelism != 1 or tensor_parallelism != 1:
+        typer.echo(
+            "error: data/tensor parallelism > 1 needs several GPUs in one client; "
+            "this client trains on one device (use 1)",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    if iroh_discovery not in ("local", "n0"):
+        raise typer.BadParameter("use local or n0", param_hint="--iroh-discovery")
+    relay_mode, relay_urls = _relay(iroh_relay)
+
+    from client_image.p2p import NodeConfig
+    from client_image.p2p.identity import Identity, IdentityError
+    from client_image.runtime.client import ClientOptions, PsycheClient
+    from client_image.runtime.observability import EventLog, configure_logging
+    from client_image.runtime.tcp_backend import BackendRejected, parse_server_addr
+
+    try:
+        parse_server_addr(server_addr)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--server-addr") from None
+    try:
+        identity = Identity.load(identity_secret_key_path)
+    except IdentityError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    interface = None
+    bind_ip = "0.0.0.0"
+    if bind_p2p_interface:
+        if bind_p2p_interface.replace(".", "").isdigit():
+            bind_ip = bind_p2p_interface
+        else:
+            interface = bind_p2p_interface
+    mode = "console" if logs == "tui" else logs
+    configure_logging(mode)  # type: ignore[arg-type]
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    if hub_repo:
+        typer.echo(
+            "warning: --hub-repo upload needs network access to the hub; "
+            "checkpoints are written locally only",
+            err=True,
+        )
+    options = ClientOptions(
+        run_id=run_id,
+        server_addr=server_addr,
+        identity=identity,
+        node_config=NodeConfig(
+            bind_ip=bind_ip,
+            bind_port=bind_p2p_port,
+            bind_interface=interface,
+            relay_mode=relay_mode,
+            relay_urls=relay_urls,
+        ),
+        device="cpu" if device == "auto" and not _has_accelerator() else device,
+        micro_batch_size=micro_batch_size,
+        checkpoint_dir=checkpoint_dir,
+        keep_steps=keep_steps,
+        delete_old_steps=delete_old_steps,
+        max_concurrent_parameter_requests=max_concurrent_parameter_requests,
+        write_gradients_dir=write_gradients_dir,
+        metrics_local_port=metrics_local_port,
+        client_version=os.environ.get("CLIENT_VERSION") or None,
+    )
+    client = PsycheClient(options, EventLog(mode))  # type: ignore[arg-type]
+
+    async def run() -> int:
+        import signal
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, client.stop)
+        return await client.run()
+
+    try:
+        code = asyncio.run(run())
+    except BackendRejected as exc:
+        typer.echo(f"error: the coordinator refused this client: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    raise typer.Exit(code=code)
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def main() -> None:

@@ -1,0 +1,147 @@
+"""What the client tells people: event lines on stdout and the local metrics endpoint.
+
+`--logs json` prints one JSON object per event (`{"event": "trained", "step": 3, ...}`),
+`console` a readable line, `none` nothing; library logging goes to stderr.
+`--metrics-local-port P` serves the `ClientMetrics` JSON (run_manager.sources.metrics)
+to any HTTP GET on 127.0.0.1:P, as Psyche's client does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from run_manager.sources.metrics import ClientMetrics, ConnectedPeer, RoundTripTime, SelectedPath
+
+LogMode = Literal["tui", "console", "json", "none"]
+log = logging.getLogger(__name__)
+
+
+class EventLog:
+    def __init__(self, mode: LogMode = "console"):
+        self.mode = mode
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.mode == "none":
+            return
+        if self.mode == "json":
+            line = json.dumps({"event": event, "time": round(time.time(), 3), **fields},
+                              default=str)
+        else:
+            details = " ".join(f"{k}={v}" for k, v in fields.items())
+            line = f"{time.strftime('%H:%M:%S')} {event} {details}"
+        print(line, file=sys.stdout, flush=True)
+
+
+def configure_logging(mode: LogMode, level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if mode == "json":
+        class _Json(logging.Formatter):
+            def format(self, record: logging.LogRecord) -> str:
+                return json.dumps({"level": record.levelname, "logger": record.name,
+                                   "message": record.getMessage(), "time": record.created})
+        handler.setFormatter(_Json())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level if mode != "none" else logging.WARNING)
+
+
+@dataclass
+class Counters:
+    """Psyche's client counters (reference §11), updated by the runtime."""
+
+    broadcasts_seen: int = 0
+    apply_message_success: int = 0
+    apply_message_failure: int = 0
+    apply_message_ignored: int = 0
+    witnesses_sent: int = 0
+    phase: str = ""
+    epoch: int = 0
+    step: int = 0
+    round_step: int = 0
+    role: Literal["NotInRound", "Trainer", "Witness"] = "NotInRound"
+    loss: float | None = None
+    tokens_per_sec: float = 0.0
+    last_result_sizes: list[int] = field(default_factory=list)
+    finishes_current: int = 0
+    finishes_previous: int = 0
+    announcements_current: int = 0
+    announcements_previous: int = 0
+    downloaded_current: int = 0
+    downloaded_previous: int = 0
+
+
+def snapshot(counters: Counters, client_version: str, node: Any | None) -> ClientMetrics:
+    peers, neighbours, downloads = [], [], None
+    if node is not None:
+        for diag in node.diagnostics():
+            path = None
+            if diag.remote_address and diag.rtt_ms is not None:
+                path = SelectedPath(addr=diag.remote_address, rtt=RoundTripTime(
+                    secs=diag.rtt_ms // 1000, nanos=(diag.rtt_ms % 1000) * 1_000_000))
+            peers.append(ConnectedPeer(endpoint_id=diag.peer_hex, selected_path=path))
+        topic = getattr(node, "run_topic", None)
+        if topic is not None:
+            neighbours = [peer.hex() for peer in topic.neighbours()]
+        downloads = node.blobs.stats
+    return ClientMetrics(
+        connected_peers=peers, round_step=counters.round_step, role=counters.role,
+        broadcasts_seen=counters.broadcasts_seen,
+        apply_message_success=counters.apply_message_success,
+        apply_message_failure=counters.apply_message_failure,
+        apply_message_ignored=counters.apply_message_ignored,
+        finishes_received_current_round=counters.finishes_current,
+        finishes_received_previous_round=counters.finishes_previous,
+        result_announcements_received_current_round=counters.announcements_current,
+        result_announcements_received_previous_round=counters.announcements_previous,
+        results_downloaded_current_round=counters.downloaded_current,
+        results_downloaded_previous_round=counters.downloaded_previous,
+        witnesses_sent=counters.witnesses_sent, gossip_neighbors=neighbours,
+        downloads_started=downloads.started if downloads else 0,
+        downloads_finished=downloads.finished if downloads else 0,
+        downloads_retry=downloads.retries if downloads else 0,
+        downloads_failed=downloads.failed if downloads else 0,
+        downloads_bytes=downloads.bytes_received if downloads else 0,
+        client_version=client_version, phase=counters.phase, epoch=counters.epoch,
+        step=counters.step, loss=counters.loss, tokens_per_sec=counters.tokens_per_sec,
+        last_result_sizes=counters.last_result_sizes)
+
+
+class MetricsServer:
+    """Answers every HTTP request on 127.0.0.1:port with the current ClientMetrics JSON."""
+
+    def __init__(self, port: int, render: Any):
+        self.port = port
+        self.render = render
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+            body = self.render().model_dump_json().encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode()
+                         + b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+        except Exception:
+            log.exception("metrics endpoint")
+        finally:
+            writer.close()

@@ -1,0 +1,150 @@
+"""The client's model and DisTrO trainer, driven from one worker thread.
+
+torch work never runs on the event loop: every call here goes through
+`asyncio.to_thread` under one lock, in the order the round logic issues them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from client_image.training import (
+    DistroResult,
+    DistroTrainer,
+    ResultDecodeError,
+    TrainStepOutput,
+    load_causal_lm,
+    save_checkpoint,
+)
+from coordinator.config import DistroOptimizer, LLMConfig
+
+log = logging.getLogger(__name__)
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class WorkerError(RuntimeError):
+    """The model cannot be loaded or trained with this run's configuration."""
+
+
+class TrainingWorker:
+    def __init__(self, *, device: str = "cpu", micro_batch_size: int = 1):
+        self.device = device
+        self.micro_batch_size = micro_batch_size
+        self.model: torch.nn.Module | None = None
+        self.trainer: DistroTrainer | None = None
+        self.model_dir: Path | None = None  # where config/tokenizer files live
+        self._scratch = tempfile.TemporaryDirectory(prefix="psyche-client-model-")
+        self._lock = asyncio.Lock()
+        self.last_train_s = 0.0
+
+    @property
+    def loaded(self) -> bool:
+        return self.trainer is not None
+
+    async def _run(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        async with self._lock:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # ------------------------------------------------------------------ loading
+    def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
+        if not isinstance(llm.optimizer, DistroOptimizer):
+            raise WorkerError("a networked run needs the Distro optimizer (AdamW shares nothing)")
+        self.model = model
+        self.trainer = DistroTrainer(
+            model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
+            cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step)
+
+    async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
+                            start_step: int) -> None:
+        def load() -> None:
+            model = load_causal_lm(repo_id, device=self.device, revision=revision)
+            self.model_dir = Path(repo_id) if Path(repo_id).is_dir() else None
+            self._make_trainer(model, llm, start_step)
+        await self._run(load)
+
+    async def load_from_peers(self, config_json: str, tokenizer_json: str | None,
+                              state_dict: dict[str, torch.Tensor], llm: LLMConfig,
+                              start_step: int) -> None:
+        def load() -> None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            directory = Path(self._scratch.name)
+            (directory / "config.json").write_text(config_json)
+            if tokenizer_json:
+                (directory / TOKENIZER_FILE).write_text(tokenizer_json)
+            config = AutoConfig.from_pretrained(directory)
+            model = AutoModelForCausalLM.from_config(config)
+            missing, unexpected = model.load_state_dict(state_dict, strict=False)
+            if unexpected or [m for m in missing if m not in state_dict]:
+                tied = set(getattr(model, "_tied_weights_keys", None) or [])
+                really_missing = [m for m in missing if m not in tied]
+                if unexpected or really_missing:
+                    raise WorkerError(f"peer model does not match its config: missing "
+                                      f"{really_missing[:5]}, unexpected {unexpected[:5]}")
+            model.to(self.device)
+            model.train()
+            self.model_dir = directory
+            self._make_trainer(model, llm, start_step)
+        await self._run(load)
+
+    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
+        """A frozen copy of the weights plus config and tokenizer JSON, for joiners."""
+        assert self.model is not None
+        state = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
+        config_json = json.dumps(self.model.config.to_dict())  # type: ignore[union-attr,operator]
+        tokenizer = None
+        if self.model_dir is not None and (self.model_dir / TOKENIZER_FILE).is_file():
+            tokenizer = (self.model_dir / TOKENIZER_FILE).read_text()
+        return state, config_json, tokenizer
+
+    # ------------------------------------------------------------------ training
+    async def train(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],
+                    cold_start: bool) -> TrainStepOutput:
+        assert self.trainer is not None
+        trainer = self.trainer
+
+        def run() -> TrainStepOutput:
+            started = time.perf_counter()
+            out = trainer.train(step, batch, batch_id=batch_id, cold_start=cold_start)
+            self.last_train_s = time.perf_counter() - started
+            return out
+        return await self._run(run)
+
+    async def decode(self, payload: bytes) -> DistroResult:
+        """Validate a peer's payload against our model; raises ResultDecodeError."""
+        assert self.trainer is not None
+        return await self._run(self.trainer.decode, payload)
+
+    async def apply(self, step: int, payloads: Sequence[bytes]) -> int:
+        """Apply the consensus payloads of an earlier step; returns how many applied."""
+        assert self.trainer is not None
+        trainer = self.trainer
+
+        def run() -> int:
+            results = []
+            for payload in payloads:
+                try:
+                    results.append(trainer.decode(payload))
+                except ResultDecodeError as exc:  # verified on download; never expected
+                    log.error("step %d: dropping a payload that no longer decodes: %s", step, exc)
+            trainer.apply(step, results)
+            return len(results)
+        return await self._run(run)
+
+    async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
+                              keep_steps: int) -> Path:
+        assert self.model is not None
+        model = self.model
+        return await self._run(save_checkpoint, model, checkpoint_dir, run_id, step,
+                               tokenizer_dir=self.model_dir, keep_steps=keep_steps)
+
+    def close(self) -> None:
+        self._scratch.cleanup()
