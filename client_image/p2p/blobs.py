@@ -142,6 +142,8 @@ class BlobService:
             await send.finish()
         except (TimeoutError, framing.StreamClosed, iroh.IrohError) as error:
             logger.debug("blob request failed: %s", error)
+            with contextlib.suppress(Exception):
+                await send.finish()  # never leave the requester waiting
 
     # -- downloading ----------------------------------------------------------------------
     async def download(

@@ -410,5 +410,10 @@ class Gossip:
             framing.FrameTooLarge,
         ) as error:
             logger.debug("gossip handshake from %s failed: %s", peer.hex()[:8], error)
+            # tell the peer why, then end the stream so it never waits on us
+            with contextlib.suppress(Exception):
+                reason = {"reason": f"bad handshake: {error}"[:500]}
+                await send.write_all(framing.encode_frame(encode_control(FrameKind.REJECT, reason)))
+                await send.finish()
         except iroh.IrohError:
             return

@@ -15,6 +15,7 @@ Request: frame ``{"v": 1, "kind": "manifest"}``; response: frame
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -182,6 +183,9 @@ class ModelSharing:
             await send.finish()
         except (TimeoutError, framing.StreamClosed, framing.FrameTooLarge, iroh.IrohError) as error:
             logger.debug("manifest request failed: %s", error)
+            with contextlib.suppress(Exception):
+                await send.write_all(framing.encode_frame(b"\x02"))  # bad request
+                await send.finish()
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch_manifest(self, source: bytes, timeout: float = 10.0) -> ModelManifest:

@@ -118,7 +118,7 @@ class Transport:
         self._handler_tasks: set[asyncio.Task[None]] = set()
         self._outgoing: dict[tuple[bytes, bytes], iroh.Connection] = {}
         self._dial_locks: dict[tuple[bytes, bytes], asyncio.Lock] = {}
-        self._dial_failed_at: dict[bytes, float] = {}
+        self._dial_failed_at: dict[tuple[bytes, bytes], float] = {}
         self._incoming: list[iroh.Connection] = []
         self._peers = _PeerBook()
 
@@ -209,7 +209,7 @@ class Transport:
             existing = self._outgoing.get(key)
             if existing is not None and existing.close_reason() is None:
                 return existing
-            failed_at = self._dial_failed_at.get(node_id)
+            failed_at = self._dial_failed_at.get(key)
             if (
                 failed_at is not None
                 and time.monotonic() - failed_at < self.config.dial_failure_cache_s
@@ -221,10 +221,10 @@ class Transport:
                     timeout=self.config.connect_timeout_s,
                 )
             except (TimeoutError, iroh.IrohError) as error:
-                self._dial_failed_at[node_id] = time.monotonic()
+                self._dial_failed_at[key] = time.monotonic()
                 reason = error or f"no answer within {self.config.connect_timeout_s}s"
                 raise TransportError(f"cannot connect to {node_id.hex()[:10]}: {reason}") from None
-            self._dial_failed_at.pop(node_id, None)
+            self._dial_failed_at.pop(key, None)
             self._outgoing[key] = connection
             return connection
 

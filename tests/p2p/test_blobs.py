@@ -27,6 +27,8 @@ from client_image.p2p.transport import Transport
 
 from .swarm import FAST_DOWNLOADS, started_nodes, wait_until
 
+pytestmark = pytest.mark.timeout(90)  # a hang fails fast instead of blocking CI
+
 Responder = Callable[[bytes, int], bytes]  # (requested hash, offset) -> raw response body
 
 

@@ -3,6 +3,8 @@
 import asyncio
 import itertools
 
+import pytest
+
 from client_image.p2p import (
     GOSSIP_ALPN,
     BatchId,
@@ -27,6 +29,8 @@ from client_image.p2p.gossip_wire import (
 from client_image.p2p.transport import Transport
 
 from .swarm import started_nodes, subscribe_chain, wait_until
+
+pytestmark = pytest.mark.timeout(90)  # a hang fails fast instead of blocking CI
 
 RUN = "run-gossip-test"
 SPARSE = GossipConfig(

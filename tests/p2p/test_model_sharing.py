@@ -12,6 +12,8 @@ from client_image.p2p.model_sharing import ParameterEntry, tensor_bytes
 
 from .swarm import started_nodes
 
+pytestmark = pytest.mark.timeout(90)  # a hang fails fast instead of blocking CI
+
 
 def tiny_llama() -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     torch.manual_seed(1234)

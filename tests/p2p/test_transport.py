@@ -1,0 +1,92 @@
+"""Endpoint options, address exchange, diagnostics, and robustness against junk peers."""
+
+import asyncio
+import os
+
+import iroh
+import pytest
+
+from client_image.p2p import BLOBS_ALPN, GOSSIP_ALPN, NodeConfig, P2PNode, PeerAddress
+from client_image.p2p.transport import Transport, TransportError, interface_ipv4
+
+from .swarm import started_nodes, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bind_port": 70000}, "bind_port"),
+        ({"relay_mode": "sometimes"}, "relay_mode"),
+        ({"relay_mode": "custom"}, "at least one relay URL"),
+    ],
+)
+def test_bad_node_config_is_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        NodeConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_interface_resolution() -> None:
+    assert interface_ipv4("lo*") == "127.0.0.1"
+    with pytest.raises(ValueError, match="no network interface matching"):
+        interface_ipv4("no-such-interface*")
+
+
+async def test_fixed_port_and_interface_binding() -> None:
+    config = NodeConfig(bind_interface="lo", bind_port=0, relay_mode="disabled")
+    async with P2PNode(config=config) as node:
+        port = int(node.address.direct_addresses[0].rsplit(":", 1)[1])
+    async with P2PNode(
+        config=NodeConfig(bind_ip="127.0.0.1", bind_port=port, relay_mode="disabled")
+    ) as node:
+        assert node.address.direct_addresses == (f"127.0.0.1:{port}",)
+        assert PeerAddress.parse(node.address.to_string()) == node.address
+
+
+async def test_addresses_from_the_client_list_and_diagnostics() -> None:
+    async with started_nodes(2) as (a, b):
+        learned = b.add_peer_addresses([a.address.to_string()])
+        assert learned[0].node_id == a.node_id
+        data = os.urandom(500_000)
+        digest = a.blob_store.add(data)
+        assert await b.blobs.download(digest, len(data), [a.node_id]) == data
+        (seen_by_b,) = b.diagnostics()
+        assert seen_by_b.peer == a.node_id and seen_by_b.connection_type == "direct"
+        assert seen_by_b.remote_address == a.address.direct_addresses[0]
+        assert seen_by_b.bytes_received > len(data) > seen_by_b.bytes_sent > 0
+        await wait_until(lambda: len(a.diagnostics()) == 1, what="the server side to see the peer")
+        assert a.diagnostics()[0].peer == b.node_id
+        assert a.diagnostics()[0].bytes_sent > len(data)
+
+
+async def test_unknown_or_unreachable_peer_fails_fast_and_clearly() -> None:
+    async with started_nodes(1) as (node,):
+        ghost = PeerAddress(os.urandom(32), ("127.0.0.1:9",))
+        node.add_peer_addresses([ghost])
+        with pytest.raises(TransportError, match="cannot connect"):
+            await node.transport.connect(ghost.node_id, BLOBS_ALPN)
+        with pytest.raises(TransportError, match="unreachable moments ago"):
+            await node.transport.connect(ghost.node_id, BLOBS_ALPN)
+    with pytest.raises(TransportError, match="not started"):
+        await Transport(node.identity).connect(ghost.node_id, BLOBS_ALPN)
+
+
+async def test_junk_on_our_alpns_never_takes_the_node_down() -> None:
+    async with started_nodes(2) as (server, client):
+        client.add_peer_addresses([server.address])
+        for alpn in (GOSSIP_ALPN, BLOBS_ALPN, b"psyche/model-sharing/0"):
+            connection = await client.transport.connect(server.node_id, alpn)
+            stream = await connection.open_bi()
+            await stream.send().write_all(b"\xff" * 64 + b"garbage that is no request")
+            await stream.send().finish()
+            await asyncio.wait_for(stream.recv().read_to_end(1 << 16), 5)
+            client.transport.drop_connection(server.node_id, alpn)
+        with pytest.raises(TransportError):  # an ALPN nobody serves is refused
+            await client.transport.connect(server.node_id, b"unknown/0")
+        # still healthy afterwards
+        data = b"still serving"
+        digest = server.blob_store.add(data)
+        assert await client.blobs.download(digest, len(data), [server.node_id]) == data
+        assert server.transport.running
+        assert isinstance(server.transport._endpoint, iroh.Endpoint)
