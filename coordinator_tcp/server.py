@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from client_image.p2p.identity import verify
 from coordinator import (
@@ -129,6 +130,8 @@ class CoordinatorServer:
         self.p2p_addresses: dict[str, str] = dict(p2p_addresses or {})
         self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
         self._handshakes = 0
+        self._stopping = False
+        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_broadcast: bytes | None = None
@@ -161,6 +164,9 @@ class CoordinatorServer:
                  self.state.run_id, self.options.host, self.port)
 
     async def stop(self) -> None:
+        # Connections closed by our own shutdown are not clients leaving the run: a
+        # restarted server must find them still listed (see reconnect_grace_s).
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -168,8 +174,10 @@ class CoordinatorServer:
                 await task
         if self._server is not None:
             self._server.close()
-        for peer in [*self.peers.values(), *self.observers]:
-            peer.writer.close()
+        for writer in self._connections.values():
+            writer.close()
+        if self._connections:  # let every handler see its closed socket and return
+            await asyncio.wait(list(self._connections), timeout=2)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
@@ -267,6 +275,19 @@ class CoordinatorServer:
     # ------------------------------------------------------------------ connections
     async def _handle_connection(self, reader: asyncio.StreamReader,
                                  writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = writer
+        try:
+            await self._connection(reader, writer)
+        except Exception:  # one connection's bug must never take the server down
+            log.exception("connection handler failed")
+        finally:
+            del self._connections[task]
+            writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
         self.stats.connections_accepted += 1
         if self._handshakes >= self.options.max_handshakes:
             self.stats.handshakes_refused_busy += 1
@@ -382,6 +403,9 @@ class CoordinatorServer:
     def _disconnected(self, peer: _Peer) -> None:
         if peer.observer:
             self.observers.discard(peer)
+            peer.writer.close()
+            return
+        if self._stopping:
             peer.writer.close()
             return
         if self.peers.get(peer.identity) is peer:

@@ -1,0 +1,141 @@
+"""--save-state-dir: every change saved atomically; a restarted server resumes the run."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from tcp_helpers import TESTNET, identity, join, make_state_file, next_state, server_options
+
+from coordinator import (
+    Coordinator,
+    RunState,
+    Witness,
+    WitnessProof,
+    decode_state,
+    encode_state,
+    selection_for_round,
+)
+from coordinator.config import ConfigError
+from coordinator_tcp.persistence import PersistenceError, StateStore
+from coordinator_tcp.protocol import WarmupWitness, WitnessModel, WitnessSubmit
+from coordinator_tcp.runner import RunOptions, load_run
+from coordinator_tcp.server import CoordinatorServer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 2_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+async def test_restart_resumes_step_epoch_and_clients(tmp_path: Path) -> None:
+    clock = Clock()
+    options = server_options(save_state_dir=tmp_path, reconnect_grace_s=30)
+    first = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
+                              clock=clock)
+    await first.start()
+    client = await join(first, identity(1), address="addr-1")
+    clock.now += 2
+    await _until(lambda: first.state.run_state is RunState.Warmup)
+    await client.send(WarmupWitness(witness=WitnessModel.of(
+        Witness(WitnessProof(position=0, index=0, witness=False)))))
+    await _until(lambda: first.state.run_state is RunState.RoundTrain)
+    clock.now += 3  # RoundTrain times out -> RoundWitness; then the step advances
+    await _until(lambda: first.state.run_state is RunState.RoundWitness)
+    before = encode_state(first.state)
+    await first.stop()  # the server process dies; the client's connection with it
+    await client.close()
+
+    # Restart exactly as `psyche-coordinator run` does.
+    loaded = load_run(RunOptions(state_path=TESTNET / "state.toml",
+                                 data_config_path=TESTNET / "data.toml", server=options))
+    assert loaded.resumed and loaded.p2p_addresses == {identity(1).node_id: "addr-1"}
+    assert encode_state(loaded.coordinator.state) == before
+    second = CoordinatorServer(loaded.coordinator, options, clock=clock,
+                               p2p_addresses=loaded.p2p_addresses, resumed=True)
+    await second.start()
+    state = second.state
+    assert state.run_state is RunState.RoundWitness
+    assert (state.progress.epoch, state.progress.step) == (0, 1)
+    assert [c.id.key for c in state.epoch_state.clients] == [identity(1).public_key]
+    # The client reconnects within the grace period: it stays a Healthy member.
+    client = await join(second, identity(1), address="addr-1")
+    update = decode_state((await next_state(client)).state_bytes)
+    assert update.epoch_state.clients[0].state.name == "Healthy"
+    # It witnesses the round (it is the only witness), so the run moves to step 2 and
+    # the grace deadline passes without withdrawing it.
+    proof = selection_for_round(second.state).witness_of(0)
+    await client.send(WitnessSubmit(witness=WitnessModel.of(Witness(proof))))
+    await _until(lambda: len(second.state.current_round.witnesses) == 1)
+    clock.now += 31
+    await _until(lambda: second.state.progress.step == 2)
+    assert second.state.run_state is RunState.RoundTrain
+    assert second.state.epoch_state.clients[0].state.name == "Healthy"
+    await second.stop()
+    await client.close()
+
+
+async def test_clients_that_do_not_come_back_are_withdrawn(tmp_path: Path) -> None:
+    clock = Clock()
+    options = server_options(save_state_dir=tmp_path, reconnect_grace_s=5)
+    first = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
+                              clock=clock)
+    await first.start()
+    client = await join(first, identity(1))
+    clock.now += 2
+    await _until(lambda: first.state.run_state is RunState.Warmup)
+    await first.stop()
+    await client.close()
+    saved = StateStore(tmp_path).load()
+    assert saved is not None
+    second = CoordinatorServer(Coordinator(saved[0]), options, clock=clock, resumed=True)
+    await second.start()
+    assert second.state.epoch_state.clients[0].state.name == "Healthy"
+    clock.now += 6
+    # Past the grace period the absent client is withdrawn.
+    def states() -> list[str]:
+        epoch = second.state.epoch_state
+        return [c.state.name for c in [*epoch.clients, *epoch.exited_clients]]
+
+    await _until(lambda: states() == ["Withdrawn"])
+    await second.stop()
+
+
+def test_store_is_atomic_and_rejects_garbage(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    state = Coordinator.from_state_file(make_state_file()).state
+    assert store.save(encode_state(state), {"ab": "x"})
+    assert not store.save(encode_state(state), {"ab": "x"})  # unchanged: not rewritten
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["p2p_addresses.json", "state.bin"]
+    loaded = StateStore(tmp_path).load()
+    assert loaded is not None and encode_state(loaded[0]) == encode_state(state)
+    assert decode_state((tmp_path / "state.bin").read_bytes()).run_id == state.run_id
+    (tmp_path / "state.bin").write_bytes(b"garbage")
+    with pytest.raises(PersistenceError, match="state.bin"):
+        StateStore(tmp_path).load()
+    with pytest.raises(ConfigError, match="--save-state-dir"):
+        load_run(RunOptions(state_path=TESTNET / "state.toml",
+                            data_config_path=TESTNET / "data.toml",
+                            server=server_options(save_state_dir=tmp_path)))
+
+
+def test_saved_state_of_another_run_is_refused(tmp_path: Path) -> None:
+    other = Coordinator.from_state_file(make_state_file()).state
+    other.run_id = "another-run"
+    StateStore(tmp_path).save(encode_state(other), {})
+    with pytest.raises(ConfigError, match="holds run 'another-run'"):
+        load_run(RunOptions(state_path=TESTNET / "state.toml",
+                            data_config_path=TESTNET / "data.toml",
+                            server=server_options(save_state_dir=tmp_path)))
