@@ -1,0 +1,234 @@
+/* The Psyche coordinator program: one program-owned account per run holding the state
+ * machine of coordinator/ (see coordinator_layout.h), driven by instructions.
+ *
+ * Instruction data = tag u8 | payload (little-endian, packed):
+ *   0 init_coordinator  [account w, payer s]  run_id[32] main_authority[32]
+ *                       join_authority[32] client_version[96]
+ *   1 update            [account w, main_authority s]  kind u8 | payload (update_run)
+ *   2 set_paused        [account w, main_authority s]  paused u8 (0 = resume)
+ *   3 set_future_epoch_rates [account w, main_authority s]
+ *                       has_earning u8 earning u64 has_slashing u8 slashing u64
+ *   4 join_run          [account w, client s, authorization]
+ *   5 tick              [account w]                   (anyone; the fee payer signs)
+ *   6 warmup_witness    [account w, client s]  witness (433 B, coordinator_machine.h)
+ *   7 witness           [account w, client s]  witness
+ *   8 health_check      [account w, client s]  target[32] committee u8 position u64 index u64
+ *   9 checkpoint        [account w, client s]  index u64 tag u8 has_second u8 first[64] second[64]
+ * now = the Clock's unix_timestamp; seed = u64_le(SHA-256(unix_timestamp_i64_le ||
+ * slot_u64_le)[0:8]) (reference §1.4). Events do not tick: clients send tick transactions.
+ */
+#include "coordinator_machine.h"
+#include "errors.h"
+#include "ids.h"
+
+#define JOIN_SCOPE "CoordinatorJoinRun"
+#include "authorization_layout.h"
+
+static u64 seed_of(const Clock *clock) {
+  u8 digest[32];
+  sha256_2((const u8 *)&clock->unix_timestamp, 8, (const u8 *)&clock->slot, 8, digest);
+  return rd_u64(digest);
+}
+
+static u64 load_state(AccountInfo *a, State **out) {
+  if (a == NULL) return E_MissingAccount;
+  if (!key_eq(a->owner, CTX->program_id)) return E_WrongAccountOwner;
+  if (a->data_len != sizeof(State)) return E_WrongAccountSize;
+  if (!a->is_writable) return E_AccountNotWritable;
+  State *s = (State *)a->data;
+  if (!bytes_eq(s->magic, COORDINATOR_MAGIC, 8)) return E_NotInitialized;
+  *out = s;
+  return SUCCESS;
+}
+
+static u64 signer(u64 index, const Pubkey **out) {
+  AccountInfo *a = account(index);
+  if (a == NULL) return E_MissingAccount;
+  if (!a->is_signer) return E_MissingSignature;
+  *out = a->key;
+  return SUCCESS;
+}
+
+static u64 init_coordinator(const u8 *data, u64 len) {
+  if (len != 32 * 3 + 96) return E_InvalidInstruction;
+  AccountInfo *a = account(0);
+  if (a == NULL) return E_MissingAccount;
+  if (!key_eq(a->owner, CTX->program_id)) return E_WrongAccountOwner;
+  if (a->data_len != sizeof(State)) return E_WrongAccountSize;
+  if (!a->is_writable) return E_AccountNotWritable;
+  State *s = (State *)a->data;
+  if (!is_zero(s->magic, 8)) return E_AlreadyInitialized;
+  if (data[0] == 0) return E_InvalidRunId;
+  sol_memcpy_(s->magic, COORDINATOR_MAGIC, 8);
+  s->version = ACCOUNT_VERSION;
+  sol_memcpy_(s->run_id, data, 32);
+  sol_memcpy_(&s->main_authority, data + 32, 32);
+  sol_memcpy_(&s->join_authority, data + 64, 32);
+  sol_memcpy_(s->client_version, data + 96, 96);
+  s->run_state = Uninitialized;
+  s->step = 1;
+  s->first_round = 1;
+  return SUCCESS;
+}
+
+/* coordinator/config.py coordinator_config_errors, rule for rule. */
+static bool config_valid(const Config *c) {
+  return c->epoch_time > 0 && c->warmup_time < c->epoch_time && c->cooldown_time > 0 &&
+         c->max_round_train_time > 0 && c->max_round_train_time < c->epoch_time &&
+         c->round_witness_time > 0 && c->total_steps > 0 && c->min_clients > 0 &&
+         c->min_clients <= MAX_CLIENTS && c->init_min_clients >= c->min_clients &&
+         c->init_min_clients <= MAX_CLIENTS && c->witness_nodes <= MAX_WITNESSES &&
+         c->witness_nodes <= c->min_clients && c->global_batch_size_start > 0 &&
+         c->global_batch_size_end >= c->global_batch_size_start &&
+         c->verification_percent == 0 && c->waiting_for_members_extra_time > 0;
+}
+
+/* update kinds: 0 config (64 B, Config) | 1 model head: max_seq_len u32 cold_start u32
+ * tag u8 has_second u8 first[64] second[64] | 2 model JSON chunk: total u32 offset u32 bytes
+ * | 3 client_version[96] | 4 progress: epoch u16 step u32 epoch_start_data_index u64
+ * | 5 join_authority[32] */
+static u64 update_run(State *s, const u8 *data, u64 len) {
+  if (len < 1) return E_InvalidInstruction;
+  u8 kind = data[0];
+  data += 1; len -= 1;
+  if (kind == 3) {
+    if (!halted(s)) return E_NotHalted;
+    if (len != 96) return E_InvalidInstruction;
+    sol_memcpy_(s->client_version, data, 96);
+    return SUCCESS;
+  }
+  if (s->run_state != Uninitialized && s->run_state != Paused) return E_NotHalted;
+  if (kind == 0) {
+    Config config;
+    if (len != sizeof(Config)) return E_InvalidInstruction;
+    sol_memcpy_(&config, data, sizeof(Config));
+    if (!config_valid(&config)) return E_InvalidConfig;
+    s->config = config;
+    s->config_set = 1;
+  } else if (kind == 1) {
+    if (len != 138) return E_InvalidInstruction;
+    u32 max_seq_len = rd_u32(data);
+    if (max_seq_len == 0 || data[8] > CkP2PGcs) return E_InvalidModel;
+    s->model.max_seq_len = max_seq_len;
+    s->model.cold_start_warmup_steps = rd_u32(data + 4);
+    s->model.checkpoint_tag = data[8];
+    s->model.has_second = data[9] != 0;
+    sol_memcpy_(s->model.first, data + 10, 2 * STRING_MAX);
+    s->model_set |= 1;
+  } else if (kind == 2) {
+    if (len < 8) return E_InvalidInstruction;
+    u32 total = rd_u32(data), offset = rd_u32(data + 4);
+    u64 chunk = len - 8;
+    if (total == 0 || total > MODEL_REST_MAX || offset > total || chunk > total - offset)
+      return E_InvalidModel;
+    if (offset == 0) { s->model_set &= ~2; s->model.rest_len = total; }
+    if (total != s->model.rest_len) return E_InvalidModel;
+    sol_memcpy_(s->model.rest + offset, data + 8, chunk);
+    if (offset + chunk == total) s->model_set |= 2;
+  } else if (kind == 4) {
+    if (len != 14) return E_InvalidInstruction;
+    u32 step = rd_u32(data + 2);
+    if (step == 0) return E_InvalidConfig;
+    s->epoch = rd_u16(data);
+    s->step = step;
+    s->epoch_start_data_index = rd_u64(data + 6);
+  } else if (kind == 5) {
+    if (len != 32) return E_InvalidInstruction;
+    sol_memcpy_(&s->join_authority, data, 32);
+  } else {
+    return E_InvalidInstruction;
+  }
+  return SUCCESS;
+}
+
+static u64 set_rates(State *s, const u8 *data, u64 len) {
+  if (len != 18) return E_InvalidInstruction;
+  if (data[0]) s->future_earning_rate_total_shared = rd_u64(data + 1);
+  if (data[9]) s->future_slashing_rate_per_client = rd_u64(data + 10);
+  return SUCCESS;
+}
+
+/* resume also checks what Python's state file loader checks: a full, valid config. */
+static u64 set_paused(State *s, const u8 *data, u64 len, u64 now) {
+  if (len != 1) return E_InvalidInstruction;
+  if (data[0]) return pause(s, now);
+  if (s->run_state != Paused && s->run_state != Uninitialized) return E_CannotResume;
+  if (!s->config_set || !config_valid(&s->config)) return E_InvalidConfig;
+  if (s->model_set != 3) return E_ModelNotSet;
+  const Config *c = &s->config;
+  if (s->model.cold_start_warmup_steps > (c->epoch_time - c->warmup_time) / c->max_round_train_time)
+    return E_InvalidConfig;
+  return resume(s, now);
+}
+
+/* Valid for `client` iff active, granted by the run's join authority for the join scope,
+ * and the grantee is the zero key (permissionless), the client, or lists it as delegate. */
+static u64 check_authorization(const State *s, const Pubkey *client, AccountInfo *a) {
+  if (a == NULL) return E_MissingAccount;
+  if (!key_eq(a->owner, &AUTHORIZER_ID)) return E_NotAuthorized;
+  if (a->data_len != sizeof(Authorization)) return E_NotAuthorized;
+  const Authorization *auth = (const Authorization *)a->data;
+  if (!bytes_eq(auth->magic, AUTHORIZATION_MAGIC, 8) || !auth->active) return E_NotAuthorized;
+  if (!key_eq(&auth->grantor, &s->join_authority)) return E_NotAuthorized;
+  if (auth->scope_len != sizeof(JOIN_SCOPE) - 1 ||
+      !bytes_eq(auth->scope, JOIN_SCOPE, sizeof(JOIN_SCOPE) - 1))
+    return E_NotAuthorized;
+  Pubkey expected;
+  if (authorization_address(auth, &AUTHORIZER_ID, &expected) || !key_eq(&expected, a->key))
+    return E_NotAuthorized;
+  if (is_zero(auth->grantee.x, 32) || key_eq(&auth->grantee, client)) return SUCCESS;
+  for (u32 i = 0; i < auth->delegates_len && i < MAX_DELEGATES; i++)
+    if (key_eq(&auth->delegates[i], client)) return SUCCESS;
+  return E_NotAuthorized;
+}
+
+static u64 join_run(State *s, const Pubkey *client) {
+  u64 problem = check_authorization(s, client, account(2));
+  if (problem) return problem;
+  for (u32 i = 0; i < s->registry_len; i++) {
+    if (key_eq(&s->registry[i].id, client)) { s->registry[i].active = s->next_active; return SUCCESS; }
+  }
+  if (s->registry_len >= MAX_CLIENTS) return E_RegistryFull;
+  s->registry[s->registry_len].id = *client;
+  s->registry[s->registry_len].active = s->next_active;
+  s->registry_len++;
+  return SUCCESS;
+}
+
+static u64 process(void) {
+  if (CTX->data_len < 1) return E_InvalidInstruction;
+  u8 tag = CTX->data[0];
+  const u8 *data = CTX->data + 1;
+  u64 len = CTX->data_len - 1;
+  if (tag == 0) return init_coordinator(data, len);
+  State *s;
+  u64 problem = load_state(account(0), &s);
+  if (problem) return problem;
+  Clock clock = now_clock();
+  u64 now = clock.unix_timestamp < 0 ? 0 : (u64)clock.unix_timestamp;
+  const Pubkey *who = NULL;
+  if (tag != 5 && (problem = signer(1, &who))) return problem;
+  if (tag >= 1 && tag <= 3 && !key_eq(who, &s->main_authority)) return E_NotMainAuthority;
+  s->nonce += 1;
+  switch (tag) {
+  case 1: return update_run(s, data, len);
+  case 2: return set_paused(s, data, len, now);
+  case 3: return set_rates(s, data, len);
+  case 4: return len == 0 ? join_run(s, who) : E_InvalidInstruction;
+  case 5: return len == 0 ? tick(s, now, seed_of(&clock)) : E_InvalidInstruction;
+  case 6:
+    if (len != WITNESS_WIRE_SIZE) return E_InvalidInstruction;
+    return warmup_witness(s, who, data, now, seed_of(&clock));
+  case 7:
+    if (len != WITNESS_WIRE_SIZE) return E_InvalidInstruction;
+    return witness(s, who, data, now);
+  case 8: return len == 49 ? health_check(s, who, data) : E_InvalidInstruction;
+  case 9: return len == CHECKPOINT_WIRE_SIZE ? checkpoint(s, who, data) : E_InvalidInstruction;
+  default: return E_InvalidInstruction;
+  }
+}
+
+u64 entrypoint(u8 *input) {
+  if (!deserialize(input)) return E_MissingAccount;
+  return process();
+}

@@ -1,0 +1,378 @@
+/* The coordinator state machine: tick and the events, as coordinator/machine.py and
+ * coordinator/core.py (reference §1.2-1.3, §2.7-2.8). Every check runs before the first
+ * write, and a failing instruction is rolled back by the runtime anyway. Errors 1-13
+ * carry the names of coordinator.CoordinatorError, in that enum's order. */
+#ifndef PSYCHE_COORDINATOR_MACHINE_H
+#define PSYCHE_COORDINATOR_MACHINE_H
+#include "election.h"
+
+enum CoordinatorError {
+  E_Halted = 1, E_WrongRunState, E_InvalidClientIndex, E_NotYourIndex, E_NotAClient,
+  E_InvalidWitnessProof, E_DuplicateWitness, E_WitnessesFull, E_HealthCheckTooEarly,
+  E_InvalidHealthCheck, E_InvalidWithdraw, E_CannotResume, E_InvalidCheckpoint,
+};
+
+typedef CoordinatorAccount State;
+
+static bool halted(const State *s) {
+  return s->run_state == Uninitialized || s->run_state == Finished || s->run_state == Paused;
+}
+static bool active(const State *s) {
+  return s->run_state == RoundTrain || s->run_state == RoundWitness || s->run_state == Cooldown;
+}
+static Round *current_round(State *s) { return &s->rounds[s->rounds_head]; }
+static Round *previous_round(State *s) {
+  if (current_round(s)->height == 0) return NULL;
+  return &s->rounds[(s->rounds_head + NUM_STORED_ROUNDS - 1) % NUM_STORED_ROUNDS];
+}
+static bool timed_out(const State *s, u64 now, u64 duration) {
+  u64 start = s->run_state_start_unix_timestamp;
+  return now != start && now >= sat_add(start, duration);
+}
+static void change_state(State *s, u64 now, u8 new_state) {
+  s->run_state_start_unix_timestamp = now;
+  s->run_state = new_state;
+}
+static u64 witness_target(const State *s) { return witness_count(&s->config, s->clients_len); }
+static u64 round_batch_size(const State *s, const Round *r) {
+  return batch_size(&s->config, r->data_index * (u64)s->model.max_seq_len);
+}
+
+static void move_clients_to_exited(State *s, u32 height) {
+  u16 kept = 0;
+  for (u16 i = 0; i < s->clients_len; i++) {
+    Client *c = &s->clients[i];
+    if (c->state == Healthy) {
+      if (kept != i) s->clients[kept] = *c;
+      kept++;
+    } else if (s->exited_len < MAX_CLIENTS) {
+      c->exited_height = height;
+      s->exited[s->exited_len++] = *c;
+    }
+  }
+  s->clients_len = kept;
+}
+
+static void withdraw_all(State *s) {
+  for (u16 i = 0; i < s->clients_len; i++)
+    if (s->clients[i].state == Healthy) s->clients[i].state = Withdrawn;
+}
+
+static void start_waiting_for_members(State *s, u64 now) {
+  change_state(s, now, s->step >= s->config.total_steps ? Finished : WaitingForMembers);
+}
+
+static RewardEntry *reward_entry(State *s, const Pubkey *id) {
+  for (u32 i = 0; i < s->rewards_len; i++)
+    if (key_eq(&s->rewards[i].id, id)) return &s->rewards[i];
+  if (s->rewards_len >= MAX_CLIENTS) return NULL;
+  RewardEntry *e = &s->rewards[s->rewards_len++];
+  e->id = *id; e->earned = 0; e->slashed = 0;
+  return e;
+}
+
+/* §2.8: each Healthy client gets earning_rate_total_shared // len(clients). */
+static void credit_epoch(State *s) {
+  if (s->clients_len) {
+    u64 share = s->current_earning_rate_total_shared / s->clients_len;
+    for (u16 i = 0; i < s->clients_len; i++) {
+      if (s->clients[i].state != Healthy) continue;
+      RewardEntry *e = reward_entry(s, &s->clients[i].id);
+      if (e) e->earned = sat_add(e->earned, share);
+    }
+  }
+  for (u16 i = 0; i < s->exited_len; i++) {
+    if (s->exited[i].state != Ejected) continue;
+    RewardEntry *e = reward_entry(s, &s->exited[i].id);
+    if (e) e->slashed = sat_add(e->slashed, s->current_slashing_rate_per_client);
+  }
+}
+
+static bool is_pending(const State *s, u32 i) { return s->registry[i].active == s->next_active; }
+
+/* pending = registry entries whose `active` equals next_active, in registry order. */
+static void start_warmup(State *s, u64 now) {
+  move_clients_to_exited(s, current_round(s)->height);
+  bool previous_member = false;
+  for (u32 i = 0; i < s->registry_len && !previous_member; i++) {
+    if (!is_pending(s, i)) continue;
+    for (u16 c = 0; c < s->clients_len; c++)
+      if (key_eq(&s->clients[c].id, &s->registry[i].id)) { previous_member = true; break; }
+  }
+  if (!previous_member) {  /* nobody holds the last epoch's model: use the stored one */
+    if (s->model.checkpoint_tag == CkP2P) s->model.checkpoint_tag = CkHub;
+    else if (s->model.checkpoint_tag == CkP2PGcs) s->model.checkpoint_tag = CkGcs;
+  }
+  sol_memset_(s->rounds, 0, sizeof(s->rounds));
+  sol_memset_(s->exited, 0, sizeof(Client) * s->exited_len);
+  sol_memset_(s->clients, 0, sizeof(Client) * s->clients_len);
+  s->clients_len = 0;
+  s->exited_len = 0;
+  for (u32 i = 0; i < s->registry_len && s->clients_len < MAX_CLIENTS; i++) {
+    if (!is_pending(s, i)) continue;
+    s->clients[s->clients_len++].id = s->registry[i].id;
+  }
+  s->next_active += 1;  /* joins are per epoch: clients re-join for the next one */
+  s->rounds_head = 0;
+  s->start_step = s->step;
+  s->last_step = 0;
+  s->start_timestamp = now;
+  s->first_round = 1;
+  s->current_earning_rate_total_shared = s->future_earning_rate_total_shared;
+  s->current_slashing_rate_per_client = s->future_slashing_rate_per_client;
+  change_state(s, now, Warmup);
+}
+
+static void start_round_train(State *s, u64 now, u64 seed) {
+  u32 head; u32 height; u64 data_index;
+  if (s->first_round) {
+    head = 0; height = 0; data_index = s->epoch_start_data_index;
+  } else {
+    Round *previous = current_round(s);
+    head = (s->rounds_head + 1) % NUM_STORED_ROUNDS;
+    height = previous->height + 1;
+    data_index = previous->data_index + round_batch_size(s, previous);
+  }
+  Round *r = &s->rounds[head];
+  s->rounds_head = head;
+  r->clients_len = s->clients_len;
+  r->height = height;
+  r->data_index = data_index;
+  r->tie_breaker_tasks = 0;
+  r->random_seed = seed;
+  sol_memset_(r->witnesses, 0, sizeof(Witness) * r->witnesses_len);
+  r->witnesses_len = 0;
+  change_state(s, now, RoundTrain);
+}
+
+static void start_cooldown(State *s, u64 now) {
+  Round *r = current_round(s);
+  sol_memset_(r->witnesses, 0, sizeof(Witness) * r->witnesses_len);
+  r->witnesses_len = 0;
+  change_state(s, now, Cooldown);
+}
+
+static void enter_paused(State *s, u64 now) {
+  withdraw_all(s);
+  change_state(s, now, Paused);
+  s->pending_pause = 0;
+  s->cold_start_epoch = 1;
+}
+
+static void end_cooldown(State *s, u64 now) {
+  Round *r = current_round(s);
+  s->epoch_start_data_index = r->data_index + round_batch_size(s, r);
+  if (s->epoch < 0xffff) s->epoch += 1;
+  move_clients_to_exited(s, r->height);
+  /* the epoch's clients now hold the model: the next epoch fetches it from them */
+  u8 tag = s->model.checkpoint_tag;
+  if (tag == CkHub || tag == CkDummy) s->model.checkpoint_tag = CkP2P;
+  else if (tag == CkGcs) s->model.checkpoint_tag = CkP2PGcs;
+  if (s->pending_pause) {
+    enter_paused(s, now);
+  } else {
+    start_waiting_for_members(s, now);
+    s->cold_start_epoch = 0;
+  }
+}
+
+static u64 pending_count(const State *s) {
+  u64 n = 0;
+  for (u32 i = 0; i < s->registry_len; i++) n += is_pending(s, i);
+  return n;
+}
+
+static u64 tick(State *s, u64 now, u64 seed) {
+  if (halted(s)) return E_Halted;
+  const Config *config = &s->config;
+  switch (s->run_state) {
+  case WaitingForMembers:
+    if (pending_count(s) >= config->init_min_clients &&
+        timed_out(s, now, config->waiting_for_members_extra_time))
+      start_warmup(s, now);
+    return SUCCESS;
+  case Warmup:
+    if (timed_out(s, now, config->warmup_time)) { start_round_train(s, now, seed); return SUCCESS; }
+    move_clients_to_exited(s, 0);
+    if (s->clients_len < config->min_clients) {
+      start_waiting_for_members(s, now);
+      credit_epoch(s);
+    }
+    return SUCCESS;
+  case RoundTrain:
+    if (timed_out(s, now, config->max_round_train_time)) change_state(s, now, RoundWitness);
+    return SUCCESS;
+  case RoundWitness: {
+    if (!timed_out(s, now, config->round_witness_time)) return SUCCESS;
+    s->first_round = 0;
+    if (s->step < 0xffffffffU) s->step += 1;
+    Round *r = current_round(s);
+    u64 witnesses = r->witnesses_len;
+    move_clients_to_exited(s, r->height);
+    if (witnesses == 0) { withdraw_all(s); start_cooldown(s, now); return SUCCESS; }
+    if (now >= sat_add(s->start_timestamp, config->epoch_time) && s->last_step == 0) {
+      /* two more rounds apply the last trained steps; the pipeline needs 4 rounds */
+      if ((u64)s->step + 2 >= 4) s->last_step = s->step + 2;
+    }
+    if (s->last_step != 0 && s->step == s->last_step) { start_cooldown(s, now); return SUCCESS; }
+    if (s->clients_len < config->min_clients || witnesses < witness_quorum(witness_target(s)) ||
+        s->step >= config->total_steps || s->pending_pause) {
+      start_cooldown(s, now);
+      return SUCCESS;
+    }
+    start_round_train(s, now, seed);
+    return SUCCESS;
+  }
+  default: /* Cooldown */
+    if (!timed_out(s, now, config->cooldown_time)) return SUCCESS;
+    end_cooldown(s, now);
+    credit_epoch(s);
+    return SUCCESS;
+  }
+}
+
+/* Wire form of a witness (instruction data): position u64 | index u64 | witness u8 |
+ * participant bloom (16 words, 8 keys) | broadcast bloom | broadcast_merkle[32] = 433 B. */
+#define WITNESS_WIRE_SIZE 433
+
+static u64 witness_problem(State *s, const Pubkey *sender, u64 index, Round *r) {
+  if (index >= s->clients_len) return E_InvalidClientIndex;
+  if (!key_eq(&s->clients[index].id, sender)) return E_NotYourIndex;
+  for (u32 i = 0; i < r->witnesses_len; i++) {
+    u64 stored = r->witnesses[i].index;
+    if (stored < s->clients_len && key_eq(&s->clients[stored].id, sender))
+      return E_DuplicateWitness;
+  }
+  u64 target = witness_target(s);
+  if (r->witnesses_len >= (target < MAX_WITNESSES ? target : MAX_WITNESSES))
+    return E_WitnessesFull;
+  return SUCCESS;
+}
+
+static void store_witness(Round *r, const u8 *wire) {
+  Witness *w = &r->witnesses[r->witnesses_len++];
+  w->position = rd_u64(wire);
+  w->index = rd_u64(wire + 8);
+  w->witness = wire[16] != 0;
+  sol_memcpy_(&w->participant_bloom, wire + 17, sizeof(Bloom));
+  sol_memcpy_(&w->broadcast_bloom, wire + 17 + sizeof(Bloom), sizeof(Bloom));
+  sol_memcpy_(w->broadcast_merkle, wire + 17 + 2 * sizeof(Bloom), 32);
+}
+
+static u64 warmup_witness(State *s, const Pubkey *sender, const u8 *wire, u64 now, u64 seed) {
+  if (s->run_state == RoundTrain) return SUCCESS;  /* late warm-up witness: harmless */
+  if (s->run_state != Warmup) return E_WrongRunState;
+  Round *r = current_round(s);
+  u64 problem = witness_problem(s, sender, rd_u64(wire + 8), r);
+  if (problem) return problem;
+  store_witness(r, wire);
+  if (r->witnesses_len == witness_target(s)) start_round_train(s, now, seed);
+  return SUCCESS;
+}
+
+static u64 witness(State *s, const Pubkey *sender, const u8 *wire, u64 now) {
+  if (s->run_state != RoundTrain && s->run_state != RoundWitness) return E_WrongRunState;
+  Round *r = current_round(s);
+  u64 n = r->clients_len, nodes = s->config.witness_nodes;
+  if ((nodes != 0 && n < nodes) || s->config.verification_percent > 100)
+    return E_InvalidWitnessProof;
+  u64 position = rd_u64(wire), index = rd_u64(wire + 8);
+  bool flag = wire[16] != 0;
+  if (!flag || index >= n) return E_InvalidWitnessProof;
+  u8 key[32];
+  election_key(r->random_seed, "witness", 7, key);
+  u64 expected = swap_or_not(index, n, key);
+  if (expected != position || (position < witness_count(&s->config, n)) != flag)
+    return E_InvalidWitnessProof;
+  u64 problem = witness_problem(s, sender, index, r);
+  if (problem) return problem;
+  store_witness(r, wire);
+  if (r->witnesses_len == witness_target(s) && s->run_state == RoundTrain)
+    change_state(s, now, RoundWitness);
+  return SUCCESS;
+}
+
+
+static Client *client_at(State *s, u64 index, u64 round_clients_len) {
+  if (index >= round_clients_len) return NULL;
+  if (index < s->clients_len) return &s->clients[index];
+  u64 offset = round_clients_len - index - 1;
+  if (offset < s->exited_len) return &s->exited[s->exited_len - 1 - offset];
+  return NULL;
+}
+
+static i64 index_of(const State *s, const Pubkey *id) {
+  for (u16 i = 0; i < s->clients_len; i++) if (key_eq(&s->clients[i].id, id)) return i;
+  return -1;
+}
+
+/* Health check wire: target key[32] | committee u8 | position u64 | index u64 = 49 B. */
+static u64 health_check(State *s, const Pubkey *sender, const u8 *wire) {
+  if (!active(s) || s->run_state == Cooldown) return E_WrongRunState;
+  if (index_of(s, sender) < 0) return E_NotAClient;
+  Round *previous = previous_round(s);
+  if (current_round(s)->height < 2 || previous == NULL) return E_HealthCheckTooEarly;
+  u64 n = previous->clients_len;
+  if (s->config.verification_percent > 100 || (s->config.witness_nodes != 0 && n < s->config.witness_nodes))
+    return E_InvalidHealthCheck;
+  const Pubkey *target = (const Pubkey *)wire;
+  u8 committee = wire[32];
+  u64 position = rd_u64(wire + 33), index = rd_u64(wire + 41);
+  if (committee != 2 /* Trainer */ || index >= n) return E_InvalidHealthCheck;
+  u8 key[32];
+  election_key(previous->random_seed, "committee", 9, key);
+  u64 expected = swap_or_not(index, n, key);
+  u64 verifiers = n * s->config.verification_percent / 100;
+  if (expected != position || expected < verifiers) return E_InvalidHealthCheck;
+  Client *listed = client_at(s, index, n);
+  if (listed == NULL || !bytes_eq(&listed->id, target, 32)) return E_InvalidHealthCheck;
+  /* healthy iff >= quorum of the previous round's witnesses saw SHA-256(signer) */
+  u8 item[32];
+  sha256_2(target->x, 32, NULL, 0, item);
+  u64 confirmations = 0;
+  for (u32 i = 0; i < previous->witnesses_len; i++)
+    confirmations += bloom_contains(&previous->witnesses[i].participant_bloom, item, 32);
+  if (confirmations >= witness_quorum(previous->witnesses_len)) return E_InvalidHealthCheck;
+  i64 at = index_of(s, target);
+  if (at >= 0 && s->clients[at].state == Healthy) s->clients[at].state = Dropped;
+  return SUCCESS;
+}
+
+/* Checkpoint wire: index u64 | tag u8 (1 Hub, 3 Gcs) | has_second u8 | first[64] | second[64]. */
+#define CHECKPOINT_WIRE_SIZE 138
+static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
+  if (halted(s)) return E_Halted;
+  u64 index = rd_u64(wire);
+  if (index >= s->clients_len) return E_InvalidClientIndex;
+  if (!key_eq(&s->clients[index].id, sender)) return E_NotYourIndex;
+  u8 repo = wire[8], current = s->model.checkpoint_tag, updated = 0xff;
+  if (repo != CkHub && repo != CkGcs) return E_InvalidCheckpoint;
+  if (repo == CkHub) {
+    if (current == CkP2P || current == CkP2PGcs) updated = CkP2P;
+    else if (current == CkHub) updated = CkHub;
+  } else {
+    if (current == CkP2PGcs || current == CkP2P) updated = CkP2PGcs;
+    else if (current == CkGcs) updated = CkGcs;
+  }
+  if (updated == 0xff) return SUCCESS;  /* other pairs (e.g. Dummy) are ignored */
+  s->model.checkpoint_tag = updated;
+  s->model.has_second = wire[9] != 0;
+  sol_memcpy_(s->model.first, wire + 10, STRING_MAX);
+  sol_memcpy_(s->model.second, wire + 10 + STRING_MAX, STRING_MAX);
+  return SUCCESS;
+}
+
+static u64 pause(State *s, u64 now) {
+  if (halted(s)) return E_Halted;
+  if (active(s)) s->pending_pause = 1;
+  else enter_paused(s, now);
+  return SUCCESS;
+}
+
+static u64 resume(State *s, u64 now) {
+  if (s->run_state != Paused && s->run_state != Uninitialized) return E_CannotResume;
+  start_waiting_for_members(s, now);
+  return SUCCESS;
+}
+
+#endif
