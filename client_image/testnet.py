@@ -73,6 +73,7 @@ class TestnetOptions:
     late_join_client_delay_s: float = 0.0
     timeout_s: float = 1800.0
     root: Path = REPO_ROOT
+    data_port: int | None = None  # rewrite the Server data location's port
 
 
 @dataclass
@@ -87,7 +88,17 @@ class ClientProcess:
 class Testnet:
     def __init__(self, options: TestnetOptions):
         self.options = options
-        self.state_file = load_state_file(options.config_path / "state.toml")
+        options.work_dir.mkdir(parents=True, exist_ok=True)
+        self.state_path = options.config_path / "state.toml"
+        self.state_file = load_state_file(self.state_path)
+        location = self.state_file.model.data_location
+        if options.data_port is not None and isinstance(location, ServerDataLocation):
+            host = location.address.rpartition(":")[0]
+            model = self.state_file.model.model_copy(update={
+                "data_location": ServerDataLocation(address=f"{host}:{options.data_port}")})
+            self.state_file = self.state_file.model_copy(update={"model": model})
+            self.state_path = options.work_dir / "state.toml"
+            self.state_path.write_text(self.state_file.to_toml())
         data_toml = options.config_path / "data.toml"
         self.data_config_path = data_toml if data_toml.exists() else None
         if self.data_config_path is not None:
@@ -105,7 +116,6 @@ class Testnet:
         self.rejoined = 0
         self.started = time.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
-        options.work_dir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ processes
     async def _spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None,
@@ -129,7 +139,7 @@ class Testnet:
 
     async def start_server(self) -> None:
         argv = [*_script("psyche-coordinator", "coordinator_tcp.cli"), "run",
-                "--state", str((self.options.config_path / "state.toml").resolve()),
+                "--state", str(self.state_path.resolve()),
                 "--server-port", str(self.options.server_port), "--bind-host", "127.0.0.1",
                 "--save-state-dir", str(self.options.work_dir / "server-state")]
         if self.data_config_path is not None:
@@ -361,6 +371,9 @@ def testnet(
                                       help="TUI, or one JSON line at the end")] = False,
     work_dir: Annotated[Path | None, typer.Option("--work-dir")] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=1.0)] = 1800.0,
+    data_port: Annotated[int | None, typer.Option(
+        "--data-port", min=1, max=65535, help="serve the data on this port instead of the "
+        "one in the config's Server data location")] = None,
 ) -> None:
     """Start a coordinator and N clients on this machine and follow the run."""
     import tempfile
@@ -370,7 +383,7 @@ def testnet(
         work_dir=(work_dir or Path(tempfile.mkdtemp(prefix="psyche-testnet-"))).resolve(),
         random_kill_num=random_kill_num, random_kill_interval_s=random_kill_interval,
         allowed_to_kill=_int_list(allowed_to_kill),
-        late_join_client_delay_s=late_join_client_delay, timeout_s=timeout)
+        late_join_client_delay_s=late_join_client_delay, timeout_s=timeout, data_port=data_port)
     try:
         net = Testnet(options)
     except ConfigError as exc:

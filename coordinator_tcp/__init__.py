@@ -1,1 +1,46 @@
-"""coordinator_tcp package."""
+"""The TCP backend of the coordinator: wire protocol, server, persistence, data server, TUI.
+
+Public surface (import from the submodules; they are loaded lazily from here too):
+
+    protocol        PROTOCOL_VERSION, Challenge, Join(observe=...), Welcome, StateUpdate,
+                    Heartbeat, ErrorReply, WarmupWitness, WitnessSubmit, HealthCheck,
+                    CheckpointReport, Withdraw, WitnessModel, encode, decode_client_message,
+                    decode_server_message, join_signing_bytes, ProtocolError
+    framing         read_frame, write_frame, encode_frame, FrameError, SERVER_MAX_FRAME,
+                    CLIENT_MAX_FRAME
+    client          ProtocolConnection.connect(host, port, identity, run_id, p2p_address,
+                    observe=False) -> (connection, welcome); signed_join; JoinRefused
+    server          CoordinatorServer(coordinator, ServerOptions, p2p_addresses=, clock=,
+                    seed_source=, resumed=); await start()/stop(); publish(); pending
+    persistence     StateStore(dir).save(encoded, addresses) / .load()
+    data_protocol   DataWelcome, DataRequest, DataResponse, DataRejected
+    data_server     DataServer(DataServerConfig, run_id, members, DataServerOptions)
+    runner          RunOptions, load_run, run_coordinator   (`psyche-coordinator run`)
+    summary         summarize(state, now, connected) -> StateSummary   (TUIs)
+    tui             CoordinatorApp(server, data_server)      (only with --tui true)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "CoordinatorServer": "coordinator_tcp.server",
+    "ServerOptions": "coordinator_tcp.server_parts",
+    "DataServer": "coordinator_tcp.data_server",
+    "DataServerOptions": "coordinator_tcp.data_server",
+    "ProtocolConnection": "coordinator_tcp.client",
+    "StateStore": "coordinator_tcp.persistence",
+    "RunOptions": "coordinator_tcp.runner",
+    "run_coordinator": "coordinator_tcp.runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(name)
+
+
+__all__ = sorted(_LAZY)

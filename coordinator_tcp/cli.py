@@ -7,6 +7,7 @@ prints `OK` or every problem (one per line) and exits 1 on error.
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
         [--tui true|false] [--tick-interval 0.5] [--bind-host 0.0.0.0]
+        [--prometheus-port P] [--otlp-metrics-url URL] ... (client_image.telemetry.options)
 
 runs the TCP coordinator (and the TCP data server when the run's data location is
 `Server`) until SIGINT/SIGTERM; the same config errors as validate-config exit 1.
@@ -20,6 +21,7 @@ from typing import Annotated
 
 import typer
 
+from client_image.telemetry.options import TelemetryOptions, telemetry_options
 from coordinator.config import ConfigError, load_data_config, load_state_file
 
 app = typer.Typer(help="Psyche coordinator (TCP backend).", no_args_is_help=True,
@@ -60,6 +62,7 @@ def _parse_bool(value: str) -> bool:
 
 
 @app.command("run")
+@telemetry_options
 def run(
     state: Annotated[Path, typer.Option("--state", help="the run's state.toml")],
     server_port: Annotated[int, typer.Option("--server-port", min=0, max=65535,
@@ -79,6 +82,8 @@ def run(
         "--tick-interval", min=0.01, max=60.0, help="seconds between ticks")] = 0.5,
     bind_host: Annotated[str, typer.Option(
         "--bind-host", help="interface the servers listen on")] = "0.0.0.0",
+    *,
+    telemetry: TelemetryOptions,
 ) -> None:
     """Run the TCP coordinator server for a run."""
     import asyncio
@@ -93,7 +98,7 @@ def run(
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                             "%(message)s")
     options = RunOptions(
-        state_path=state, data_config_path=data_config, tui=with_tui,
+        state_path=state, data_config_path=data_config, tui=with_tui, telemetry=telemetry,
         server=ServerOptions(host=bind_host, port=server_port, save_state_dir=save_state_dir,
                              withdraw_on_disconnect=withdraw, init_warmup_time=init_warmup_time,
                              tick_interval_s=tick_interval))

@@ -18,6 +18,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator import Coordinator
 from coordinator.config import (
@@ -33,6 +34,9 @@ from coordinator_tcp.data_server import DataServer, DataServerOptions
 from coordinator_tcp.persistence import PersistenceError, StateStore
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
 
+if TYPE_CHECKING:
+    from client_image.telemetry import Telemetry, TelemetryOptions
+
 log = logging.getLogger("coordinator_tcp")
 
 
@@ -42,6 +46,7 @@ class RunOptions:
     server: ServerOptions = field(default_factory=ServerOptions)
     data_config_path: Path | None = None
     tui: bool = False
+    telemetry: TelemetryOptions | None = None
 
 
 @dataclass
@@ -133,13 +138,17 @@ async def run_coordinator(options: RunOptions, stop: asyncio.Event | None = None
         log.info("resuming run %r from %s: %s, epoch %d, step %d", server.state.run_id,
                  options.server.save_state_dir, server.state.run_state.name,
                  server.state.progress.epoch, server.state.progress.step)
+    telemetry: Telemetry | None = None
     try:
+        telemetry = _start_telemetry(options, server)
         await server.start()
         if data_server is not None:
             await data_server.start()
     except OSError as exc:
         log.error("cannot listen: %s", exc)
         await server.stop()
+        if telemetry is not None:
+            telemetry.shutdown()
         return 1
     try:
         if options.tui:
@@ -160,4 +169,18 @@ async def run_coordinator(options: RunOptions, stop: asyncio.Event | None = None
         if data_server is not None:
             await data_server.stop()
         await server.stop()
+        if telemetry is not None:
+            await asyncio.to_thread(telemetry.shutdown)  # final flush, bounded by its timeout
     return 0
+
+
+def _start_telemetry(options: RunOptions, server: CoordinatorServer) -> Telemetry | None:
+    """The server's metrics (and logs/spans) when an export is configured."""
+    if options.telemetry is None or not options.telemetry.exports_anything:
+        return None
+    from client_image.telemetry import CoordinatorTelemetry, ServiceIdentity, Telemetry
+
+    telemetry = Telemetry.start(options.telemetry, ServiceIdentity(
+        "coordinator", "server", server.state.run_id, server.state.client_version))
+    CoordinatorTelemetry(telemetry, server)
+    return telemetry

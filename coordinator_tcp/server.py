@@ -21,8 +21,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from client_image.p2p.identity import verify
@@ -55,58 +53,9 @@ from coordinator_tcp.protocol import (
     encode,
     join_signing_bytes,
 )
+from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
 
 log = logging.getLogger(__name__)
-
-# A client that stops reading is cut off rather than let our buffers grow without bound.
-MAX_OUTGOING_BUFFER = 64 * 1024 * 1024
-
-
-@dataclass
-class ServerOptions:
-    host: str = "127.0.0.1"
-    port: int = 20000
-    save_state_dir: Path | None = None
-    withdraw_on_disconnect: bool = True
-    init_warmup_time: int | None = None
-    tick_interval_s: float = 0.5
-    heartbeat_interval_s: float = 5.0
-    handshake_timeout_s: float = 5.0
-    max_handshakes: int = 64
-    # After a restart from --save-state-dir, listed clients get this long to reconnect.
-    reconnect_grace_s: float = 20.0
-
-
-@dataclass
-class ServerStats:
-    connections_accepted: int = 0
-    handshakes_failed: int = 0
-    handshakes_refused_busy: int = 0
-    protocol_errors: int = 0
-    rejected_events: int = 0
-    broadcasts: int = 0
-    last_errors: list[str] = field(default_factory=list)
-
-    def note(self, text: str) -> None:
-        self.last_errors = (self.last_errors + [text])[-20:]
-
-
-class _Peer:
-    def __init__(self, identity: NodeIdentity, address: str, writer: asyncio.StreamWriter,
-                 observer: bool = False):
-        self.identity = identity
-        self.p2p_address = address
-        self.writer = writer
-        self.observer = observer
-
-    def send(self, payload: bytes) -> bool:
-        """Queue a frame without waiting; False if the peer is too far behind."""
-        transport = self.writer.transport
-        if transport.is_closing() or transport.get_write_buffer_size() > MAX_OUTGOING_BUFFER:
-            return False
-        self.writer.write(encode_frame(payload))
-        return True
-
 
 class CoordinatorServer:
     def __init__(
