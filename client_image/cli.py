@@ -9,9 +9,15 @@ Import-light on purpose: heavy modules (torch, iroh) load inside commands.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
+
+from client_image.telemetry.options import TelemetryOptions, telemetry_options
+
+if TYPE_CHECKING:
+    from client_image.runtime.client import PsycheClient
+    from client_image.telemetry import Telemetry
 
 app = typer.Typer(
     name="psyche-client",
@@ -70,6 +76,7 @@ def _relay(value: str) -> tuple[Literal["disabled", "default", "custom"], tuple[
 
 
 @app.command("train")
+@telemetry_options
 def train(
     run_id: Annotated[str, typer.Option("--run-id", envvar="RUN_ID", help="The run to join.")],
     server_addr: Annotated[
@@ -155,6 +162,8 @@ def train(
             help="CPU threads for torch (default: torch's choice).",
         ),
     ] = None,
+    *,
+    telemetry: TelemetryOptions,
 ) -> None:
     """Join a run through its TCP coordinator and train until it finishes."""
     import asyncio
@@ -229,6 +238,7 @@ def train(
         client_version=os.environ.get("CLIENT_VERSION") or None,
     )
     client = PsycheClient(options, EventLog(mode))  # type: ignore[arg-type]
+    exporter = _start_telemetry(telemetry, client, identity.node_id, run_id)
 
     async def run() -> int:
         import signal
@@ -243,7 +253,29 @@ def train(
     except BackendRejected as exc:
         typer.echo(f"error: the coordinator refused this client: {exc}", err=True)
         raise typer.Exit(code=1) from None
+    finally:
+        if exporter is not None:
+            exporter.shutdown()
     raise typer.Exit(code=code)
+
+
+def _start_telemetry(options: TelemetryOptions, client: PsycheClient, node_id: str,
+                     run_id: str) -> Telemetry | None:
+    """Metrics, spans and logs of this client, when any export is configured."""
+    if not options.exports_anything:
+        return None
+    import os
+
+    from client_image.telemetry import ClientTelemetry, ServiceIdentity, Telemetry
+
+    try:
+        telemetry = Telemetry.start(options, ServiceIdentity(
+            "client", node_id, run_id, os.environ.get("CLIENT_VERSION", "")))
+    except OSError as exc:
+        typer.echo(f"error: --prometheus-port {options.prometheus_port}: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    client.telemetry = ClientTelemetry(telemetry, client)
+    return telemetry
 
 
 def _has_accelerator() -> bool:

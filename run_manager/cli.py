@@ -9,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from client_image.telemetry.options import TelemetryOptions, telemetry_options
 from run_manager import solana_commands
+
+if TYPE_CHECKING:
+    from client_image.telemetry import RunManagerTelemetry
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
@@ -40,6 +44,7 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 @app.callback(invoke_without_command=True)
+@telemetry_options
 def run(
     ctx: typer.Context,
     env_file: Annotated[
@@ -54,6 +59,8 @@ def run(
         str | None,
         typer.Option("--entrypoint", help="Override the image's entry point; its arguments follow `--`."),
     ] = None,
+    *,
+    telemetry: TelemetryOptions,
 ) -> None:
     """Start the client the run wants, keep it alive, and show the run.
 
@@ -67,10 +74,11 @@ def run(
 
     container_args = list((ctx.obj or {}).get("container_args", []))
     options = RunOptions(client_version, entrypoint, container_args)
-    raise typer.Exit(_run_client(env_file, options, tui=not no_tui))
+    raise typer.Exit(_run_client(env_file, options, tui=not no_tui, telemetry=telemetry))
 
 
-def _run_client(env_file: Path, options: object, tui: bool) -> int:
+def _run_client(env_file: Path, options: object, tui: bool,
+                telemetry: TelemetryOptions | None = None) -> int:
     from run_manager import engine
     from run_manager.docker_supervisor import Supervisor
     from run_manager.monitor import Monitor
@@ -108,7 +116,15 @@ def _run_client(env_file: Path, options: object, tui: bool) -> int:
     config = supervisor_config(settings, options)
     metrics = HttpClientMetricsSource(settings.METRICS_LOCAL_PORT)
 
+    try:
+        exporter = _start_telemetry(telemetry, settings.RUN_ID, dashboard.wallet.address)
+    except OSError as error:
+        typer.echo(f"run-manager: --prometheus-port: {error}", err=True)
+        return EXIT_CONFIG_ERROR
+
     def make_supervisor(on_event):  # type: ignore[no-untyped-def]
+        if exporter is not None:
+            on_event = exporter.wrap(on_event)  # counts starts, exits and restarts
         return Supervisor(client, coordinator, config, on_event)
 
     def make_monitor(on_change):  # type: ignore[no-untyped-def]
@@ -123,10 +139,24 @@ def _run_client(env_file: Path, options: object, tui: bool) -> int:
     else:
         finished = asyncio.run(run_headless(make_supervisor, make_monitor, dashboard))
     asyncio.run(_close(coordinator, metrics))
+    if exporter is not None:
+        exporter.telemetry.shutdown()
     if finished is not None and finished.reason in ("gave-up", "error"):
         typer.echo(f"run-manager: {finished.message}", err=True)
         return EXIT_RUN_FAILED
     return 0
+
+
+def _start_telemetry(options: TelemetryOptions | None, run_id: str,
+                     wallet: str | None) -> RunManagerTelemetry | None:
+    if options is None or not options.exports_anything:
+        return None
+    import socket
+
+    from client_image.telemetry import RunManagerTelemetry, ServiceIdentity, Telemetry
+
+    identity = ServiceIdentity("run-manager", wallet or socket.gethostname(), run_id)
+    return RunManagerTelemetry(Telemetry.start(options, identity))
 
 
 async def _close(*sources: object) -> None:

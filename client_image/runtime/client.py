@@ -41,6 +41,7 @@ from client_image.runtime.observability import Counters, EventLog, MetricsServer
 from client_image.runtime.rounds import StepRecord, my_witness_proof
 from client_image.runtime.tcp_backend import ServerState, TcpBackend
 from client_image.runtime.worker import TrainingWorker
+from client_image.telemetry import ClientTelemetry
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator_tcp.protocol import ErrorReply
 
@@ -93,6 +94,7 @@ class PsycheClient:
         self.topic: GossipTopic | None = None
         self.backend: TcpBackend | None = None
         self.metrics_server: MetricsServer | None = None
+        self.telemetry: ClientTelemetry | None = None  # set by the CLI when exporting
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:

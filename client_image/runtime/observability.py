@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,8 +27,15 @@ log = logging.getLogger(__name__)
 class EventLog:
     def __init__(self, mode: LogMode = "console"):
         self.mode = mode
+        # Called with (event, fields) for every event, whatever the mode (telemetry).
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
 
     def emit(self, event: str, **fields: Any) -> None:
+        for listener in self.listeners:
+            try:
+                listener(event, fields)
+            except Exception:  # an observer's bug must not stop the runtime
+                log.warning("event listener failed on %s", event, exc_info=True)
         if self.mode == "none":
             return
         if self.mode == "json":
@@ -77,6 +85,7 @@ class Counters:
     announcements_previous: int = 0
     downloaded_current: int = 0
     downloaded_previous: int = 0
+    result_bytes_received: int = 0  # verified peers' results (telemetry)
 
 
 def snapshot(counters: Counters, client_version: str, node: Any | None) -> ClientMetrics:

@@ -21,6 +21,7 @@ from client_image.runtime.rounds import (
     my_witness_proof,
     unhealthy_trainers,
 )
+from client_image.telemetry import traced_phase
 from coordinator import ClientState, CoordinatorState, RunState
 from coordinator.config import (
     HubCheckpoint,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------ warmup
+@traced_phase("warmup")
 async def warmup(client: PsycheClient, state: CoordinatorState) -> None:
     if not (client.worker.loaded and client.model_fresh and not client.desynced):
         await _load_model(client, state)
@@ -66,7 +68,8 @@ async def _load_model(client: PsycheClient, state: CoordinatorState) -> None:
     if isinstance(checkpoint, P2PCheckpoint) and sources:
         manifest, state_dict, report = await client.node.model_sharing.fetch_model(
             sources, ModelFetchOptions(
-                max_concurrent_parameter_requests=client.options.max_concurrent_parameter_requests))
+                max_concurrent_parameter_requests=client.options.max_concurrent_parameter_requests),
+            progress=client.telemetry.model_progress if client.telemetry else None)
         await client.worker.load_from_peers(manifest.config_json, manifest.tokenizer_json,
                                             state_dict, llm, start_step)
         client.events.emit("model_loaded", source="p2p", peers=len(report.served_by),
@@ -147,6 +150,7 @@ async def _health_check(client: PsycheClient, state: CoordinatorState,
                        unhealthy=[node.key.hex()[:12] for node, _ in checks])
 
 
+@traced_phase("apply")
 async def _apply(client: PsycheClient, state: CoordinatorState, step: int) -> None:
     record = client.records.get(step - 2)
     vouching = state.previous_round
@@ -169,6 +173,7 @@ async def _apply(client: PsycheClient, state: CoordinatorState, step: int) -> No
     client.events.emit("applied", step=step, of_step=step - 2, results=applied, skipped=skipped)
 
 
+@traced_phase("train")
 async def _train(client: PsycheClient, state: CoordinatorState, record: StepRecord,
                  batch: BatchKey) -> None:
     step = record.step
@@ -221,6 +226,7 @@ async def download_result(client: PsycheClient, record: StepRecord, batch: Batch
         return
     record.record_verified(batch, commitment, data)
     client.counters.downloaded_current += 1
+    client.counters.result_bytes_received += len(data)
     await maybe_finish(client, record.step + 1)
 
 
@@ -264,6 +270,12 @@ async def _submit_witness(client: PsycheClient, state: CoordinatorState,
     if proof is None or not proof[2] or record.witness_sent:
         return
     record.witness_sent = True
+    await _send_witness(client, record, proof)
+
+
+@traced_phase("witness")
+async def _send_witness(client: PsycheClient, record: StepRecord,
+                        proof: tuple[int, int, bool]) -> None:
     index, position, _ = proof
     previous = client.records.get(record.step - 1)
     vouched = previous if record.height > 0 and previous is not None else None
@@ -279,6 +291,7 @@ async def _submit_witness(client: PsycheClient, state: CoordinatorState,
 
 
 # ------------------------------------------------------------------ cooldown
+@traced_phase("cooldown")
 async def cooldown(client: PsycheClient, state: CoordinatorState) -> None:
     if client.round_task is not None:
         with contextlib.suppress(Exception):
