@@ -92,8 +92,10 @@ class _Neighbour:
 
     async def write_loop(self) -> None:
         while True:
-            frame = await self.outbox.get()
-            await self.send.write_all(framing.encode_frame(frame))
+            frames = [await self.outbox.get()]
+            while not self.outbox.empty():  # coalesce a burst into one binding call
+                frames.append(self.outbox.get_nowait())
+            await self.send.write_all(b"".join(framing.encode_frame(f) for f in frames))
 
 
 class GossipTopic:
@@ -152,12 +154,14 @@ class GossipTopic:
         self._maintenance = asyncio.create_task(self._maintain(), name=f"gossip-{self.run_id}")
 
     async def leave(self) -> None:
+        if self._maintenance is not None:
+            self._maintenance.cancel()
         tasks: list[asyncio.Task[None]] = [t for t in [self._maintenance] if t is not None]
-        for neighbour in self._active.values():
+        neighbours, self._active = list(self._active.values()), {}
+        for neighbour in neighbours:  # finishing our side tells each neighbour we left
             tasks.extend(neighbour.tasks)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(neighbour.send.finish(), 1.0)
-        self._active.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -265,18 +269,19 @@ class GossipTopic:
 
     # -- dissemination ----------------------------------------------------------------------
     async def _read_loop(self, neighbour: _Neighbour) -> None:
+        reader = framing.FrameReader(neighbour.recv)
         try:
             while True:
-                length = await framing.read_frame_length(neighbour.recv)
+                length = await reader.next_length()
                 if length is None:
                     return
                 if length > MAX_FRAME_BYTES:
                     self.stats.oversized += 1
                     if length > MAX_SKIPPABLE_FRAME_BYTES:
                         return  # not worth reading: drop this neighbour
-                    await framing.discard(neighbour.recv, length)
+                    await reader.skip(length)
                     continue
-                self._on_frame(neighbour.peer, await framing.read_exact(neighbour.recv, length))
+                self._on_frame(neighbour.peer, await reader.body(length))
         except (framing.StreamClosed, iroh.IrohError):
             return
         finally:
