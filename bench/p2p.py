@@ -123,7 +123,7 @@ async def gossip_latency(
                 latencies.append((time.perf_counter() - sent_at) * 1000)
 
         receivers = [asyncio.create_task(receive(i)) for i in range(nodes_count)]
-        for round_index in range(messages_per_node):
+        for _ in range(messages_per_node):
             for topic in topics:
                 await topic.broadcast(struct.pack(">d", time.perf_counter()) + bytes(300))
             await asyncio.sleep(round_gap_s)
