@@ -1,6 +1,6 @@
 """End-to-end figures of the TCP backend. Prints its measurements, then ONE JSON line.
 
-    .venv/bin/python bench/e2e.py [--counts 8,16,32,64,128,256] [--duration 8]
+    .venv/bin/python bench/e2e.py [--counts 8,16,32,64,128,256,512] [--duration 8]
                                   [--skip-round-overhead]
 
 max_clients_p99_100ms
@@ -261,7 +261,7 @@ def measure_round_overhead_ratio(timeout_s: float = 900) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--counts", default="8,16,32,64,128,256")
+    parser.add_argument("--counts", default="8,16,32,64,128,256,512")
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--skip-round-overhead", action="store_true")
     args = parser.parse_args()

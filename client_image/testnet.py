@@ -63,6 +63,7 @@ def _script(name: str, module: str) -> list[str]:
 
 @dataclass
 class TestnetOptions:
+    __test__ = False  # not a pytest test class, despite the name
     num_clients: int
     config_path: Path
     work_dir: Path
@@ -74,6 +75,7 @@ class TestnetOptions:
     timeout_s: float = 1800.0
     root: Path = REPO_ROOT
     data_port: int | None = None  # rewrite the Server data location's port
+    metrics_base_port: int = METRICS_BASE_PORT  # client i serves metrics on base + i
 
 
 @dataclass
@@ -86,6 +88,8 @@ class ClientProcess:
 
 
 class Testnet:
+    __test__ = False  # not a pytest test class, despite the name
+
     def __init__(self, options: TestnetOptions):
         self.options = options
         options.work_dir.mkdir(parents=True, exist_ok=True)
@@ -154,7 +158,7 @@ class Testnet:
                 "--run-id", self.run_id, "--server-addr", f"127.0.0.1:{self.options.server_port}",
                 "--bind-p2p-port", "0", "--iroh-relay", "disabled", "--device", "cpu",
                 "--checkpoint-dir", str(checkpoints), "--logs", "json",
-                "--metrics-local-port", str(METRICS_BASE_PORT + i)]
+                "--metrics-local-port", str(self.options.metrics_base_port + i)]
         client.process = await self._spawn(argv, f"client-{i}.log",
                                            {"RAW_IDENTITY_SECRET_KEY": client_secret_hex(i)},
                                            lambda line: self._client_line(client, line))

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 
 class TestnetApp(App[None]):
+    __test__ = False  # not a pytest test class, despite the name
+
     TITLE = "psyche testnet"
     BINDINGS = [Binding("q", "quit", "stop the testnet")]
     CSS = "#server { height: auto; padding: 0 1; border: round $accent; }"
@@ -42,7 +44,8 @@ class TestnetApp(App[None]):
     async def on_mount(self) -> None:
         self.query_one("#clients", DataTable).add_columns(
             "client", "process", "phase", "epoch", "step", "loss", "tok/s", "peers", "status")
-        self._sources = {i: HttpClientMetricsSource(6269 + i, timeout_s=0.5)
+        base = self.testnet.options.metrics_base_port
+        self._sources = {i: HttpClientMetricsSource(base + i, timeout_s=0.5)
                          for i in self.testnet.clients}
         self.set_interval(1.0, self.refresh_view)
 
