@@ -104,8 +104,8 @@ static void start_warmup(State *s, u64 now) {
     else if (s->model.checkpoint_tag == CkP2PGcs) s->model.checkpoint_tag = CkGcs;
   }
   sol_memset_(s->rounds, 0, sizeof(s->rounds));
-  sol_memset_(s->exited, 0, sizeof(Client) * s->exited_len);
-  sol_memset_(s->clients, 0, sizeof(Client) * s->clients_len);
+  sol_memset_(s->exited, 0, sizeof(s->exited));
+  sol_memset_(s->clients, 0, sizeof(s->clients));
   s->clients_len = 0;
   s->exited_len = 0;
   for (u32 i = 0; i < s->registry_len && s->clients_len < MAX_CLIENTS; i++) {

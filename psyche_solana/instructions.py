@@ -1,0 +1,256 @@
+"""Instruction builders for our three programs (wire formats: the comments at the top of
+programs/coordinator.c, authorizer.c and treasurer.c).
+
+Every builder returns a `solders.instruction.Instruction` (or a list of them when the
+payload must be split to respect the 1232-byte transaction limit). Values are checked
+here, so a bad argument raises `ValueError` naming it before anything is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+
+from solders.instruction import AccountMeta, Instruction
+from solders.pubkey import Pubkey
+from solders.system_program import CreateAccountParams, create_account
+
+from coordinator import NodeIdentity, Witness
+from coordinator.committee import CommitteeProof
+from coordinator.config import CoordinatorConfig, GcsCheckpoint, HubCheckpoint, LLMConfig
+from psyche_solana.accounts import (
+    CHECKPOINT_TAGS,
+    CONFIG,
+    CONFIG_FIELDS,
+    COORDINATOR_ACCOUNT_SIZE,
+    MODEL_REST_MAX,
+    STRING_MAX,
+)
+from psyche_solana.ids import (
+    ASSOCIATED_TOKEN_PROGRAM_ID,
+    JOIN_SCOPE,
+    SYSTEM_PROGRAM_ID,
+    TOKEN_PROGRAM_ID,
+    authorizer_program,
+    coordinator_program,
+    treasurer_program,
+)
+
+MODEL_CHUNK = 640  # bytes of model JSON per instruction: fits a transaction with room to spare
+
+
+def _fixed(text: str | bytes, size: int, what: str) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    if len(raw) > size:
+        raise ValueError(f"{what} is {len(raw)} bytes, at most {size}")
+    return raw.ljust(size, b"\0")
+
+
+def _meta(key: Pubkey, signer: bool = False, writable: bool = False) -> AccountMeta:
+    return AccountMeta(key, is_signer=signer, is_writable=writable)
+
+
+# ------------------------------------------------------------------ coordinator
+def create_coordinator_account(payer: Pubkey, account: Pubkey, lamports: int) -> Instruction:
+    """System create_account of the run's account (the new account's keypair signs)."""
+    return create_account(CreateAccountParams(
+        from_pubkey=payer, to_pubkey=account, lamports=lamports,
+        space=COORDINATOR_ACCOUNT_SIZE, owner=coordinator_program()))
+
+
+def _coordinator(tag: int, account: Pubkey, signer: Pubkey | None, payload: bytes = b"",
+                 extra: Sequence[AccountMeta] = ()) -> Instruction:
+    metas = [_meta(account, writable=True)]
+    if signer is not None:
+        metas.append(_meta(signer, signer=True))
+    return Instruction(coordinator_program(), bytes([tag]) + payload, [*metas, *extra])
+
+
+def init_coordinator(account: Pubkey, payer: Pubkey, run_id: str, main_authority: Pubkey,
+                     join_authority: Pubkey, client_version: str) -> Instruction:
+    if not run_id:
+        raise ValueError("run_id must not be empty")
+    payload = (_fixed(run_id, 32, "run_id") + bytes(main_authority) + bytes(join_authority)
+               + _fixed(client_version, 96, "client_version"))
+    return _coordinator(0, account, payer, payload)
+
+
+def config_bytes(config: CoordinatorConfig) -> bytes:
+    return CONFIG.pack(*(getattr(config, name) for name in CONFIG_FIELDS))
+
+
+def update_config(account: Pubkey, authority: Pubkey, config: CoordinatorConfig) -> Instruction:
+    return _coordinator(1, account, authority, b"\0" + config_bytes(config))
+
+
+def model_rest_json(model: LLMConfig) -> bytes:
+    rest = model.model_dump(mode="json", include={"architecture", "data_type", "data_location",
+                                                  "lr_schedule", "optimizer"})
+    return json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def checkpoint_fields(checkpoint: object) -> tuple[int, bytes, bool, bytes]:
+    tag = CHECKPOINT_TAGS.index(type(checkpoint))
+    if isinstance(checkpoint, GcsCheckpoint) or tag == 4:
+        first, second = checkpoint.bucket, checkpoint.prefix  # type: ignore[attr-defined]
+    else:
+        first, second = checkpoint.repo_id, checkpoint.revision  # type: ignore[attr-defined]
+    return (tag, _fixed(first, STRING_MAX, "checkpoint repo"), second is not None,
+            _fixed(second or "", STRING_MAX, "checkpoint revision"))
+
+
+def update_model(account: Pubkey, authority: Pubkey, model: LLMConfig) -> list[Instruction]:
+    """The model head (sizes, checkpoint) and its JSON rest in chunks."""
+    tag, first, has_second, second = checkpoint_fields(model.checkpoint)
+    head = struct.pack("<IIBB", model.max_seq_len, model.cold_start_warmup_steps, tag,
+                       has_second) + first + second
+    rest = model_rest_json(model)
+    if len(rest) > MODEL_REST_MAX:
+        raise ValueError(f"the model description is {len(rest)} bytes of JSON, at most "
+                         f"{MODEL_REST_MAX}")
+    out = [_coordinator(1, account, authority, b"\1" + head)]
+    for offset in range(0, len(rest), MODEL_CHUNK):
+        chunk = rest[offset:offset + MODEL_CHUNK]
+        out.append(_coordinator(1, account, authority,
+                                b"\2" + struct.pack("<II", len(rest), offset) + chunk))
+    return out
+
+
+def update_client_version(account: Pubkey, authority: Pubkey, version: str) -> Instruction:
+    return _coordinator(1, account, authority, b"\3" + _fixed(version, 96, "client_version"))
+
+
+def update_progress(account: Pubkey, authority: Pubkey, epoch: int, step: int,
+                    epoch_start_data_index: int) -> Instruction:
+    return _coordinator(1, account, authority,
+                        b"\4" + struct.pack("<HIQ", epoch, step, epoch_start_data_index))
+
+
+def update_join_authority(account: Pubkey, authority: Pubkey, join_authority: Pubkey) -> Instruction:
+    return _coordinator(1, account, authority, b"\5" + bytes(join_authority))
+
+
+def set_paused(account: Pubkey, authority: Pubkey, paused: bool) -> Instruction:
+    return _coordinator(2, account, authority, bytes([paused]))
+
+
+def set_future_epoch_rates(account: Pubkey, authority: Pubkey, earning_rate_total_shared: int | None,
+                           slashing_rate_per_client: int | None) -> Instruction:
+    payload = struct.pack("<BQBQ", earning_rate_total_shared is not None,
+                          earning_rate_total_shared or 0, slashing_rate_per_client is not None,
+                          slashing_rate_per_client or 0)
+    return _coordinator(3, account, authority, payload)
+
+
+def join_run(account: Pubkey, client: Pubkey, authorization: Pubkey) -> Instruction:
+    return _coordinator(4, account, client, extra=[_meta(authorization)])
+
+
+def tick(account: Pubkey) -> Instruction:
+    return _coordinator(5, account, None)
+
+
+def witness_bytes(witness: Witness) -> bytes:
+    proof = witness.proof
+    blooms = b"".join(struct.pack("<24Q", *bloom.words, *bloom.keys)
+                      for bloom in (witness.participant_bloom, witness.broadcast_bloom))
+    return (struct.pack("<QQB", proof.position, proof.index, proof.witness) + blooms
+            + _fixed(witness.broadcast_merkle, 32, "broadcast_merkle"))
+
+
+def warmup_witness(account: Pubkey, client: Pubkey, witness: Witness) -> Instruction:
+    return _coordinator(6, account, client, witness_bytes(witness))
+
+
+def witness(account: Pubkey, client: Pubkey, witness: Witness) -> Instruction:
+    return _coordinator(7, account, client, witness_bytes(witness))
+
+
+def health_check(account: Pubkey, client: Pubkey, target: NodeIdentity,
+                 proof: CommitteeProof) -> Instruction:
+    payload = target.key + struct.pack("<BQQ", int(proof.committee), proof.position, proof.index)
+    return _coordinator(8, account, client, payload)
+
+
+def checkpoint(account: Pubkey, client: Pubkey, index: int,
+               repo: HubCheckpoint | GcsCheckpoint) -> Instruction:
+    tag, first, has_second, second = checkpoint_fields(repo)
+    payload = struct.pack("<QBB", index, tag, has_second) + first + second
+    return _coordinator(9, account, client, payload)
+
+
+# ------------------------------------------------------------------- authorizer
+def authorization_address(grantor: Pubkey, grantee: Pubkey,
+                          scope: bytes = JOIN_SCOPE) -> Pubkey:
+    address, _bump = Pubkey.find_program_address(
+        [b"Authorization", bytes(grantor), bytes(grantee), scope], authorizer_program())
+    return address
+
+
+def authorization_create(payer: Pubkey, grantor: Pubkey, grantee: Pubkey,
+                         scope: bytes = JOIN_SCOPE) -> Instruction:
+    if not 0 < len(scope) <= 32:
+        raise ValueError("an authorization scope is 1 to 32 bytes")
+    return Instruction(authorizer_program(), b"\0" + bytes(grantee) + bytes([len(scope)]) + scope, [
+        _meta(payer, True, True), _meta(grantor, True),
+        _meta(authorization_address(grantor, grantee, scope), writable=True),
+        _meta(SYSTEM_PROGRAM_ID)])
+
+
+def authorization_grantor_update(grantor: Pubkey, authorization: Pubkey, active: bool) -> Instruction:
+    return Instruction(authorizer_program(), bytes([1, active]),
+                       [_meta(grantor, True), _meta(authorization, writable=True)])
+
+
+def authorization_grantee_update(grantee: Pubkey, authorization: Pubkey, clear: bool,
+                                 added: Sequence[Pubkey] = ()) -> Instruction:
+    if len(added) > 32:
+        raise ValueError("at most 32 delegates")
+    payload = bytes([2, clear, len(added)]) + b"".join(bytes(key) for key in added)
+    return Instruction(authorizer_program(), payload,
+                       [_meta(grantee, True), _meta(authorization, writable=True)])
+
+
+def authorization_close(grantor: Pubkey, authorization: Pubkey, spill: Pubkey) -> Instruction:
+    return Instruction(authorizer_program(), b"\3", [
+        _meta(grantor, True), _meta(authorization, writable=True), _meta(spill, writable=True)])
+
+
+# -------------------------------------------------------------------- treasurer
+def treasurer_run_address(index: int) -> Pubkey:
+    address, _bump = Pubkey.find_program_address(
+        [b"Run", index.to_bytes(8, "little")], treasurer_program())
+    return address
+
+
+def participant_address(run: Pubkey, user: Pubkey) -> Pubkey:
+    address, _bump = Pubkey.find_program_address(
+        [b"Participant", bytes(run), bytes(user)], treasurer_program())
+    return address
+
+
+def associated_token_address(owner: Pubkey, mint: Pubkey) -> Pubkey:
+    address, _bump = Pubkey.find_program_address(
+        [bytes(owner), bytes(TOKEN_PROGRAM_ID), bytes(mint)], ASSOCIATED_TOKEN_PROGRAM_ID)
+    return address
+
+
+def create_associated_token_account(payer: Pubkey, owner: Pubkey, mint: Pubkey) -> Instruction:
+    """The ATA program's CreateIdempotent (works for PDA owners such as a treasurer run)."""
+    return Instruction(ASSOCIATED_TOKEN_PROGRAM_ID, b"\1", [
+        _meta(payer, True, True), _meta(associated_token_address(owner, mint), writable=True),
+        _meta(owner), _meta(mint), _meta(SYSTEM_PROGRAM_ID), _meta(TOKEN_PROGRAM_ID)])
+
+
+def token_transfer_checked(source: Pubkey, mint: Pubkey, destination: Pubkey, owner: Pubkey,
+                           amount: int, decimals: int) -> Instruction:
+    return Instruction(TOKEN_PROGRAM_ID, struct.pack("<BQB", 12, amount, decimals), [
+        _meta(source, writable=True), _meta(mint), _meta(destination, writable=True),
+        _meta(owner, True)])
+
+
+def default_treasurer_index(run_id: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "little")
