@@ -235,3 +235,38 @@ def decode_authorization(data: bytes) -> Authorization:
     delegates = [Pubkey(data[128 + 32 * i:160 + 32 * i]) for i in range(min(n, 32))]
     return Authorization(bump, bool(active), Pubkey(grantor), Pubkey(grantee),
                          scope[:scope_len], ts, delegates)
+
+
+@dataclass(frozen=True)
+class TreasurerRun:
+    bump: int
+    index: int
+    main_authority: Pubkey
+    join_authority: Pubkey
+    coordinator_account: Pubkey
+    collateral_mint: Pubkey
+    total_claimed_collateral_amount: int
+    total_claimed_earned_points: int
+
+
+def decode_treasurer_run(data: bytes) -> TreasurerRun:
+    data = bytes(data)
+    if len(data) != 168 or data[:8] != RUN_MAGIC:
+        raise AccountDecodeError("not a treasurer run account")
+    bump, index, main, join, coordinator, mint, claimed_amount, claimed_points = (
+        struct.unpack_from("<B7xQ32s32s32s32sQQ", data, 8))
+    return TreasurerRun(bump, index, Pubkey(main), Pubkey(join), Pubkey(coordinator),
+                        Pubkey(mint), claimed_amount, claimed_points)
+
+
+@dataclass(frozen=True)
+class Participant:
+    claimed_collateral_amount: int
+    claimed_earned_points: int
+
+
+def decode_participant(data: bytes) -> Participant:
+    data = bytes(data)
+    if len(data) != 32 or data[:8] != PARTICIPANT_MAGIC:
+        raise AccountDecodeError("not a treasurer participant account")
+    return Participant(*struct.unpack_from("<QQ", data, 16))

@@ -9,7 +9,7 @@ checks the authorizer id).
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from solders.keypair import Keypair
@@ -27,7 +27,7 @@ def program_keypair(name: str) -> Keypair:
     return Keypair.from_json((KEYS_DIR / f"{name}-keypair.json").read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def program_id(name: str) -> Pubkey:
     override = os.environ.get(f"PSYCHE_{name.upper()}_PROGRAM_ID")
     return Pubkey.from_string(override) if override else program_keypair(name).pubkey()

@@ -254,3 +254,64 @@ def default_treasurer_index(run_id: str) -> int:
     import hashlib
 
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "little")
+
+
+def treasurer_run_create(payer: Pubkey, index: int, coordinator_account: Pubkey, run_id: str,
+                         main_authority: Pubkey, join_authority: Pubkey, client_version: str,
+                         collateral_mint: Pubkey) -> Instruction:
+    """Create a treasurer run; its Run PDA becomes the coordinator's main authority."""
+    payload = (struct.pack("<Q", index) + _fixed(run_id, 32, "run_id") + bytes(main_authority)
+               + bytes(join_authority) + _fixed(client_version, 96, "client_version")
+               + bytes(collateral_mint))
+    return Instruction(treasurer_program(), b"\0" + payload, [
+        _meta(payer, True, True), _meta(treasurer_run_address(index), writable=True),
+        _meta(coordinator_account, writable=True), _meta(coordinator_program()),
+        _meta(SYSTEM_PROGRAM_ID)])
+
+
+def treasurer_run_update(authority: Pubkey, index: int, coordinator_account: Pubkey,
+                         inner: Instruction) -> Instruction:
+    """Forward an admin coordinator instruction (update, set_paused, set_future_epoch_rates)
+    built for any authority; the treasurer signs it with the Run PDA."""
+    if inner.program_id != coordinator_program() or inner.data[:1] not in (b"\1", b"\2", b"\3"):
+        raise ValueError("only update, set_paused and set_future_epoch_rates can be forwarded")
+    return Instruction(treasurer_program(), b"\1" + bytes(inner.data), [
+        _meta(authority, True), _meta(treasurer_run_address(index)),
+        _meta(coordinator_account, writable=True), _meta(coordinator_program())])
+
+
+def treasurer_claim(user: Pubkey, index: int, coordinator_account: Pubkey, mint: Pubkey,
+                    points: int) -> Instruction:
+    run = treasurer_run_address(index)
+    return Instruction(treasurer_program(), b"\2" + struct.pack("<Q", points), [
+        _meta(user, True, True), _meta(run, writable=True), _meta(coordinator_account),
+        _meta(participant_address(run, user), writable=True),
+        _meta(associated_token_address(run, mint), writable=True),
+        _meta(associated_token_address(user, mint), writable=True), _meta(mint),
+        _meta(TOKEN_PROGRAM_ID), _meta(SYSTEM_PROGRAM_ID)])
+
+
+# ------------------------------------------------------------------- SPL token
+MINT_SIZE = 82
+
+
+def create_mint(payer: Pubkey, mint: Pubkey, lamports: int, decimals: int,
+                authority: Pubkey) -> list[Instruction]:
+    """System create_account + InitializeMint2 (tag 20), no freeze authority."""
+    return [create_account(CreateAccountParams(from_pubkey=payer, to_pubkey=mint,
+                                               lamports=lamports, space=MINT_SIZE,
+                                               owner=TOKEN_PROGRAM_ID)),
+            Instruction(TOKEN_PROGRAM_ID, bytes([20, decimals]) + bytes(authority) + b"\0",
+                        [_meta(mint, writable=True)])]
+
+
+def mint_to(mint: Pubkey, destination: Pubkey, authority: Pubkey, amount: int) -> Instruction:
+    return Instruction(TOKEN_PROGRAM_ID, struct.pack("<BQ", 7, amount), [
+        _meta(mint, writable=True), _meta(destination, writable=True), _meta(authority, True)])
+
+
+def token_amount(data: bytes) -> int:
+    """The amount of an SPL token account (mint[32] owner[32] amount u64 ...)."""
+    if len(data) < 72:
+        raise ValueError("not a token account")
+    return int.from_bytes(data[64:72], "little")

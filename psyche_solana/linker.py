@@ -265,7 +265,7 @@ def link(object_bytes: bytes, entrypoint: str = "entrypoint") -> bytes:
                         (dynsym_start, dynsym), (dynstr_start, dynstr), (reldyn_start, reldyn),
                         (shstrtab_start, shstrtab)]:
         out += bytes(start - len(out))
-        out += blob
+        out += bytes(blob)
     out += bytes(shoff - len(out))
     out += b"".join(sections)
     return bytes(out)

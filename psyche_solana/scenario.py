@@ -14,7 +14,15 @@ from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from coordinator import NodeIdentity, Witness
+from coordinator import (
+    Bloom,
+    NodeIdentity,
+    RunState,
+    Witness,
+    WitnessProof,
+    participant_item,
+    selection_for_round,
+)
 from coordinator.committee import CommitteeProof
 from coordinator.config import GcsCheckpoint, HubCheckpoint, StateFile
 from psyche_solana import instructions as ix
@@ -28,24 +36,40 @@ from psyche_solana.svm import ProgramSvm, Sent
 
 class SvmRun:
     def __init__(self, svm: ProgramSvm, account: Pubkey, authority: Keypair,
-                 join_authority: Keypair):
+                 join_authority: Keypair, treasurer_index: int | None = None,
+                 mint: Keypair | None = None):
         self.svm, self.address = svm, account
         self.authority, self.join_authority = authority, join_authority
+        self.treasurer_index, self.mint = treasurer_index, mint
 
     @classmethod
     def create(cls, state_file: StateFile, svm: ProgramSvm | None = None,
-               start: bool = True) -> SvmRun:
+               start: bool = True, treasurer: bool = False, decimals: int = 6) -> SvmRun:
+        """A run, created directly or through the treasurer (then a mint is made too)."""
         svm = svm or ProgramSvm()
         authority, join_authority, account = Keypair(), Keypair(), Keypair()
         svm.airdrop(authority.pubkey(), 10 * 10**9)
         svm.airdrop(join_authority.pubkey(), 10 * 10**9)
         rent = svm.svm.minimum_balance_for_rent_exemption(COORDINATOR_ACCOUNT_SIZE)
-        svm.send([
-            ix.create_coordinator_account(svm.payer.pubkey(), account.pubkey(), rent),
-            ix.init_coordinator(account.pubkey(), svm.payer.pubkey(), state_file.run_id,
-                                authority.pubkey(), join_authority.pubkey(),
-                                state_file.client_version)], [account])
-        run = cls(svm, account.pubkey(), authority, join_authority)
+        create = ix.create_coordinator_account(svm.payer.pubkey(), account.pubkey(), rent)
+        payer = svm.payer.pubkey()
+        if treasurer:
+            mint = Keypair()
+            index = ix.default_treasurer_index(state_file.run_id)
+            mint_rent = svm.svm.minimum_balance_for_rent_exemption(ix.MINT_SIZE)
+            svm.send(ix.create_mint(payer, mint.pubkey(), mint_rent, decimals, authority.pubkey()),
+                     [mint])
+            svm.send([create, ix.treasurer_run_create(
+                payer, index, account.pubkey(), state_file.run_id, authority.pubkey(),
+                join_authority.pubkey(), state_file.client_version, mint.pubkey()),
+                ix.create_associated_token_account(payer, ix.treasurer_run_address(index),
+                                                   mint.pubkey())], [account])
+            run = cls(svm, account.pubkey(), authority, join_authority, index, mint)
+        else:
+            svm.send([create, ix.init_coordinator(
+                account.pubkey(), payer, state_file.run_id, authority.pubkey(),
+                join_authority.pubkey(), state_file.client_version)], [account])
+            run = cls(svm, account.pubkey(), authority, join_authority)
         run.admin([ix.update_config(account.pubkey(), authority.pubkey(), state_file.config)])
         for instruction in ix.update_model(account.pubkey(), authority.pubkey(), state_file.model):
             run.admin([instruction])
@@ -53,8 +77,34 @@ class SvmRun:
             run.admin([ix.set_paused(account.pubkey(), authority.pubkey(), False)])
         return run
 
-    def admin(self, instructions: Sequence[Instruction]) -> Sent:
-        return self.svm.send(instructions, [self.authority])
+    def admin(self, instructions: Sequence[Instruction], signer: Keypair | None = None) -> Sent:
+        """Admin coordinator instructions, forwarded by the treasurer for treasurer runs."""
+        signer = signer or self.authority
+        if self.treasurer_index is not None:
+            instructions = [ix.treasurer_run_update(signer.pubkey(), self.treasurer_index,
+                                                    self.address, inner)
+                            for inner in instructions]
+        return self.svm.send(instructions, [signer])
+
+    def top_up(self, amount: int) -> None:
+        """Mint `amount` base units straight into the run's reward vault."""
+        assert self.mint is not None and self.treasurer_index is not None
+        vault = ix.associated_token_address(ix.treasurer_run_address(self.treasurer_index),
+                                            self.mint.pubkey())
+        self.svm.send([ix.mint_to(self.mint.pubkey(), vault, self.authority.pubkey(), amount)],
+                      [self.authority])
+
+    def claim(self, user: Keypair, points: int) -> Sent:
+        assert self.mint is not None and self.treasurer_index is not None
+        mint = self.mint.pubkey()
+        return self.svm.send([
+            ix.create_associated_token_account(user.pubkey(), user.pubkey(), mint),
+            ix.treasurer_claim(user.pubkey(), self.treasurer_index, self.address, mint, points)],
+            [user], payer=user)
+
+    def token_balance(self, owner: Pubkey) -> int:
+        assert self.mint is not None
+        return ix.token_amount(self.svm.data(ix.associated_token_address(owner, self.mint.pubkey())))
 
     def authorize(self, grantee: Pubkey, delegates: Sequence[Keypair] = (),
                   grantee_keypair: Keypair | None = None) -> Pubkey:
@@ -101,3 +151,51 @@ class SvmRun:
 
     def account(self) -> CoordinatorAccount:
         return decode_coordinator(self.svm.data(self.address))
+
+    # ------------------------------------------------------------ playing a run
+    def honest_witness(self, client: Keypair, warmup: bool = False) -> Witness | None:
+        """The witness `client` would send now (None if it is not elected / not listed)."""
+        state = self.account().state
+        assert state is not None
+        node = NodeIdentity(bytes(client.pubkey()))
+        index = state.index_of(node)
+        if index is None:
+            return None
+        if warmup:
+            proof = WitnessProof(index, index, False)
+        else:
+            proof = selection_for_round(state).witness_of(index)
+            if not proof.witness:
+                return None
+        seen = Bloom(keys=tuple(range(1, 9)))
+        for listed in state.epoch_state.clients:
+            seen.add(participant_item(listed.id.key))
+        return Witness(proof, seen, Bloom(keys=tuple(range(11, 19))), bytes(32))
+
+    def play_epoch(self, clients: Sequence[Keypair], step_seconds: int = 3,
+                   max_steps: int = 200) -> dict[str, int]:
+        """Drive one epoch like live clients would: warm-up witnesses, witnesses of elected
+        clients, ticks as time passes. Returns transaction counts per kind."""
+        counts = {"tick": 0, "witness": 0, "warmup_witness": 0}
+        start_epoch = self.account().state.progress.epoch  # type: ignore[union-attr]
+        for _ in range(max_steps):
+            state = self.account().state
+            assert state is not None
+            if state.progress.epoch > start_epoch or state.run_state.halted:
+                break
+            if state.run_state is RunState.Warmup:
+                for client in clients:
+                    witness = self.honest_witness(client, warmup=True)
+                    if witness is not None and self.account().state.run_state is RunState.Warmup:  # type: ignore[union-attr]
+                        self.warmup_witness(client, witness)
+                        counts["warmup_witness"] += 1
+            elif state.run_state is RunState.RoundTrain:
+                for client in clients:
+                    witness = self.honest_witness(client)
+                    if witness is not None:
+                        self.witness(client, witness)
+                        counts["witness"] += 1
+            self.svm.advance(step_seconds)
+            self.tick()
+            counts["tick"] += 1
+        return counts

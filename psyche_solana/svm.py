@@ -12,6 +12,7 @@ from solders.compute_budget import set_compute_unit_limit
 from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.litesvm import LiteSVM
+from solders.transaction_metadata import FailedTransactionMetadata
 from solders.message import Message
 from solders.pubkey import Pubkey
 from solders.transaction import Transaction
@@ -100,7 +101,7 @@ class ProgramSvm:
                 f"transaction too large: {size} bytes > {MAX_TRANSACTION_SIZE}")
         result = self.svm.send_transaction(tx)
         self.svm.expire_blockhash()
-        if hasattr(result, "err"):
+        if isinstance(result, FailedTransactionMetadata):
             meta = result.meta()
             message, code = failure_message(result.err(), meta.logs())
             raise TransactionFailed(message, code, meta.logs())

@@ -26,8 +26,9 @@ static u64 create(const u8 *data, u64 len) {
   if (!key_eq(&address, target->key)) return E_WrongAccount;
   if (target->data_len != 0) return E_AlreadyInitialized;
   Bytes signer_seeds[5] = {seeds[0], seeds[1], seeds[2], seeds[3], {&bump, 1}};
+  SignerSeeds signers = {signer_seeds, 5};
   u64 problem = create_pda_account(payer, target, sizeof(Authorization), CTX->program_id,
-                                   signer_seeds, 5);
+                                   &signers);
   if (problem) return problem;
   Authorization *auth = (Authorization *)target->data;
   sol_memcpy_(auth->magic, AUTHORIZATION_MAGIC, 8);

@@ -7,10 +7,10 @@
 /* rent exemption with the cluster's default rent: (128 + size) * 3480 * 2 lamports */
 static u64 rent_exempt(u64 size) { return (128 + size) * 3480 * 2; }
 
-/* payer funds `target` (a PDA of `owner` signed by `seeds`) with `size` bytes. Assumes the
+/* payer funds `target` (a PDA signed by `signers`) (BPF calls take at most 5 arguments) with `size` bytes. Assumes the
  * System program is among the instruction's accounts (the runtime requires it). */
 static u64 create_pda_account(AccountInfo *payer, AccountInfo *target, u64 size,
-                              const Pubkey *owner, const Bytes *seeds, int seeds_len) {
+                              const Pubkey *owner, const SignerSeeds *signers) {
   if (*target->lamports != 0) return E_AlreadyInitialized;
   u8 data[52];
   u32 create_account = 0;
@@ -22,7 +22,6 @@ static u64 create_pda_account(AccountInfo *payer, AccountInfo *target, u64 size,
   Pubkey system_id = {{0}};
   AccountMeta metas[2] = {{payer->key, true, true}, {target->key, true, true}};
   Instruction ix = {&system_id, metas, 2, data, 52};
-  SignerSeeds signers = {seeds, (u64)seeds_len};
-  return sol_invoke_signed_c(&ix, CTX->accounts, (int)CTX->num_accounts, &signers, 1);
+  return sol_invoke_signed_c(&ix, CTX->accounts, (int)CTX->num_accounts, signers, 1);
 }
 #endif

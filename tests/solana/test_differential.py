@@ -274,7 +274,7 @@ def test_long_natural_runs_with_noise_give_the_same_state(seed):
     harness = Harness(_state_file(2, 2, seed % 3, 4 + seed, total_steps=80), rng)
     phases = set()
     harness.apply(("rates", 999, 5))
-    for step in range(300):
+    for _step in range(300):
         if rng.random() < 0.08:
             events = [random_event(rng)]
         else:
