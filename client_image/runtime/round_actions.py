@@ -199,7 +199,7 @@ async def _train(client: PsycheClient, state: CoordinatorState, record: StepReco
     client.counters.tokens_per_sec = tokens.numel() / max(elapsed, 1e-9)
     client.events.emit("trained", step=step, epoch=state.progress.epoch, loss=round(out.loss, 5),
                        batch=list(batch), payload_bytes=len(payload),
-                       seconds=round(elapsed, 3))
+                       seconds=round(elapsed, 3), tokens=tokens.numel())
 
 
 async def download_result(client: PsycheClient, record: StepRecord, batch: BatchKey,

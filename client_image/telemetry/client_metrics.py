@@ -90,13 +90,13 @@ class ClientTelemetry:
     # ------------------------------------------------------------------ events
     def on_event(self, event: str, fields: dict[str, Any]) -> None:
         t = self.telemetry
+        t.log_event(event, fields)
         if event == "trained":
             seconds = float(fields.get("seconds", 0.0))
             t.gauge("psyche_last_train_time_seconds").set(seconds)
             t.counter("psyche_trained_steps").add(1)
             t.counter("psyche_result_bytes_sent").add(int(fields.get("payload_bytes", 0)))
-            tokens = self.client.counters.tokens_per_sec * seconds
-            t.counter("psyche_total_tokens").add(max(0, round(tokens)))
+            t.counter("psyche_total_tokens").add(max(0, int(fields.get("tokens", 0))))
         elif event == "witness":
             t.counter("psyche_witnesses_sent_total").add(1, {"type": "witness"})
         elif event == "warmup_witness":

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry._logs import SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
@@ -172,6 +173,18 @@ class Telemetry:
         """`source()` returns (value, labels) pairs each time the metric is collected."""
         self._instrument(name, ("observable_gauge", "observable_counter"))
         self._observed[name] = source
+
+    # ------------------------------------------------------------------ logs
+    def log_event(self, event: str, fields: dict[str, Any]) -> None:
+        """One structured log record per runtime event (Loki: event name + fields)."""
+        if self.logger_provider is None:
+            return
+        attributes = {f"psyche.{k}": v if isinstance(v, bool | int | float | str) else str(v)
+                      for k, v in fields.items()}
+        details = " ".join(f"{k}={v}" for k, v in fields.items())
+        self.logger_provider.get_logger(METER_NAMES[self.identity.service]).emit(
+            severity_number=SeverityNumber.INFO, severity_text="INFO", event_name=event,
+            body=f"{event} {details}".strip(), attributes={"psyche.event": event, **attributes})
 
     # ------------------------------------------------------------------ traces
     @contextlib.contextmanager

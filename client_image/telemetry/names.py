@@ -99,7 +99,7 @@ CLIENT_METRICS: tuple[MetricSpec, ...] = (
     # --- results
     _client("psyche_result_bytes_sent", "counter",
             "bytes of this client's own results published to its peers", "By"),
-    _client("psyche_result_bytes_received", "counter",
+    _client("psyche_result_bytes_received", "observable_counter",
             "bytes of peers' results downloaded and verified", "By"),
     _client("psyche_broadcasts_seen_total", "observable_counter", "gossip broadcasts received"),
     _client("psyche_apply_message_success", "observable_counter", "results applied"),
