@@ -192,19 +192,93 @@ class SparseResult:
     val: torch.Tensor
 
 
-def compress(tensors: Sequence[torch.Tensor], plans: Sequence[BlockPlan]) -> list[SparseResult]:
-    """encode + top-k for every parameter; blocks of equal shape go through one matmul."""
-    results: list[SparseResult | None] = [None] * len(plans)
-    for members in _group_by_block_shape(plans).values():
-        blocks = torch.cat([to_blocks(tensors[i], plans[i]) for i in members])
-        k = plans[members[0]].topk
-        idx, val = topk_blocks(dct_blocks(blocks), k)
-        offset = 0
-        for i in members:
-            n = plans[i].n_blocks
-            results[i] = SparseResult(idx[offset : offset + n], val[offset : offset + n])
-            offset += n
-    return [r for r in results if r is not None]
+def block_view(tensor: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """A parameter-shaped tensor seen as (leading, R/a, C/b, a, b) blocks, without a copy."""
+    a, b = plan.block_shape
+    view = tensor.view(plan.leading, plan.rows // a, a, plan.cols // b, b)
+    return view.permute(0, 1, 3, 2, 4)
+
+
+class BlockLayout:
+    """Every parameter's blocks, grouped by block shape into one (N, a, b) buffer per group.
+
+    DisTrO keeps its state in this layout, so a whole group is transformed, decayed or
+    signed in one call; parameters are touched only through strided views (block_view).
+    """
+
+    def __init__(self, plans: Sequence[BlockPlan]) -> None:
+        self.plans = list(plans)
+        self.shapes: list[tuple[int, int]] = []
+        self.group_sizes: list[int] = []
+        self.group_topk: list[int] = []
+        self.slots: list[tuple[int, int]] = []  # per plan: (group, first block)
+        group_of: dict[tuple[int, int], int] = {}
+        for plan in self.plans:
+            if plan.block_shape not in group_of:
+                group_of[plan.block_shape] = len(self.shapes)
+                self.shapes.append(plan.block_shape)
+                self.group_sizes.append(0)
+                self.group_topk.append(plan.topk)  # k depends only on the block size
+            group = group_of[plan.block_shape]
+            self.slots.append((group, self.group_sizes[group]))
+            self.group_sizes[group] += plan.n_blocks
+
+    def zeros(self, dtype: torch.dtype, device: torch.device | str) -> list[torch.Tensor]:
+        return [
+            torch.zeros(n, a, b, dtype=dtype, device=device)
+            for n, (a, b) in zip(self.group_sizes, self.shapes, strict=True)
+        ]
+
+    def view(self, buffers: Sequence[torch.Tensor], i: int) -> torch.Tensor:
+        """Plan i's blocks inside the group buffers, shaped like block_view of the parameter."""
+        plan = self.plans[i]
+        group, first = self.slots[i]
+        a, b = plan.block_shape
+        blocks = buffers[group][first : first + plan.n_blocks]
+        return blocks.view(plan.leading, plan.rows // a, plan.cols // b, a, b)
+
+    def gather(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Parameter-shaped tensors -> group buffers (one strided copy each)."""
+        buffers = self.zeros(tensors[0].dtype, tensors[0].device)
+        for i, (tensor, plan) in enumerate(zip(tensors, self.plans, strict=True)):
+            self.view(buffers, i).copy_(block_view(tensor, plan))
+        return buffers
+
+    def scatter(self, buffers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Group buffers -> new parameter-shaped tensors."""
+        out = []
+        for i, plan in enumerate(self.plans):
+            tensor = torch.empty(plan.shape, dtype=buffers[0].dtype, device=buffers[0].device)
+            block_view(tensor, plan).copy_(self.view(buffers, i))
+            out.append(tensor)
+        return out
+
+    def add_to(
+        self, targets: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], alpha: float
+    ) -> None:
+        """targets[i] += alpha * (plan i's blocks), through strided views."""
+        for i, (target, plan) in enumerate(zip(targets, self.plans, strict=True)):
+            block_view(target, plan).add_(self.view(buffers, i), alpha=alpha)
+
+    def add_from(
+        self, buffers: Sequence[torch.Tensor], sources: Sequence[torch.Tensor], alpha: float
+    ) -> None:
+        """plan i's blocks += alpha * sources[i] (parameter-shaped)."""
+        for i, (source, plan) in enumerate(zip(sources, self.plans, strict=True)):
+            self.view(buffers, i).add_(block_view(source, plan), alpha=alpha)
+
+
+def compress_blocks(buffers: Sequence[torch.Tensor], layout: BlockLayout) -> list[SparseResult]:
+    """encode + top-k of every group buffer at once, split back per parameter."""
+    per_group = [
+        topk_blocks(dct_blocks(buffer), k)
+        for buffer, k in zip(buffers, layout.group_topk, strict=True)
+    ]
+    results = []
+    for plan, (group, first) in zip(layout.plans, layout.slots, strict=True):
+        idx, val = per_group[group]
+        results.append(SparseResult(idx[first : first + plan.n_blocks], val[first : first + plan.n_blocks]))
+    return results
 
 
 def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int) -> torch.Tensor:
@@ -220,50 +294,58 @@ def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int) 
     return rows @ cols
 
 
+def decompress_blocks(
+    peer_results: Sequence[Sequence[SparseResult]],
+    layout: BlockLayout,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> list[torch.Tensor]:
+    """Aggregate any number of peers' results into spatial group buffers.
+
+    Each coefficient is weighted by 1 / (number of peers that sent it), which makes the sum
+    the scatter-mean G; the inverse DCT of a whole group then runs at once, as dense
+    matmuls or, when a block holds fewer than a + b coefficients, as rank-m products.
+    """
+    if not peer_results:
+        raise ValueError("decompress needs at least one result")
+    n_plans = len(layout.plans)
+    idx = [
+        torch.cat([r[i].idx.to(device) for r in peer_results], dim=1) for i in range(n_plans)
+    ]
+    val = [
+        torch.cat([r[i].val.to(device=device, dtype=dtype) for r in peer_results], dim=1)
+        for i in range(n_plans)
+    ]
+    out = []
+    for group, ((a, b), n_blocks) in enumerate(zip(layout.shapes, layout.group_sizes, strict=True)):
+        members = [i for i, (g, _) in enumerate(layout.slots) if g == group]
+        group_idx = torch.cat([idx[i] for i in members])
+        weight = torch.cat([val[i] for i in members])
+        if len(peer_results) > 1:
+            count = torch.zeros(n_blocks, a * b, dtype=dtype, device=device)
+            count.scatter_add_(1, group_idx, torch.ones_like(weight))
+            weight = weight / torch.gather(count, 1, group_idx)
+        if group_idx.shape[1] < a + b:
+            out.append(sparse_idct_blocks(group_idx, weight, a, b))
+        else:
+            dense = torch.zeros(n_blocks, a * b, dtype=dtype, device=device)
+            dense.scatter_add_(1, group_idx, weight)
+            out.append(idct_blocks(dense.view(n_blocks, a, b)))
+    return out
+
+
+def compress(tensors: Sequence[torch.Tensor], plans: Sequence[BlockPlan]) -> list[SparseResult]:
+    """compress_blocks for parameter-shaped tensors."""
+    layout = BlockLayout(plans)
+    return compress_blocks(layout.gather(tensors), layout)
+
+
 def decompress(
     peer_results: Sequence[Sequence[SparseResult]],
     plans: Sequence[BlockPlan],
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> list[torch.Tensor]:
-    """Aggregate any number of peers' results into one dense tensor per parameter.
-
-    Each coefficient is weighted by 1 / (number of peers that sent it), which makes the sum
-    the scatter-mean G; the inverse DCT of all equal-shape blocks then runs at once, as
-    dense matmuls or, when a block holds fewer than a + b coefficients, as rank-m products.
-    """
-    if not peer_results:
-        raise ValueError("decompress needs at least one result")
-    out: list[torch.Tensor | None] = [None] * len(plans)
-    for members in _group_by_block_shape(plans).values():
-        a, b = plans[members[0]].block_shape
-        indices, weights = [], []
-        for i in members:
-            idx = torch.cat([r[i].idx.to(device) for r in peer_results], dim=1)
-            val = torch.cat([r[i].val.to(device=device, dtype=dtype) for r in peer_results], dim=1)
-            if len(peer_results) > 1:
-                count = torch.zeros(idx.shape[0], a * b, dtype=dtype, device=device)
-                count.scatter_add_(1, idx, torch.ones_like(val))
-                val = val / torch.gather(count, 1, idx)
-            indices.append(idx)
-            weights.append(val)
-        idx, weight = torch.cat(indices), torch.cat(weights)
-        if idx.shape[1] < a + b:
-            spatial = sparse_idct_blocks(idx, weight, a, b)
-        else:
-            dense = torch.zeros(idx.shape[0], a * b, dtype=dtype, device=device)
-            dense.scatter_add_(1, idx, weight)
-            spatial = idct_blocks(dense.reshape(-1, a, b))
-        offset = 0
-        for i in members:
-            n = plans[i].n_blocks
-            out[i] = from_blocks(spatial[offset : offset + n], plans[i])
-            offset += n
-    return [t for t in out if t is not None]
-
-
-def _group_by_block_shape(plans: Sequence[BlockPlan]) -> dict[tuple[int, int], list[int]]:
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, plan in enumerate(plans):
-        groups.setdefault(plan.block_shape, []).append(i)
-    return groups
+    """decompress_blocks, returned as parameter-shaped tensors."""
+    layout = BlockLayout(plans)
+    return layout.scatter(decompress_blocks(peer_results, layout, dtype, device))

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 import torch
 
 from client_image.training.distro import (
+    BlockLayout,
     BlockPlan,
     SparseResult,
-    compress,
-    decompress,
+    compress_blocks,
+    decompress_blocks,
     plan_model,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
@@ -120,10 +121,16 @@ class DistroTrainer:
             optimizer.compression_chunk,
             optimizer.compression_topk,
         )
-        self.delta = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        # delta lives in the block layout: one (N, a, b) buffer per block shape.
+        self.layout = BlockLayout(self.plans)
+        self.delta = self.layout.zeros(self.params[0].dtype, self.params[0].device)
         self.trainer_nonce = 0  # train() calls since this process started (reference §2.6)
         self.timings = Timings()
         self._pending: _PendingOwnResult | None = None
+
+    def delta_tensors(self) -> list[torch.Tensor]:
+        """The momentum buffer as parameter-shaped copies (for inspection and tests)."""
+        return self.layout.scatter(self.delta)
 
     def learning_rate(self, step: int) -> float:
         """lr(s) = schedule(s) x cold-start factor."""
@@ -148,11 +155,11 @@ class DistroTrainer:
             logger.warning("step %d: no results to apply, weights unchanged", step)
             return False
         started = time.perf_counter()
-        aggregate = decompress(
-            [r.tensors for r in results], self.plans, self.params[0].dtype, self.params[0].device
+        aggregate = decompress_blocks(
+            [r.tensors for r in results], self.layout, self.params[0].dtype, self.params[0].device
         )
         decoded_at = time.perf_counter()
-        torch._foreach_add_(self.params, torch._foreach_sign(aggregate), alpha=-self.learning_rate(step))
+        self.layout.add_to(self.params, torch._foreach_sign(aggregate), alpha=-self.learning_rate(step))
         self.timings.decompress_s += decoded_at - started
         self.timings.apply_s += time.perf_counter() - decoded_at
         return True
@@ -173,11 +180,12 @@ class DistroTrainer:
             param.grad = None
         with torch.no_grad():
             if cold_start:
-                for delta in self.delta:
-                    delta.zero_()
+                torch._foreach_zero_(self.delta)
                 self._pending = None
+            # sign(delta) does not change until the lookahead is undone: compute it once.
+            lookahead = torch._foreach_sign(self.delta) if lr_prev else []
             if lr_prev:
-                torch._foreach_add_(self.params, torch._foreach_sign(self.delta), alpha=-lr_prev)
+                self.layout.add_to(self.params, lookahead, alpha=-lr_prev)
         self.timings.apply_s += time.perf_counter() - started
 
         started = time.perf_counter()
@@ -188,23 +196,24 @@ class DistroTrainer:
         with torch.no_grad():
             started = time.perf_counter()
             if lr_prev:
-                torch._foreach_add_(self.params, torch._foreach_sign(self.delta), alpha=lr_prev)
+                self.layout.add_to(self.params, lookahead, alpha=lr_prev)
+            del lookahead
             if self.config.weight_decay:
                 torch._foreach_mul_(self.params, 1 - lr_now * self.config.weight_decay)
             applied_at = time.perf_counter()
             self.timings.apply_s += applied_at - started
             if self._pending is not None:
                 # Error feedback: what was transmitted last step leaves the buffer.
-                sent = decompress(
-                    [self._pending.tensors], self.plans, self.delta[0].dtype, self.delta[0].device
+                sent = decompress_blocks(
+                    [self._pending.tensors], self.layout, self.delta[0].dtype, self.delta[0].device
                 )
                 torch._foreach_sub_(self.delta, sent)
             decompressed_at = time.perf_counter()
             self.timings.decompress_s += decompressed_at - applied_at
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
             torch._foreach_mul_(self.delta, self.config.compression_decay)
-            torch._foreach_add_(self.delta, grads, alpha=lr_now)
-            sparse = compress(self.delta, self.plans)
+            self.layout.add_from(self.delta, grads, alpha=lr_now)
+            sparse = compress_blocks(self.delta, self.layout)
             payload = encode_result(
                 sparse, self.plans, step=step, trainer_nonce=self.trainer_nonce,
                 batch_start=batch_id[0], batch_end=batch_id[1], one_bit=self.config.quantize_1bit,

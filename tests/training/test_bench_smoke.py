@@ -1,0 +1,23 @@
+"""bench/distro.py runs end to end with tiny parameters and ends with its JSON line."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_distro_prints_its_figures_as_a_last_json_line():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "distro.py"), "--steps", "3", "--peers", "2",
+         "--total-batch", "4", "--micro-batch", "2", "--seq-len", "32", "--val-samples", "4"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["params"] == 1_901_696
+    # chunk 64, top-k 8, 1-bit: ~13 bytes per 4096 parameters plus small headers.
+    assert figures["compression_ratio"] > 1000
+    assert figures["dense_fp32_bytes_per_step"] == 4 * figures["params"]
+    for key in ("val_loss_distro", "val_loss_adamw", "loss_ratio", "optimizer_overhead_pct"):
+        assert figures[key] > 0
