@@ -59,6 +59,10 @@ class DownloadConfig:
     backoff_base_s: float = 0.25
     backoff_max_s: float = 8.0
     read_chunk_bytes: int = 1 << 20
+    # Workaround for the binding's per-stream ceiling: split big blobs into ranges fetched
+    # on parallel streams (and from different providers when several announced it).
+    parallel_streams: int = 1
+    parallel_min_bytes: int = 16 << 20
 
 
 @dataclass
@@ -205,27 +209,30 @@ class BlobService:
     async def _download(
         self, digest: bytes, size: int, providers: list[bytes], limiter: RateLimiter | None
     ) -> tuple[bytes, bytes]:
-        received = bytearray()
-        hasher = blake3.blake3()
+        """Attempt loop: every unfinished segment resumes where it stopped, segment i
+        from provider (attempt + i) mod n, after a jittered backoff when one failed."""
+        segments = _split(size, self._segment_count(size))
         errors: list[str] = []
         for attempt in range(self.config.max_attempts):
-            provider = providers[attempt % len(providers)]
-            try:
-                await self._fetch_range(provider, digest, size, received, hasher, limiter)
-                if hasher.digest() == digest:
-                    return bytes(received), provider
-                errors.append(f"{provider.hex()[:8]}: content does not match the hash")
-                received.clear()
-                hasher = blake3.blake3()
-            except (
-                TimeoutError,
-                TransportError,
-                BlobProtocolError,
-                framing.StreamClosed,
-                iroh.IrohError,
-            ) as error:
-                errors.append(f"{provider.hex()[:8]}: {type(error).__name__}: {error}")
-                self.transport.drop_connection(provider, BLOBS_ALPN)
+            failures = await asyncio.gather(
+                *(
+                    self._fill_segment(
+                        providers[(attempt + i) % len(providers)], digest, size, seg, limiter
+                    )
+                    for i, seg in enumerate(segments)
+                )
+            )
+            errors.extend(f for f in failures if f)
+            if not any(failures):
+                if _digest_of(segments) == digest:
+                    return b"".join(seg.data for seg in segments), providers[
+                        attempt % len(providers)
+                    ]
+                errors.append(
+                    f"{providers[attempt % len(providers)].hex()[:8]}: content does not match the hash"
+                )
+                # cannot tell which provider lied: start over on one stream, one provider per attempt
+                segments = _split(size, 1)
             self.stats.retries += 1
             if attempt + 1 < self.config.max_attempts:
                 await asyncio.sleep(backoff_delay(attempt, self.config))
@@ -234,22 +241,50 @@ class BlobService:
             + "; ".join(errors[-4:])
         )
 
+    def _segment_count(self, size: int) -> int:
+        if self.config.parallel_streams <= 1 or size < self.config.parallel_min_bytes:
+            return 1
+        return self.config.parallel_streams
+
+    async def _fill_segment(
+        self,
+        provider: bytes,
+        digest: bytes,
+        size: int,
+        segment: _Segment,
+        limiter: RateLimiter | None,
+    ) -> str | None:
+        """Fetch the rest of ``segment`` from ``provider``; returns an error line or None."""
+        if segment.complete:
+            return None
+        try:
+            await self._fetch_range(provider, digest, size, segment, limiter)
+            return None
+        except (
+            TimeoutError,
+            TransportError,
+            BlobProtocolError,
+            framing.StreamClosed,
+            iroh.IrohError,
+        ) as error:
+            self.transport.drop_connection(provider, BLOBS_ALPN)
+            return f"{provider.hex()[:8]}: {type(error).__name__}: {error}"
+
     async def _fetch_range(
         self,
         provider: bytes,
         digest: bytes,
         size: int,
-        received: bytearray,
-        hasher: blake3.blake3,
+        segment: _Segment,
         limiter: RateLimiter | None,
     ) -> None:
-        """Append bytes [len(received), size) from ``provider`` to ``received``."""
+        """Append the missing bytes of ``segment`` from ``provider``, hashing as they arrive."""
         timeout = self.config.read_timeout_s
         connection = await self.transport.connect(provider, BLOBS_ALPN)
         stream = await asyncio.wait_for(connection.open_bi(), timeout)
         send, recv = stream.send(), stream.recv()
         try:
-            await send.write_all(REQUEST.pack(digest, len(received), 0))
+            await send.write_all(REQUEST.pack(digest, segment.next_offset, segment.missing or 0))
             await send.finish()
             header = await asyncio.wait_for(framing.read_exact(recv, RESPONSE_HEADER.size), timeout)
             status, total = RESPONSE_HEADER.unpack(header)
@@ -259,14 +294,15 @@ class BlobService:
                 raise BlobProtocolError(f"provider answered status {status}")
             if total != size:
                 raise BlobProtocolError(f"provider says {total} bytes, announcement says {size}")
-            while len(received) < size:
+            while segment.missing:
                 chunk = await asyncio.wait_for(recv.read(self.config.read_chunk_bytes), timeout)
                 if not chunk:
-                    raise framing.StreamClosed(f"stream ended at {len(received)} of {size} bytes")
-                if len(received) + len(chunk) > size:
+                    raise framing.StreamClosed(
+                        f"stream ended at {segment.next_offset} of {size} bytes"
+                    )
+                if len(chunk) > segment.missing:
                     raise BlobProtocolError(f"provider sent more than the announced {size} bytes")
-                received += chunk
-                hasher.update(chunk)
+                segment.append(chunk)
                 self.stats.bytes_received += len(chunk)
                 if limiter is not None:
                     await limiter.consume(len(chunk))
@@ -276,3 +312,49 @@ class BlobService:
         finally:
             with contextlib.suppress(Exception):
                 await recv.stop(0)
+
+
+@dataclass
+class _Segment:
+    """Bytes [start, end) of a blob; one segment per parallel stream."""
+
+    start: int
+    end: int
+    data: bytearray
+    hasher: blake3.blake3 | None  # incremental hash when the segment is the whole blob
+
+    @property
+    def next_offset(self) -> int:
+        return self.start + len(self.data)
+
+    @property
+    def missing(self) -> int:
+        return self.end - self.next_offset
+
+    @property
+    def complete(self) -> bool:
+        return self.missing == 0
+
+    def append(self, chunk: bytes) -> None:
+        self.data += chunk
+        if self.hasher is not None:
+            self.hasher.update(chunk)
+
+
+def _split(size: int, count: int) -> list[_Segment]:
+    bounds = [size * i // count for i in range(count + 1)]
+    whole = count == 1
+    return [
+        _Segment(bounds[i], bounds[i + 1], bytearray(), blake3.blake3() if whole else None)
+        for i in range(count)
+    ]
+
+
+def _digest_of(segments: list[_Segment]) -> bytes:
+    if len(segments) == 1 and segments[0].hasher is not None:
+        return segments[0].hasher.digest()
+    # parallel segments arrive out of order: hash the assembled blob (multithreaded BLAKE3)
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    for segment in segments:
+        hasher.update(segment.data)
+    return hasher.digest()

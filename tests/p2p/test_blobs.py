@@ -158,6 +158,25 @@ async def test_download_survives_its_provider_dying_mid_transfer() -> None:
         assert downloader.blobs.stats.bytes_received < len(data) + (4 << 20)
 
 
+async def test_parallel_streams_spread_one_blob_over_providers_and_survive_a_liar() -> None:
+    data = os.urandom(4 << 20)
+    parallel = DownloadConfig(
+        parallel_streams=4, parallel_min_bytes=1 << 20, backoff_base_s=0.02, read_timeout_s=3
+    )
+    corrupted = bytes(b ^ 0xFF for b in data[:1000]) + data[1000:]
+    async with fake_provider(lambda d, o: header(len(data)) + corrupted[o:]) as liar:
+        async with started_nodes(3, download_config=parallel) as (a, b, downloader):
+            digest = a.blob_store.add(data)
+            b.blob_store.add(data)
+            downloader.add_peer_addresses([a.address, b.address, liar.address])
+            fetched, _ = await downloader.blobs.fetch(digest, len(data), [a.node_id, b.node_id])
+            assert fetched == data and downloader.blobs.stats.retries == 0
+            served = {d.peer: d.bytes_sent for d in downloader.diagnostics()}
+            assert set(served) == {a.node_id, b.node_id}  # both providers carried ranges
+            fetched, _ = await downloader.blobs.fetch(digest, len(data), [liar.node_id, a.node_id])
+            assert fetched == data and downloader.blobs.stats.retries >= 1
+
+
 async def test_rate_limiter_caps_throughput() -> None:
     limiter = RateLimiter(10e6, burst_bytes=100_000)
     started = time.monotonic()
