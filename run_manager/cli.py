@@ -89,7 +89,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
         run_headless,
         supervisor_config,
     )
-    from run_manager.settings import SettingsError, load_settings
+    from run_manager.settings import SettingsError, load_settings, read_env_file
     from run_manager.sources.http_metrics import HttpClientMetricsSource
     from run_manager.view import Dashboard
     from run_manager.wallet import public_key
@@ -97,6 +97,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
     assert isinstance(options, RunOptions)
     try:
         settings = load_settings(env_file)
+        options.env_file_variables = read_env_file(env_file)
         coordinator = make_coordinator_source(settings, options.pinned_version)
     except SettingsError as error:
         for problem in error.problems:

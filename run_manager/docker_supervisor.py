@@ -28,7 +28,7 @@ import docker
 from docker.models.containers import Container
 
 from run_manager import engine
-from run_manager.sources.coordinator import CoordinatorSource
+from run_manager.sources.coordinator import CoordinatorSource, CoordinatorUnavailable
 
 VERSION_MISMATCH_EXIT_CODE = 10
 
@@ -139,7 +139,7 @@ class Supervisor:
         self._loop = asyncio.get_running_loop()
         try:
             finished = await self._supervise()
-        except engine.EngineError as error:
+        except (engine.EngineError, CoordinatorUnavailable) as error:
             finished = SupervisorFinished("error", str(error))
         finally:
             if self.container is not None:  # an error or cancellation mid-run: leave nothing behind

@@ -35,9 +35,21 @@ class SourceUnavailable(Exception):
     """No coordinator source can serve these settings yet."""
 
 
+def _tcp_source(settings: RunManagerSettings) -> CoordinatorSource:
+    # Imported here: the coordinator packages are not needed by --help or --client-version.
+    from run_manager.sources.tcp_coordinator import TcpCoordinatorSource
+
+    assert settings.COORDINATOR_ADDRESS is not None  # the "tcp" backend means it is set
+    return TcpCoordinatorSource(
+        settings.COORDINATOR_ADDRESS, settings.RUN_ID, wait_s=settings.COORDINATOR_WAIT_S
+    )
+
+
 # Backends register how to build their coordinator source from the settings:
-# issue 5 adds "tcp" (COORDINATOR_ADDRESS), the Solana issue adds "solana" (RPC).
-COORDINATOR_SOURCES: dict[str, Callable[[RunManagerSettings], CoordinatorSource]] = {}
+# "tcp" (COORDINATOR_ADDRESS); the Solana issue adds "solana" (RPC).
+COORDINATOR_SOURCES: dict[str, Callable[[RunManagerSettings], CoordinatorSource]] = {
+    "tcp": _tcp_source,
+}
 
 
 def make_coordinator_source(
@@ -60,11 +72,13 @@ class RunOptions:
     entrypoint: str | None = None
     container_args: list[str] = field(default_factory=list)
     wallet_address: str | None = None
+    env_file_variables: dict[str, str] = field(default_factory=dict)
+    """Every KEY=VALUE of the env file: the container gets them all, as in Psyche."""
 
 
 def supervisor_config(settings: RunManagerSettings, options: RunOptions) -> SupervisorConfig:
     gpus = settings.GPUS == "all" or (settings.GPUS == "auto" and engine.gpus_present())
-    environment = settings.container_environment()
+    environment = settings.container_environment(options.env_file_variables)
     if settings.WALLET_PRIVATE_KEY_PATH is not None:
         from run_manager.wallet import load_keypair_bytes
 

@@ -79,6 +79,8 @@ class RunManagerSettings(BaseSettings):
     VERSION_CHANGE_DELAY_S: float = Field(default=5.0, ge=0, le=3600)
     """Pause before restarting with a new client version (exit code 10), as Psyche does."""
     SCRATCH_DIR: Path | None = None
+    COORDINATOR_WAIT_S: float = Field(default=30.0, gt=0, le=3600)
+    """How long to wait for the coordinator's state before giving up with an error."""
 
     @field_validator("RUN_ID")
     @classmethod
@@ -146,15 +148,41 @@ class RunManagerSettings(BaseSettings):
     def backend(self) -> Literal["tcp", "solana"]:
         return "tcp" if self.COORDINATOR_ADDRESS is not None else "solana"
 
-    def container_environment(self) -> dict[str, str]:
-        """The variables the client container receives (Psyche passes its env file on)."""
+    def container_environment(self, env_file_variables: dict[str, str] | None = None) -> dict[str, str]:
+        """The variables the client container receives.
+
+        Psyche passes its whole env file on (`docker run --env-file F`): the client's
+        own options (IROH_RELAY, DEVICE, LOGS, TORCH_THREADS...) are set there. On top,
+        the validated settings, and SERVER_ADDR, the name `psyche-client train` reads
+        the TCP coordinator's address from. Host paths (the wallet file) stay out: the
+        container cannot see them; the key travels as RAW_WALLET_PRIVATE_KEY.
+        """
+        environment = {
+            name: value
+            for name, value in (env_file_variables or {}).items()
+            if name not in HOST_ONLY_VARIABLES
+        }
         names = [
             "RUN_ID", "COORDINATOR_ADDRESS", "RPC", "WS_RPC", "RPC_2", "WS_RPC_2",
             "AUTHORIZER", "DATA_PARALLELISM", "TENSOR_PARALLELISM", "MICRO_BATCH_SIZE",
             "NVIDIA_DRIVER_CAPABILITIES", "METRICS_LOCAL_PORT",
         ]  # fmt: skip
         values = {name: getattr(self, name) for name in names}
-        return {name: str(value) for name, value in values.items() if value is not None}
+        environment.update({name: str(value) for name, value in values.items() if value is not None})
+        if self.COORDINATOR_ADDRESS is not None:
+            environment["SERVER_ADDR"] = self.COORDINATOR_ADDRESS
+        return environment
+
+
+# Variables of the env file that name things on the host only.
+HOST_ONLY_VARIABLES = frozenset({"WALLET_PRIVATE_KEY_PATH", "WALLET_PATH", "SCRATCH_DIR"})
+
+
+def read_env_file(env_file: Path) -> dict[str, str]:
+    """The KEY=VALUE pairs of an env file, parsed as pydantic-settings parses it."""
+    from dotenv import dotenv_values
+
+    return {key: value for key, value in dotenv_values(env_file).items() if value is not None}
 
 
 def load_settings(env_file: Path | None, overrides: dict[str, Any] | None = None) -> RunManagerSettings:

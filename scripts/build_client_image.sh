@@ -4,8 +4,10 @@
 # 1. A wheelhouse on the host (build/wheelhouse): the dependencies once (cached; refreshed when
 #    pyproject.toml's dependencies change), the project wheel every time. torch comes from the
 #    pinned CPU wheel pip already finds (PIP_FIND_LINKS), never an unpinned CUDA download.
-# 2. `docker build` on a context holding only that wheelhouse; `pip install --no-index` inside.
-# Idempotent: skips the build when an image with this tag and the same project wheel exists.
+# 2. `docker build` on a context holding that wheelhouse and assets/ (the tiny model and token
+#    files the local testnet's client loads); `pip install --no-index` inside.
+# Idempotent: skips the build when an image with this tag was built from the same project
+# wheel, Dockerfile.client and assets/ (the io.psyche.build-sha label).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,23 +47,32 @@ fi
 rm -f "$PROJECT"/*.whl
 "$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$PROJECT" . 2>/dev/null \
     || "$PY" -m pip wheel --quiet --no-deps --wheel-dir "$PROJECT" .
-WHEEL_SHA=$(sha256sum "$PROJECT"/*.whl | awk '{print substr($1,1,16)}')
 rm -rf build/psyche_py.egg-info 2>/dev/null || true
+# Everything the image is built from: the project wheel, the Dockerfile, the assets.
+# The wheel's zip carries build times, so its members are hashed, not the zip itself.
+WHEEL_CONTENT_SHA=$("$PY" -c 'import hashlib,sys,zipfile
+z = zipfile.ZipFile(sys.argv[1]); h = hashlib.sha256()
+for name in sorted(z.namelist()): h.update(name.encode() + b"\0" + z.read(name))
+print(h.hexdigest())' "$PROJECT"/*.whl)
+BUILD_SHA=$( { echo "$WHEEL_CONTENT_SHA"; sha256sum Dockerfile.client | awk '{print $1}';
+               find assets -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; } \
+             | sha256sum | awk '{print substr($1,1,16)}')
 
-if [ "$FORCE" = 0 ] && [ "$(docker image inspect -f '{{ index .Config.Labels "io.psyche.wheel-sha" }}' "$TAG" 2>/dev/null)" = "$WHEEL_SHA" ]; then
+if [ "$FORCE" = 0 ] && [ "$(docker image inspect -f '{{ index .Config.Labels "io.psyche.build-sha" }}' "$TAG" 2>/dev/null)" = "$BUILD_SHA" ]; then
     echo "build_client_image: $TAG is up to date"
     exit 0
 fi
 
-# A minimal context (hard links, no copies): the repository itself is not sent to the engine.
+# A minimal context (hard links, no copies): the rest of the repository is not sent to the engine.
 rm -rf "$CONTEXT"
 mkdir -p "$CONTEXT/wheelhouse"
 ln "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/" 2>/dev/null || cp "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/"
+cp -al assets "$CONTEXT/assets" 2>/dev/null || cp -r assets "$CONTEXT/assets"
 cp Dockerfile.client "$CONTEXT/Dockerfile"
 echo "build_client_image: docker build $TAG on $BASE"
 DOCKER_BUILDKIT=0 docker build --quiet 2>&1 --network host \
     --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" \
-    --label io.psyche.wheel-sha="$WHEEL_SHA" \
+    --label io.psyche.build-sha="$BUILD_SHA" \
     -t "$TAG" "$CONTEXT" >/dev/null
 rm -rf "$CONTEXT"
 echo "build_client_image: built $TAG"

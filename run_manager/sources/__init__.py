@@ -2,6 +2,7 @@
 
 from run_manager.sources.coordinator import (
     CoordinatorSource,
+    CoordinatorUnavailable,
     PinnedVersionSource,
     RunClient,
     RunPhase,
@@ -11,15 +12,20 @@ from run_manager.sources.coordinator import (
 from run_manager.sources.metrics import ClientMetrics, ConnectedPeer
 
 # The client imports `run_manager.sources.metrics`, which runs this file: the HTTP
-# source (httpx) is loaded only when asked for.
-_LAZY = {"HttpClientMetricsSource", "MetricsUnavailable"}
+# source (httpx) and the TCP source (the coordinator packages) load only when asked for.
+_LAZY = {
+    "HttpClientMetricsSource": "http_metrics",
+    "MetricsUnavailable": "http_metrics",
+    "TcpCoordinatorSource": "tcp_coordinator",
+}
 
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
-        from run_manager.sources import http_metrics
+        import importlib
 
-        return getattr(http_metrics, name)
+        module = importlib.import_module(f"run_manager.sources.{_LAZY[name]}")
+        return getattr(module, name)
     raise AttributeError(name)
 
 
@@ -27,11 +33,13 @@ __all__ = [
     "ClientMetrics",
     "ConnectedPeer",
     "CoordinatorSource",
+    "CoordinatorUnavailable",
     "HttpClientMetricsSource",
     "MetricsUnavailable",
     "PinnedVersionSource",
     "RunClient",
     "RunPhase",
     "RunSnapshot",
+    "TcpCoordinatorSource",
     "WitnessProgress",
 ]

@@ -2,8 +2,9 @@
 
 A source answers two questions: which client version the run requires (the
 supervisor starts that image) and what the run looks like now (the TUI's run and
-witness panels). Backends plug in here: a pinned version today, the TCP coordinator
-(issue 5) and the Solana coordinator account later, each a class with these methods.
+witness panels). Backends plug in here: a pinned version, the TCP coordinator
+(`tcp_coordinator.TcpCoordinatorSource`) and the Solana coordinator account later,
+each a class with these methods.
 """
 
 from __future__ import annotations
@@ -70,12 +71,19 @@ class RunSnapshot(_Frozen):
     client_version: str = ""
 
 
+class CoordinatorUnavailable(Exception):
+    """The source cannot tell what the run wants; the message names the coordinator."""
+
+
 @runtime_checkable
 class CoordinatorSource(Protocol):
     """The run's coordinator, as the run-manager sees it."""
 
     async def client_version(self) -> str:
-        """Returns the client version the run requires now (the image tag to run)."""
+        """Returns the client version the run requires now (the image tag to run).
+
+        Raises CoordinatorUnavailable when the coordinator cannot be asked.
+        """
         ...
 
     async def snapshot(self) -> RunSnapshot | None:
