@@ -20,33 +20,46 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import iroh
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from client_image.p2p import framing
 from client_image.p2p.blobs import BlobDownloadError, BlobService, RateLimiter
 from client_image.p2p.transport import Transport, TransportError
 
+if TYPE_CHECKING:  # torch costs seconds to import; the coordinator imports this package
+    import torch
+
 logger = logging.getLogger(__name__)
 
 MODEL_SHARING_ALPN = b"psyche/model-sharing/0"
 MAX_MANIFEST_BYTES = 64 << 20
 MODEL_TAG_PREFIX = "model-"
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
+# dtype name on the wire -> bytes per element; torch dtypes share these names
+_ITEM_SIZES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
 }
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, name)  # type: ignore[no-any-return]
+
+
+def _dtype_name(dtype: torch.dtype) -> str | None:
+    name = str(dtype).removeprefix("torch.")
+    return name if name in _ITEM_SIZES else None
 
 
 class ModelSharingError(RuntimeError):
@@ -70,7 +83,7 @@ class ParameterEntry(BaseModel):
         numel = 1
         for dim in self.shape:
             numel *= dim
-        return numel * _DTYPES[self.dtype].itemsize
+        return numel * _ITEM_SIZES[self.dtype]
 
 
 class ModelManifest(BaseModel):
@@ -95,12 +108,16 @@ class ModelManifest(BaseModel):
 
 def tensor_bytes(tensor: torch.Tensor) -> bytes:
     """Raw little-endian bytes of a tensor in row-major order."""
+    import torch
+
     flat = tensor.detach().cpu().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().tobytes()
 
 
 def tensor_from_bytes(data: bytes, entry: ParameterEntry) -> torch.Tensor:
-    dtype = _DTYPES[entry.dtype]
+    import torch
+
+    dtype = _torch_dtype(entry.dtype)
     if not data:
         return torch.empty(entry.shape, dtype=dtype)
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(entry.shape)
@@ -140,7 +157,8 @@ class ModelSharing:
         self.stop_sharing()
         entries = []
         for name, tensor in state_dict.items():
-            if tensor.dtype not in _DTYPE_NAMES:
+            dtype_name = _dtype_name(tensor.dtype)
+            if dtype_name is None:
                 raise ModelSharingError(f"parameter {name!r} has unsupported dtype {tensor.dtype}")
             data = tensor_bytes(tensor)
             digest = self.blobs.store.add(data, tag=MODEL_TAG_PREFIX + name)
@@ -148,7 +166,7 @@ class ModelSharing:
                 ParameterEntry(
                     name=name,
                     shape=list(tensor.shape),
-                    dtype=_DTYPE_NAMES[tensor.dtype],  # type: ignore[arg-type]
+                    dtype=dtype_name,  # type: ignore[arg-type]
                     size=len(data),
                     hash=digest,
                 )
