@@ -10,13 +10,17 @@ Per step s (delta: a persistent buffer per parameter, zero at the start):
       forward/backward              grad = mean over micro-batches of dCE/dtheta
       clip                          grad *= c / (||grad||_2 + 1e-6)      if ||grad|| > c
       undo lookahead                theta += lr(s-1) * sign(delta)
-      error feedback                delta -= decompress(own result of s-1, unquantized)
+      error feedback                delta -= decompress(own last result, unquantized)
       weight decay                  theta *= 1 - lr(s) * weight_decay
       momentum                      delta = compression_decay * delta + lr(s) * grad
       publish                       compress(delta) -> wire bytes (signs only if 1-bit)
 
 The update of step s reaches the weights at step s+2 (while s+1 trains); the lookahead
 approximates the still-missing update of s-1 by this client's own sign(delta).
+
+One deliberate difference from Psyche: error feedback subtracts this client's last
+published result even when it was not of step s-1 (the client sat out a round), instead
+of never subtracting it; for consecutive steps the two are identical.
 """
 
 from __future__ import annotations
@@ -154,6 +158,9 @@ class DistroTrainer:
         if not results:
             logger.warning("step %d: no results to apply, weights unchanged", step)
             return False
+        wrong = sorted({r.step for r in results} - {step - 2})
+        if wrong:
+            raise ValueError(f"apply at step {step} takes results of step {step - 2}, got {wrong}")
         started = time.perf_counter()
         aggregate = decompress_blocks(
             [r.tensors for r in results], self.layout, self.params[0].dtype, self.params[0].device

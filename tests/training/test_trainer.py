@@ -129,3 +129,20 @@ def test_learning_rate_applies_the_cold_start_factor():
         micro_batch_size=1, cold_start_warmup_steps=4, start_step=10,
     )
     assert [trainer.learning_rate(s) for s in (9, 10, 12, 14, 15)] == [1.0, 0.0, 0.5, 1.0, 1.0]
+
+
+def test_apply_rejects_results_of_another_step():
+    trainer = _trainer()
+    result = trainer.decode(trainer.train(0, _batch(), batch_id=(0, 1)).payload)
+    with pytest.raises(ValueError, match="takes results of step 1"):
+        trainer.apply(3, [result])
+
+
+def test_bf16_model_trains_and_publishes_a_decodable_result():
+    model = load_causal_lm(TINY_MODEL, dtype="bf16", device="cpu")
+    schedule = ConstantLR(base_lr=1e-3, warmup_init_lr=0.0, warmup_steps=0)
+    trainer = DistroTrainer(model, DISTRO, schedule, micro_batch_size=2)
+    assert trainer.delta[0].dtype == torch.bfloat16
+    first = trainer.decode(trainer.train(0, _batch(), batch_id=(0, 1)).payload)
+    trainer.train(1, _batch(2), batch_id=(2, 3))
+    assert trainer.apply(2, [first])
