@@ -12,15 +12,16 @@ from solders.compute_budget import set_compute_unit_limit
 from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.litesvm import LiteSVM
-from solders.transaction_metadata import FailedTransactionMetadata
 from solders.message import Message
 from solders.pubkey import Pubkey
 from solders.transaction import Transaction
+from solders.transaction_metadata import FailedTransactionMetadata
 from solders.transaction_status import InstructionErrorCustom, TransactionErrorInstructionError
 
 from psyche_solana.build import build
+from psyche_solana.deploy import deploy
 from psyche_solana.errors import describe
-from psyche_solana.ids import PROGRAMS, program_id
+from psyche_solana.ids import PROGRAMS, program_id, program_keypair
 
 MAX_TRANSACTION_SIZE = 1232
 
@@ -60,15 +61,24 @@ def failure_message(err: object, logs: Sequence[str]) -> tuple[str, int | None]:
 
 
 class ProgramSvm:
-    def __init__(self, compute_unit_limit: int = 1_400_000) -> None:
+    def __init__(self, compute_unit_limit: int = 1_400_000, use_loader: bool = False) -> None:
+        """`use_loader`: deploy through the upgradeable loader (as on a real cluster)
+        instead of LiteSVM's direct program injection (faster, for tests)."""
         self.svm = LiteSVM()
-        for name, path in build().items():
-            self.svm.add_program(program_id(name), path.read_bytes())
         self.compute_unit_limit = compute_unit_limit
         self.payer = Keypair()
-        self.svm.airdrop(self.payer.pubkey(), 1_000 * 10**9)
+        self.svm.airdrop(self.payer.pubkey(), 10_000 * 10**9)
         self.now = 1_700_000_000
         self.slot = 1
+        for name, path in build().items():
+            if use_loader:
+                deploy(lambda ixs, signers: self.send(ixs, signers), self.payer.pubkey(),
+                       program_keypair(name), path.read_bytes(), self.payer,
+                       self.svm.minimum_balance_for_rent_exemption)
+            else:
+                self.svm.add_program(program_id(name), path.read_bytes())
+        self.slot += 1  # a deployed program is visible from the next slot
+        self.svm.warp_to_slot(self.slot)
         self.set_time(self.now)
 
     def set_time(self, unix_timestamp: int) -> None:

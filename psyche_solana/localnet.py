@@ -1,0 +1,395 @@
+"""`psyche-localnet`: our programs in LiteSVM behind a Solana JSON-RPC server on loopback.
+
+    psyche-localnet [--port 8899] [--host 127.0.0.1]
+
+At start the coordinator, authorizer and treasurer programs are built if needed and
+deployed through the real upgradeable loader. The clock follows wall time (a slot every
+400 ms, a fresh blockhash every slot). Methods: getHealth, getVersion, getSlot,
+getBlockHeight, getEpochInfo, getLatestBlockhash, getBalance, getAccountInfo,
+getMultipleAccounts, getProgramAccounts (dataSize / memcmp filters), getMinimumBalanceForRentExemption,
+requestAirdrop, sendTransaction, simulateTransaction, getSignatureStatuses,
+getFeeForMessage; encodings base64 (and base58 for sendTransaction), `dataSlice`.
+
+Errors use Solana's JSON-RPC format: -32602 invalid params, -32601 unknown method,
+-32002 a failed transaction ("Transaction simulation failed: Error processing
+Instruction 0: custom program error: 0x6c", data.err = {"InstructionError":[0,{"Custom":108}]},
+data.logs), -32600 a transaction over 1232 bytes. A transaction is executed when sent
+(finalized at once).
+
+Account-change notifications are by documented polling: read the 8-byte nonce of a
+coordinator account (getAccountInfo with dataSlice {offset: 16, length: 8}) and fetch the
+whole account when it changes; psyche_solana.rpc.AccountWatcher does exactly that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from solders.pubkey import Pubkey
+from solders.signature import Signature
+from solders.transaction import VersionedTransaction
+from solders.transaction_metadata import FailedTransactionMetadata
+from solders.transaction_status import InstructionErrorCustom, TransactionErrorInstructionError
+
+from psyche_solana.b58 import b58decode, b58encode
+from psyche_solana.svm import MAX_TRANSACTION_SIZE, ProgramSvm
+
+log = logging.getLogger(__name__)
+SLOT_SECONDS = 0.4
+VERSION = {"solana-core": "2.2.0-psyche-localnet", "feature-set": 0}
+
+
+class RpcFailure(Exception):
+    def __init__(self, code: int, message: str, data: Any = None):
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+def _invalid(message: str) -> RpcFailure:
+    return RpcFailure(-32602, f"Invalid params: {message}")
+
+
+def _pubkey(value: Any, what: str = "pubkey") -> Pubkey:
+    try:
+        return Pubkey.from_string(value)
+    except (ValueError, TypeError):
+        raise _invalid(f"{what} is not a base-58 public key: {value!r}") from None
+
+
+def _transaction_error_json(err: object) -> Any:
+    """A TransactionError as Solana's JSON: {"InstructionError": [0, {"Custom": 108}]}."""
+    if isinstance(err, TransactionErrorInstructionError):
+        inner = err.err
+        detail: Any = {"Custom": inner.code} if isinstance(inner, InstructionErrorCustom) else \
+            str(inner).rsplit(".", 1)[-1]
+        return {"InstructionError": [err.index, detail]}
+    return str(err).rsplit(".", 1)[-1]
+
+
+class LocalValidator:
+    """The JSON-RPC methods over one ProgramSvm; thread-safe (one lock)."""
+
+    def __init__(self, svm: ProgramSvm | None = None):
+        self.engine = svm or ProgramSvm(use_loader=True)
+        self.engine.svm = self.engine.svm.with_blockhash_check(False)
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        self.base_slot = self.engine.slot
+        self.statuses: dict[str, dict[str, Any]] = {}
+        self._sync_clock()
+
+    # -- time
+    def _sync_clock(self) -> None:
+        slot = self.base_slot + int((time.monotonic() - self.started) / SLOT_SECONDS)
+        if slot > self.engine.slot:
+            self.engine.slot = slot
+            self.engine.svm.warp_to_slot(slot)
+            self.engine.svm.expire_blockhash()
+        self.engine.set_time(int(time.time()))
+
+    def handle(self, method: str, params: list[Any]) -> Any:
+        handler = getattr(self, f"rpc_{method}", None)
+        if handler is None:
+            raise RpcFailure(-32601, f"Method not found: {method}")
+        if not isinstance(params, list):
+            raise _invalid("params must be an array")
+        with self.lock:
+            self._sync_clock()
+            return handler(*params)
+
+    def _context(self, value: Any) -> dict[str, Any]:
+        return {"context": {"slot": self.engine.slot, "apiVersion": "2.2.0"}, "value": value}
+
+    # -- methods
+    def rpc_getHealth(self) -> str:
+        return "ok"
+
+    def rpc_getVersion(self) -> dict[str, Any]:
+        return VERSION
+
+    def rpc_getSlot(self, config: Any = None) -> int:
+        return self.engine.slot
+
+    def rpc_getBlockHeight(self, config: Any = None) -> int:
+        return self.engine.slot
+
+    def rpc_getEpochInfo(self, config: Any = None) -> dict[str, Any]:
+        return {"absoluteSlot": self.engine.slot, "blockHeight": self.engine.slot, "epoch": 0,
+                "slotIndex": self.engine.slot, "slotsInEpoch": 432000, "transactionCount": None}
+
+    def rpc_getLatestBlockhash(self, config: Any = None) -> dict[str, Any]:
+        return self._context({"blockhash": str(self.engine.svm.latest_blockhash()),
+                              "lastValidBlockHeight": self.engine.slot + 150})
+
+    def rpc_getBalance(self, address: str, config: Any = None) -> dict[str, Any]:
+        return self._context(self.engine.svm.get_balance(_pubkey(address)) or 0)
+
+    def _account_json(self, address: Pubkey, config: dict[str, Any]) -> Any:
+        account = self.engine.svm.get_account(address)
+        if account is None or (account.lamports == 0 and not account.data):
+            return None
+        data = bytes(account.data)
+        data_slice = config.get("dataSlice")
+        if data_slice is not None:
+            try:
+                offset, length = int(data_slice["offset"]), int(data_slice["length"])
+            except (KeyError, TypeError, ValueError):
+                raise _invalid("dataSlice needs integer offset and length") from None
+            data = data[offset:offset + length]
+        encoding = config.get("encoding", "base64")
+        if encoding not in ("base64", "base58"):
+            raise _invalid(f"unsupported encoding {encoding!r} (base64 or base58)")
+        encoded = base64.b64encode(data).decode() if encoding == "base64" else b58encode(data)
+        return {"data": [encoded, encoding], "executable": account.executable,
+                "lamports": account.lamports, "owner": str(account.owner),
+                "rentEpoch": account.rent_epoch, "space": len(account.data)}
+
+    def rpc_getAccountInfo(self, address: str, config: dict[str, Any] | None = None) -> Any:
+        return self._context(self._account_json(_pubkey(address), config or {}))
+
+    def rpc_getMultipleAccounts(self, addresses: list[str], config: dict[str, Any] | None = None) -> Any:
+        if not isinstance(addresses, list) or len(addresses) > 100:
+            raise _invalid("expected an array of at most 100 addresses")
+        return self._context([self._account_json(_pubkey(a), config or {}) for a in addresses])
+
+    def rpc_getProgramAccounts(self, program: str, config: dict[str, Any] | None = None) -> Any:
+        config = config or {}
+        matches = []
+        for address, account in self.engine.svm.get_program_accounts(_pubkey(program, "program id")):
+            data = bytes(account.data)
+            if all(self._filter_matches(f, data) for f in config.get("filters", [])):
+                matches.append({"pubkey": str(address), "account": self._account_json(address, config)})
+        return self._context(matches) if config.get("withContext") else matches
+
+    @staticmethod
+    def _filter_matches(rule: Any, data: bytes) -> bool:
+        if isinstance(rule, dict) and "dataSize" in rule:
+            return len(data) == rule["dataSize"]
+        if isinstance(rule, dict) and isinstance(rule.get("memcmp"), dict):
+            memcmp = rule["memcmp"]
+            try:
+                offset = int(memcmp["offset"])
+                raw = (base64.b64decode(memcmp["bytes"]) if memcmp.get("encoding") == "base64"
+                       else b58decode(memcmp["bytes"]))
+            except (KeyError, TypeError, ValueError):
+                raise _invalid("memcmp needs offset and bytes") from None
+            return data[offset:offset + len(raw)] == raw
+        raise _invalid(f"unsupported filter {rule!r} (dataSize or memcmp)")
+
+    def rpc_getMinimumBalanceForRentExemption(self, size: int, config: Any = None) -> int:
+        if not isinstance(size, int) or size < 0:
+            raise _invalid("size must be a non-negative integer")
+        return int(self.engine.svm.minimum_balance_for_rent_exemption(size))
+
+    def rpc_requestAirdrop(self, address: str, lamports: int, config: Any = None) -> str:
+        if not isinstance(lamports, int) or not 0 < lamports <= 1_000 * 10**9:
+            raise _invalid("lamports must be between 1 and 1000 SOL")
+        result = self.engine.svm.airdrop(_pubkey(address), lamports)
+        if isinstance(result, FailedTransactionMetadata):
+            raise RpcFailure(-32002, f"airdrop failed: {result.err()}")
+        signature = str(result.signature())
+        self.statuses[signature] = {"slot": self.engine.slot, "confirmations": None, "err": None,
+                                    "status": {"Ok": None}, "confirmationStatus": "finalized"}
+        return signature
+
+    def _decode_transaction(self, encoded: Any, config: dict[str, Any]) -> bytes:
+        encoding = config.get("encoding", "base58")
+        try:
+            raw = base64.b64decode(encoded, validate=True) if encoding == "base64" else \
+                b58decode(encoded)
+        except (ValueError, TypeError):
+            raise _invalid(f"transaction is not valid {encoding}") from None
+        if len(raw) > MAX_TRANSACTION_SIZE:
+            raise RpcFailure(-32602, f"base64 encoded solana_transaction::Transaction too large: "
+                             f"{len(raw)} bytes (max: encoded/raw {1644}/{MAX_TRANSACTION_SIZE})")
+        return raw
+
+    def _parse(self, raw: bytes) -> VersionedTransaction:
+        try:
+            return VersionedTransaction.from_bytes(raw)
+        except ValueError:
+            raise _invalid("failed to deserialize the transaction") from None
+
+    def rpc_sendTransaction(self, encoded: str, config: dict[str, Any] | None = None) -> str:
+        tx = self._parse(self._decode_transaction(encoded, config or {}))
+        signature = str(tx.signatures[0])
+        result = self.engine.svm.send_transaction(tx)
+        if isinstance(result, FailedTransactionMetadata):
+            meta = result.meta()
+            err = _transaction_error_json(result.err())
+            logs = list(meta.logs())
+            reason = str(result.err())
+            if isinstance(err, dict):
+                index, detail = err["InstructionError"]
+                what = (f"custom program error: {detail['Custom']:#x}" if isinstance(detail, dict)
+                        else detail)
+                reason = f"Error processing Instruction {index}: {what}"
+            raise RpcFailure(-32002, f"Transaction simulation failed: {reason}", {
+                "err": err, "logs": logs, "accounts": None,
+                "unitsConsumed": meta.compute_units_consumed(), "returnData": None})
+        self.statuses[signature] = {"slot": self.engine.slot, "confirmations": None, "err": None,
+                                    "status": {"Ok": None}, "confirmationStatus": "finalized",
+                                    "unitsConsumed": result.compute_units_consumed(),
+                                    "logs": list(result.logs())}
+        return signature
+
+    def rpc_simulateTransaction(self, encoded: str, config: dict[str, Any] | None = None) -> Any:
+        config = config or {}
+        tx = self._parse(self._decode_transaction(encoded, {"encoding": config.get("encoding", "base58")}))
+        result = self.engine.svm.simulate_transaction(tx)
+        if isinstance(result, FailedTransactionMetadata):
+            meta = result.meta()
+            return self._context({"err": _transaction_error_json(result.err()),
+                                  "logs": list(meta.logs()),
+                                  "unitsConsumed": meta.compute_units_consumed()})
+        meta = result.meta()
+        return self._context({"err": None, "logs": list(meta.logs()),
+                              "unitsConsumed": meta.compute_units_consumed()})
+
+    def rpc_getSignatureStatuses(self, signatures: list[str], config: Any = None) -> Any:
+        if not isinstance(signatures, list) or len(signatures) > 256:
+            raise _invalid("expected an array of at most 256 signatures")
+        out = []
+        for text in signatures:
+            try:
+                Signature.from_string(text)
+            except ValueError:
+                raise _invalid(f"not a signature: {text!r}") from None
+            status = self.statuses.get(text)
+            out.append(None if status is None else {
+                k: v for k, v in status.items() if k not in ("logs", "unitsConsumed")})
+        return self._context(out)
+
+    def rpc_getFeeForMessage(self, message: str, config: Any = None) -> Any:
+        return self._context(5000)
+
+    def rpc_getTransaction(self, signature: str, config: Any = None) -> Any:
+        status = self.statuses.get(signature)
+        if status is None:
+            return None
+        return {"slot": status["slot"], "meta": {"err": None, "logMessages": status.get("logs", []),
+                                                 "computeUnitsConsumed": status.get("unitsConsumed")}}
+
+
+def _error_body(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "error": error, "id": request_id}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    validator: LocalValidator
+    max_body = 1 << 20
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib name)
+        log.debug(format, *args)
+
+    def do_GET(self) -> None:  # noqa: N802 (stdlib name)
+        body = b"ok" if self.path == "/health" else b"POST JSON-RPC requests to /"
+        self.send_response(200 if self.path == "/health" else 405)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > self.max_body:
+            response: Any = _error_body(None, -32600, "request too large")
+        else:
+            try:
+                request = json.loads(self.rfile.read(length))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                response = _error_body(None, -32700, "Parse error")
+            else:
+                if isinstance(request, list):
+                    response = [self._one(r) for r in request[:100]]
+                else:
+                    response = self._one(request)
+        body = json.dumps(response).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _one(self, request: Any) -> dict[str, Any]:
+        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+            return _error_body(None, -32600, "Invalid request")
+        request_id = request.get("id")
+        try:
+            result = self.validator.handle(request["method"], request.get("params", []))
+        except RpcFailure as exc:
+            return _error_body(request_id, exc.code, exc.message, exc.data)
+        except TypeError as exc:
+            return _error_body(request_id, -32602, f"Invalid params: {exc}")
+        except Exception as exc:  # a bug must not stop the validator: report it
+            log.exception("internal error in %s", request.get("method"))
+            return _error_body(request_id, -32603, f"Internal error: {exc}")
+        return {"jsonrpc": "2.0", "result": result, "id": request_id}
+
+
+class Localnet:
+    """The HTTP server in a background thread: `with Localnet() as net: net.url`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 validator: LocalValidator | None = None):
+        self.validator = validator or LocalValidator()
+        handler = type("Handler", (_Handler,), {"validator": self.validator})
+        self.server = ThreadingHTTPServer((host, port), handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        host_text = host.decode() if isinstance(host, bytes) else str(host)
+        return f"http://{host_text}:{port}"
+
+    def start(self) -> Localnet:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    def __enter__(self) -> Localnet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="psyche-localnet", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8899)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    net = Localnet(args.host, args.port)
+    from psyche_solana.ids import PROGRAMS, program_id
+
+    print(f"psyche-localnet: JSON-RPC on {net.url}", flush=True)
+    for name in PROGRAMS:
+        print(f"  {name:<12} {program_id(name)}", flush=True)
+    try:
+        net.server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        net.server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

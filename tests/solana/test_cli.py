@@ -1,0 +1,135 @@
+"""run-manager's Solana subcommands against the local validator (JSON-RPC on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from solders.keypair import Keypair
+from solders.pubkey import Pubkey
+from typer.testing import CliRunner
+
+from psyche_solana import instructions as ix
+from psyche_solana.localnet import Localnet
+from psyche_solana.rpc import SolanaRpc
+from run_manager.cli import app
+
+runner = CliRunner()
+STATE = Path("config/local-testnet/state.toml")
+
+
+@pytest.fixture(scope="module")
+def localnet():
+    with Localnet() as net:
+        yield net
+
+
+def _wallet(tmp_path: Path, name: str, net: Localnet, sol: int = 20) -> tuple[Path, Keypair]:
+    keypair = Keypair()
+    path = tmp_path / f"{name}.json"
+    path.write_text(keypair.to_json())
+
+    async def fund() -> None:
+        async with SolanaRpc([net.url]) as rpc:
+            await rpc.airdrop(keypair.pubkey(), sol * 10**9)
+
+    asyncio.run(fund())
+    return path, keypair
+
+
+def _mint(net: Localnet, owner: Keypair, amount: int) -> Pubkey:
+    mint = Keypair()
+
+    async def make() -> None:
+        async with SolanaRpc([net.url]) as rpc:
+            rent = await rpc.minimum_balance(ix.MINT_SIZE)
+            await rpc.send_instructions(
+                ix.create_mint(owner.pubkey(), mint.pubkey(), rent, 6, owner.pubkey()), owner, [mint])
+            account = ix.associated_token_address(owner.pubkey(), mint.pubkey())
+            await rpc.send_instructions([
+                ix.create_associated_token_account(owner.pubkey(), owner.pubkey(), mint.pubkey()),
+                ix.mint_to(mint.pubkey(), account, owner.pubkey(), amount)], owner)
+
+    asyncio.run(make())
+    return mint.pubkey()
+
+
+def _cli(net: Localnet, wallet: Path | None, *argv: str):
+    env = {"RPC": net.url}
+    if wallet is not None:
+        env["WALLET_PRIVATE_KEY_PATH"] = str(wallet)
+    return runner.invoke(app, list(argv), env=env)
+
+
+def test_a_treasurer_run_is_managed_from_the_command_line(localnet, tmp_path):
+    owner_path, owner = _wallet(tmp_path, "owner", localnet)
+    intruder_path, _ = _wallet(tmp_path, "intruder", localnet)
+    mint = _mint(localnet, owner, 10 * 10**6)
+    ok = _cli(localnet, owner_path, "join-authorization-create", "--permissionless")
+    assert ok.exit_code == 0, ok.output
+    ok = _cli(localnet, owner_path, "create-run", "-r", "cli-run", "-c", "v1",
+              "--treasurer-collateral-mint", str(mint))
+    assert ok.exit_code == 0, ok.output
+    for argv in (["update-config", "-r", "cli-run", "--config-path", str(STATE)],
+                 ["set-future-epoch-rates", "-r", "cli-run", "--earning-rate-total-shared", "900"],
+                 ["set-paused", "-r", "cli-run", "--resume"],
+                 ["treasurer-top-up-rewards", "-r", "cli-run", "--collateral-amount", "1.5"]):
+        result = _cli(localnet, owner_path, *argv)
+        assert result.exit_code == 0, (argv, result.output)
+
+    refused = _cli(localnet, intruder_path, "set-paused", "-r", "cli-run")
+    assert refused.exit_code == 1
+    assert "NotMainAuthority: only the run's main authority may do this" in refused.output
+    nothing = _cli(localnet, owner_path, "treasurer-claim-rewards", "-r", "cli-run")
+    assert nothing.exit_code == 1 and "NothingToClaim" in nothing.output
+
+    stranger = str(Keypair().pubkey())
+    assert _cli(localnet, None, "can-join", "-r", "cli-run", "--address", stranger).exit_code == 0
+    listed = _cli(localnet, None, "list-runs")
+    assert "cli-run" in listed.output and "WaitingForMembers" in listed.output
+    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "cli-run").output)
+    assert dump["coordinator_account"]["status"]["state"] == "WaitingForMembers"
+    assert dump["coordinator_account"]["epoch"]["rates"]["future"]["earning_rate_total_shared"] == 900
+    assert dump["treasurer_run"]["collateral_mint"] == str(mint)
+    user = json.loads(_cli(localnet, None, "json-dump-user", "-r", "cli-run",
+                           "--address", str(owner.pubkey())).output)
+    assert user["lamports"] > 0 and user["treasurer_participant"] is None
+
+    async def vault_balance() -> int:
+        async with SolanaRpc([localnet.url]) as rpc:
+            run = ix.treasurer_run_address(ix.default_treasurer_index("cli-run"))
+            data = await rpc.account_data(ix.associated_token_address(run, mint))
+            return ix.token_amount(data)
+
+    assert asyncio.run(vault_balance()) == 1_500_000
+
+    deleted = _cli(localnet, owner_path, "join-authorization-delete", "--authorizer", str(Pubkey.default()))
+    assert deleted.exit_code == 0, deleted.output
+    no = _cli(localnet, None, "can-join", "-r", "cli-run", "--address", stranger)
+    assert no.exit_code == 1 and "no active join authorization" in no.output
+
+
+def test_delegates_and_bad_arguments(localnet, tmp_path):
+    owner_path, owner = _wallet(tmp_path, "owner", localnet)
+    grantee_path, grantee = _wallet(tmp_path, "grantee", localnet)
+    assert _cli(localnet, owner_path, "create-run", "-r", "cli-delegates", "-c", "v1").exit_code == 0
+    assert _cli(localnet, owner_path, "join-authorization-create", "--authorizer",
+                str(grantee.pubkey())).exit_code == 0
+    machine = Keypair().pubkey()
+    added = _cli(localnet, grantee_path, "join-authorization-delegate", "--join-authority",
+                 str(owner.pubkey()), "--delegates-added", str(machine))
+    assert added.exit_code == 0, added.output
+    halted = _cli(localnet, None, "can-join", "-r", "cli-delegates", "--address", str(machine),
+                  "--authorizer", str(grantee.pubkey()))
+    assert "authorized" in halted.output and "Uninitialized" in halted.output
+    bad = _cli(localnet, owner_path, "join-authorization-create", "--authorizer", "not-a-key")
+    assert bad.exit_code == 2 and "not a base-58 public key" in bad.output
+    missing = _cli(localnet, None, "json-dump-run", "-r", "no-such-run")
+    assert missing.exit_code == 1 and "no run 'no-such-run'" in missing.output
+    bad_config = tmp_path / "bad.toml"
+    bad_config.write_text("run_id = 1\n")
+    rejected = _cli(localnet, owner_path, "update-config", "-r", "cli-delegates",
+                    "--config-path", str(bad_config))
+    assert rejected.exit_code == 2 and "invalid config" in rejected.output
