@@ -141,10 +141,12 @@ class DistroTrainer:
         factor = cold_start_factor(step, self.start_step, self.cold_start_warmup_steps)
         return scheduled_lr(self.lr_schedule, step) * factor
 
-    def decode(self, payload: bytes) -> DistroResult:
-        """Validate a peer's payload for this model; raises ResultDecodeError."""
+    def decode(self, payload: bytes, expected_step: int | None = None) -> DistroResult:
+        """Validate a peer's payload for this model (and step); raises ResultDecodeError."""
         started = time.perf_counter()
         result = decode_result(payload, self.plans)
+        if expected_step is not None and result.step != expected_step:
+            raise ResultDecodeError(f"payload is for step {result.step}, expected {expected_step}")
         if result.one_bit != self.config.quantize_1bit:
             raise ResultDecodeError(
                 f"payload one_bit={result.one_bit}, the run's quantize_1bit={self.config.quantize_1bit}"
@@ -158,9 +160,17 @@ class DistroTrainer:
         if not results:
             logger.warning("step %d: no results to apply, weights unchanged", step)
             return False
-        wrong = sorted({r.step for r in results} - {step - 2})
-        if wrong:
-            raise ValueError(f"apply at step {step} takes results of step {step - 2}, got {wrong}")
+        # The step field is the peer's word: a mismatch is dropped, never raised, so one
+        # peer's payload cannot stop the round (decode(expected_step=...) rejects it earlier).
+        stale = [r for r in results if r.step != step - 2]
+        if stale:
+            logger.warning(
+                "step %d: dropping %d results of steps %s (expected %d)",
+                step, len(stale), sorted({r.step for r in stale}), step - 2,
+            )
+            results = [r for r in results if r.step == step - 2]
+            if not results:
+                return False
         started = time.perf_counter()
         aggregate = decompress_blocks(
             [r.tensors for r in results], self.layout, self.params[0].dtype, self.params[0].device

@@ -131,11 +131,14 @@ def test_learning_rate_applies_the_cold_start_factor():
     assert [trainer.learning_rate(s) for s in (9, 10, 12, 14, 15)] == [1.0, 0.0, 0.5, 1.0, 1.0]
 
 
-def test_apply_rejects_results_of_another_step():
+def test_results_of_another_step_are_rejected_or_dropped_never_raised_in_apply():
     trainer = _trainer()
-    result = trainer.decode(trainer.train(0, _batch(), batch_id=(0, 1)).payload)
-    with pytest.raises(ValueError, match="takes results of step 1"):
-        trainer.apply(3, [result])
+    payload = trainer.train(0, _batch(), batch_id=(0, 1)).payload
+    with pytest.raises(ResultDecodeError, match="for step 0, expected 1"):
+        trainer.decode(payload, expected_step=1)
+    before = [p.detach().clone() for p in trainer.params]
+    assert trainer.apply(3, [trainer.decode(payload)]) is False
+    assert all(torch.equal(p, b) for p, b in zip(trainer.params, before, strict=True))
 
 
 def test_bf16_model_trains_and_publishes_a_decodable_result():
