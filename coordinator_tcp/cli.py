@@ -94,7 +94,9 @@ def run(
 
     withdraw = _parse_bool(withdraw_on_disconnect)
     with_tui = _parse_bool(tui)
-    if not with_tui:
+    if with_tui:  # records go to the TUI's log panel (its handler), not to the terminal
+        logging.getLogger().setLevel(logging.INFO)
+    else:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                             "%(message)s")
     options = RunOptions(
