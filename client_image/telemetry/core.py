@@ -28,7 +28,7 @@ from typing import Any
 
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
+from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -76,6 +76,31 @@ class ServiceIdentity:
         })
 
 
+_SEVERITY = {logging.DEBUG: SeverityNumber.DEBUG, logging.INFO: SeverityNumber.INFO,
+             logging.WARNING: SeverityNumber.WARN, logging.ERROR: SeverityNumber.ERROR,
+             logging.CRITICAL: SeverityNumber.FATAL}
+
+
+class OtlpLogHandler(logging.Handler):
+    """Python logging -> OTLP log records (the SDK's LoggingHandler is deprecated)."""
+
+    def __init__(self, provider: LoggerProvider, scope: str, level: int = logging.INFO):
+        super().__init__(level)
+        self.logger = provider.get_logger(scope)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith(("opentelemetry", "client_image.telemetry")):
+            return  # never export our own export warnings (a loop when the link is down)
+        try:
+            self.logger.emit(
+                timestamp=int(record.created * 1e9), body=record.getMessage(),
+                severity_number=_SEVERITY.get(record.levelno, SeverityNumber.INFO),
+                severity_text=record.levelname,
+                attributes={"code.namespace": record.name, "code.lineno": record.lineno})
+        except Exception:
+            self.handleError(record)
+
+
 class Telemetry:
     def __init__(self, options: TelemetryOptions, identity: ServiceIdentity):
         self.options = options
@@ -84,7 +109,7 @@ class Telemetry:
         self.specs: dict[str, MetricSpec] = {s.name: s for s in METRICS_BY_SERVICE[identity.service]}
         self.prometheus: PrometheusEndpoint | None = None
         self._observed: dict[str, Observed] = {}
-        self._log_handler: LoggingHandler | None = None
+        self._log_handler: OtlpLogHandler | None = None
 
         readers: list[MetricReader] = []
         timeout_s = min(options.export_timeout_s, options.report_interval_s)
@@ -113,7 +138,7 @@ class Telemetry:
             self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(
                 DroppingLogExporter(options.logs_url, options.headers, timeout_s),
                 export_timeout_millis=int(timeout_s * 1000)))
-            self._log_handler = LoggingHandler(logging.INFO, logger_provider=self.logger_provider)
+            self._log_handler = OtlpLogHandler(self.logger_provider, METER_NAMES[identity.service])
             logging.getLogger().addHandler(self._log_handler)
 
     @classmethod

@@ -67,7 +67,7 @@ _RESPONSES = {"/v1/metrics": ExportMetricsServiceResponse, "/v1/traces": ExportT
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.received: list[Received] = []
         self._lock = threading.Lock()
         receiver = self
@@ -96,7 +96,7 @@ class OtlpReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
