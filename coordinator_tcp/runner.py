@@ -106,6 +106,10 @@ def load_run(options: RunOptions) -> LoadedRun:
                 raise ConfigError([
                     f"--save-state-dir holds run {state.run_id!r}, the state file is for "
                     f"{state_file.run_id!r}: use another directory"])
+            # --init-warmup-time rewrites warmup_time in the live (and saved) config until
+            # the run first becomes active; the configured value comes from the state file.
+            state.config = state.config.model_copy(
+                update={"warmup_time": state_file.config.warmup_time})
             coordinator, resumed = coordinator_from_state(state), True
     return LoadedRun(coordinator, addresses, resumed, data_config, data_address)
 

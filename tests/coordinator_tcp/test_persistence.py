@@ -42,7 +42,7 @@ async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-
 
 async def test_restart_resumes_step_epoch_and_clients(tmp_path: Path) -> None:
     clock = Clock()
-    options = server_options(save_state_dir=tmp_path, reconnect_grace_s=30)
+    options = server_options(save_state_dir=tmp_path / "saved", reconnect_grace_s=30)
     first = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
                               clock=clock)
     await first.start()
@@ -59,7 +59,9 @@ async def test_restart_resumes_step_epoch_and_clients(tmp_path: Path) -> None:
     await client.close()
 
     # Restart exactly as `psyche-coordinator run` does.
-    loaded = load_run(RunOptions(state_path=TESTNET / "state.toml",
+    state_toml = tmp_path / "state.toml"
+    state_toml.write_text(make_state_file().to_toml())
+    loaded = load_run(RunOptions(state_path=state_toml,
                                  data_config_path=TESTNET / "data.toml", server=options))
     assert loaded.resumed and loaded.p2p_addresses == {identity(1).node_id: "addr-1"}
     assert encode_state(loaded.coordinator.state) == before
@@ -139,3 +141,30 @@ def test_saved_state_of_another_run_is_refused(tmp_path: Path) -> None:
         load_run(RunOptions(state_path=TESTNET / "state.toml",
                             data_config_path=TESTNET / "data.toml",
                             server=server_options(save_state_dir=tmp_path)))
+
+
+async def test_init_warmup_time_applies_until_active_and_never_sticks(tmp_path: Path) -> None:
+    clock = Clock()
+    options = server_options(save_state_dir=tmp_path / "saved", init_warmup_time=7)
+    server = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
+                               clock=clock)
+    await server.start()
+    client = await join(server, identity(1))
+    try:
+        assert server.state.config.warmup_time == 7
+        clock.now += 2
+        await _until(lambda: server.state.run_state is RunState.Warmup)
+        clock.now += 3  # past the configured 2 s but within the initial 7 s: still warming up
+        await asyncio.sleep(0.2)
+        assert server.state.run_state is RunState.Warmup
+        state_toml = tmp_path / "state.toml"
+        state_toml.write_text(make_state_file().to_toml())
+        resumed = load_run(RunOptions(state_path=state_toml, server=options,
+                                      data_config_path=TESTNET / "data.toml"))
+        assert resumed.coordinator.state.config.warmup_time == 2  # from the state file
+        clock.now += 5
+        await _until(lambda: server.state.run_state is RunState.RoundTrain)
+        assert server.state.config.warmup_time == 2  # active: back to the configured value
+    finally:
+        await server.stop()
+        await client.close()
