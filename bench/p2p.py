@@ -159,7 +159,7 @@ async def main() -> None:
     if args.unpatched:
         _iroh_patch.remove_bulk_write_patch()
     size = args.size_mib << 20
-    patched = _iroh_patch.bulk_write_patch_active()
+    patched = _iroh_patch.bulk_write_patch_active()  # the package applied it at import
 
     print(
         f"blob: {args.size_mib} MiB over iroh on loopback (bulk-write patch {'on' if patched else 'off'})"

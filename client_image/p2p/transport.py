@@ -23,7 +23,6 @@ from typing import Literal
 import iroh
 from iroh import iroh_ffi
 
-from client_image.p2p._iroh_patch import apply_bulk_write_patch
 from client_image.p2p.address import PeerAddress
 from client_image.p2p.diagnostics import PeerDiagnostics, snapshot_connection
 from client_image.p2p.identity import Identity
@@ -131,7 +130,6 @@ class Transport:
     async def start(self) -> None:
         if self._endpoint is not None:
             return
-        apply_bulk_write_patch()
         # Async binding calls resume on the loop registered here (see design/iroh.md).
         iroh_ffi.uniffi_set_event_loop(asyncio.get_running_loop())  # type: ignore[arg-type]
         ip = (
