@@ -315,3 +315,32 @@ def token_amount(data: bytes) -> int:
     if len(data) < 72:
         raise ValueError("not a token account")
     return int.from_bytes(data[64:72], "little")
+
+
+# ------------------------------------------------------------ P2P address directory
+P2P_ADDRESS_MAX = 256
+
+
+def p2p_address_account(run: Pubkey, client: Pubkey) -> Pubkey:
+    address, _bump = Pubkey.find_program_address(
+        [b"p2p", bytes(run), bytes(client)], coordinator_program())
+    return address
+
+
+def set_p2p_address(run: Pubkey, client: Pubkey, address: str) -> Instruction:
+    raw = address.encode()
+    if not 0 < len(raw) <= P2P_ADDRESS_MAX:
+        raise ValueError(f"a p2p address is 1 to {P2P_ADDRESS_MAX} bytes, got {len(raw)}")
+    return Instruction(coordinator_program(), b"\x0a" + raw, [
+        _meta(run), _meta(client, True, True),
+        _meta(p2p_address_account(run, client), writable=True), _meta(SYSTEM_PROGRAM_ID)])
+
+
+def decode_p2p_address(data: bytes) -> str | None:
+    if len(data) != 16 + P2P_ADDRESS_MAX or data[:8] != b"PSYP2PAD":
+        return None
+    length = int.from_bytes(data[8:10], "little")
+    try:
+        return data[16:16 + min(length, P2P_ADDRESS_MAX)].decode()
+    except UnicodeDecodeError:
+        return None

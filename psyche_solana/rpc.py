@@ -237,3 +237,13 @@ class AccountWatcher:
                     last_nonce = data[16:24]
                     yield data
             await asyncio.sleep(self.interval_s)
+
+
+async def multiple_account_data(rpc: SolanaRpc, addresses: Sequence[Pubkey]) -> list[bytes | None]:
+    """getMultipleAccounts in batches of 100."""
+    out: list[bytes | None] = []
+    for start in range(0, len(addresses), 100):
+        batch = [str(a) for a in addresses[start:start + 100]]
+        values = (await rpc.call("getMultipleAccounts", batch, {"encoding": "base64"}))["value"]
+        out += [None if v is None else base64.b64decode(v["data"][0]) for v in values]
+    return out

@@ -14,6 +14,9 @@
  *   7 witness           [account w, client s]  witness
  *   8 health_check      [account w, client s]  target[32] committee u8 position u64 index u64
  *   9 checkpoint        [account w, client s]  index u64 tag u8 has_second u8 first[64] second[64]
+ *  10 set_p2p_address   [account, client s w, p2p PDA w, system]  address (1-256 B)
+ *                       the client's P2P address, in the PDA ["p2p", account, client]
+ *                       (a directory beside the state; it does not touch the state)
  * now = the Clock's unix_timestamp; seed = u64_le(SHA-256(unix_timestamp_i64_le ||
  * slot_u64_le)[0:8]) (reference §1.4). Events do not tick: clients send tick transactions.
  */
@@ -23,6 +26,39 @@
 
 #define JOIN_SCOPE "CoordinatorJoinRun"
 #include "authorization_layout.h"
+#include "system.h"
+
+#define P2P_ADDRESS_MAX 256
+typedef struct { u8 magic[8]; u16 len; u8 pad[6]; u8 address[P2P_ADDRESS_MAX]; } P2PAddress;
+static const u8 P2P_MAGIC[8] = {'P', 'S', 'Y', 'P', '2', 'P', 'A', 'D'};
+
+static u64 set_p2p_address(const u8 *data, u64 len) {
+  AccountInfo *run = account(0), *client = account(1), *entry = account(2);
+  if (!run || !client || !entry || !account(3)) return E_MissingAccount;
+  if (!client->is_signer) return E_MissingSignature;
+  if (!key_eq(run->owner, CTX->program_id) || run->data_len != sizeof(State)) return E_WrongAccount;
+  if (len == 0 || len > P2P_ADDRESS_MAX) return E_InvalidInstruction;
+  Bytes seeds[3] = {{(const u8 *)"p2p", 3}, {run->key->x, 32}, {client->key->x, 32}};
+  Pubkey address;
+  u8 bump;
+  if (sol_try_find_program_address(seeds, 3, CTX->program_id, &address, &bump) ||
+      !key_eq(&address, entry->key))
+    return E_WrongAccount;
+  if (*entry->lamports == 0) {
+    Bytes signer_seeds[4] = {seeds[0], seeds[1], seeds[2], {&bump, 1}};
+    SignerSeeds signers = {signer_seeds, 4};
+    u64 problem = create_pda_account(client, entry, sizeof(P2PAddress), CTX->program_id, &signers);
+    if (problem) return problem;
+  }
+  if (!key_eq(entry->owner, CTX->program_id) || entry->data_len != sizeof(P2PAddress))
+    return E_WrongAccount;
+  P2PAddress *p = (P2PAddress *)entry->data;
+  sol_memcpy_(p->magic, P2P_MAGIC, 8);
+  p->len = (u16)len;
+  sol_memset_(p->address, 0, P2P_ADDRESS_MAX);
+  sol_memcpy_(p->address, data, len);
+  return SUCCESS;
+}
 
 static u64 seed_of(const Clock *clock) {
   u8 digest[32];
@@ -201,6 +237,7 @@ static u64 process(void) {
   const u8 *data = CTX->data + 1;
   u64 len = CTX->data_len - 1;
   if (tag == 0) return init_coordinator(data, len);
+  if (tag == 10) return set_p2p_address(data, len);
   State *s;
   u64 problem = load_state(account(0), &s);
   if (problem) return problem;

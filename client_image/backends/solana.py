@@ -1,0 +1,254 @@
+"""The client's Solana backend: the same interface as `TcpBackend`, over our programs.
+
+    backend = SolanaBackend(SolanaBackendOptions(rpc=[RPC, RPC_2], wallet=keypair,
+                            run_id=..., p2p_address=node.address.to_string()))
+    await backend.run(on_state, on_error, stop)   # delivers ServerState(state, p2p, time)
+    await backend.send(WitnessSubmit(...))        # -> a witness transaction
+
+What it does, every `poll_interval_s`:
+- watches the coordinator account (its nonce, then the whole account when it changed)
+  and delivers the decoded `CoordinatorState` with the P2P addresses of the run's
+  clients (read from the coordinator's p2p-address directory);
+- joins: when this key's registry entry is not pending for the next epoch, it sends
+  join_run (with the first valid authorization: AUTHORIZER's, its own, or the
+  permissionless one); no valid authorization is fatal (`BackendRejected`);
+- ticks: it runs the coordinator's `tick` locally on a copy of the state; when that would
+  change the phase or step, it sends a tick transaction (with probability
+  min(1, 2 / clients), like Psyche, and at most one per `min_tick_interval_s`).
+`send` maps the TCP protocol's messages to transactions: WarmupWitness, WitnessSubmit,
+HealthCheck (one transaction per entry), CheckpointReport; Withdraw has no on-chain form
+(a leaving client is dropped by the health checks). An on-chain refusal is reported to
+`on_error` as an `ErrorReply` carrying the program error's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+from solders.instruction import Instruction
+from solders.keypair import Keypair
+from solders.pubkey import Pubkey
+
+from client_image.runtime.tcp_backend import (
+    BackendRejected,
+    ErrorCallback,
+    ServerState,
+    StateCallback,
+)
+from coordinator import Coordinator, CoordinatorState, NodeIdentity
+from coordinator_tcp.protocol import (
+    CheckpointReport,
+    ErrorReply,
+    HealthCheck,
+    WarmupWitness,
+    WitnessSubmit,
+)
+from psyche_solana import instructions as ix
+from psyche_solana.accounts import AccountDecodeError, CoordinatorAccount, decode_coordinator
+from psyche_solana.rpc import (
+    NONCE_SLICE,
+    ProgramError,
+    RpcError,
+    SolanaRpc,
+    multiple_account_data,
+)
+from psyche_solana.runs import RunNotFound, find_run, read_authorization
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SolanaBackendOptions:
+    rpc: Sequence[str | None]          # RPC, then the fallback RPC_2
+    wallet: Keypair                    # signs; its public key is the client's identity
+    run_id: str
+    p2p_address: str
+    client_version: str = ""
+    authorizer: Pubkey | None = None   # AUTHORIZER: join as a delegate of this grantee
+    poll_interval_s: float = 0.25
+    min_tick_interval_s: float = 0.5
+    find_run_timeout_s: float = 120.0
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class SolanaBackend:
+    def __init__(self, options: SolanaBackendOptions):
+        self.options = options
+        self.me = NodeIdentity(bytes(options.wallet.pubkey()))
+        self.rpc = SolanaRpc(options.rpc)
+        self.address: Pubkey | None = None
+        self.account: CoordinatorAccount | None = None
+        self.authorization: Pubkey | None = None
+        self.connected = asyncio.Event()
+        self.peers: dict[str, str] = {}
+        self._on_error: ErrorCallback | None = None
+        self._joined_for: int | None = None
+        self._last_tick = 0.0
+        self.transactions = 0
+
+    # ---------------------------------------------------------------- setup
+    async def _find(self, stop: asyncio.Event) -> Pubkey:
+        deadline = time.monotonic() + self.options.find_run_timeout_s
+        while not stop.is_set():
+            try:
+                run = await find_run(self.rpc, self.options.run_id)
+                return run.address
+            except RunNotFound:
+                if time.monotonic() > deadline:
+                    raise BackendRejected(f"no run {self.options.run_id!r} on the cluster") from None
+                await asyncio.sleep(1.0)
+        raise asyncio.CancelledError
+
+    async def _authorization(self, account: CoordinatorAccount) -> Pubkey:
+        user = self.options.wallet.pubkey()
+        grantees = [g for g in (self.options.authorizer, user, Pubkey.default()) if g is not None]
+        for grantee in grantees:
+            found = await read_authorization(self.rpc, account.join_authority, grantee)
+            if found is not None and found.is_valid_for(user):
+                return ix.authorization_address(account.join_authority, grantee)
+        raise BackendRejected(
+            f"NotAuthorized: no active join authorization from {account.join_authority} covers "
+            f"{user} (ask the run's join authority, or set AUTHORIZER to your grantee)")
+
+    async def _transact(self, instructions: list[Instruction]) -> bool:
+        try:
+            await self.rpc.send_instructions(instructions, self.options.wallet)
+            self.transactions += 1
+            return True
+        except ProgramError as exc:
+            log.info("transaction refused: %s", exc)
+            if self._on_error is not None:
+                self._on_error(ErrorReply(error=exc.name, detail=str(exc)))
+            return False
+        except RpcError as exc:
+            log.warning("transaction not sent: %s", exc)
+            return False
+
+    # ---------------------------------------------------------------- loop
+    async def run(self, on_state: StateCallback, on_error: ErrorCallback,
+                  stop: asyncio.Event) -> None:
+        self._on_error = on_error
+        try:
+            self.address = await self._find(stop)
+            data = await self.rpc.account_data(self.address)
+            assert data is not None
+            self.authorization = await self._authorization(decode_coordinator(data))
+            await self._transact([ix.set_p2p_address(self.address, self.options.wallet.pubkey(),
+                                                     self.options.p2p_address)])
+            self.connected.set()
+            last_nonce: bytes | None = None
+            while not stop.is_set():
+                try:
+                    nonce = await self.rpc.account_data(self.address, NONCE_SLICE)
+                    if nonce != last_nonce:
+                        data = await self.rpc.account_data(self.address)
+                        if data is not None:
+                            last_nonce = data[16:24]
+                            await self._deliver(data, on_state)
+                    await self._maybe_join()
+                    await self._maybe_tick()
+                except (RpcError, AccountDecodeError) as exc:
+                    log.warning("solana backend: %s", exc)
+                try:
+                    await asyncio.wait_for(stop.wait(), self.options.poll_interval_s)
+                except TimeoutError:
+                    pass
+        finally:
+            self.connected.clear()
+            await self.rpc.close()
+
+    async def _deliver(self, data: bytes, on_state: StateCallback) -> None:
+        account = decode_coordinator(data)
+        self.account = account
+        if account.state is None:
+            return  # not configured yet
+        await self._learn_addresses(account)
+        await on_state(ServerState(account.state, dict(self.peers), int(time.time())))
+
+    async def _learn_addresses(self, account: CoordinatorAccount) -> None:
+        assert self.address is not None and account.state is not None
+        keys = {c.id.key for c in account.state.epoch_state.clients}
+        keys |= {bytes(k) for k, _ in account.registry}
+        missing = [k for k in keys if k.hex() not in self.peers and k != self.me.key]
+        if not missing:
+            return
+        found = await multiple_account_data(
+            self.rpc, [ix.p2p_address_account(self.address, Pubkey(k)) for k in missing])
+        for key, entry in zip(missing, found, strict=True):
+            address = ix.decode_p2p_address(entry) if entry else None
+            if address:
+                self.peers[key.hex()] = address
+
+    async def _maybe_join(self) -> None:
+        account = self.account
+        if account is None or account.state is None or self.address is None:
+            return
+        mine = dict(account.registry).get(self.options.wallet.pubkey())
+        if mine == account.next_active or self._joined_for == account.next_active:
+            return
+        if account.run_state.name == "Finished":
+            return
+        self._joined_for = account.next_active
+        assert self.authorization is not None
+        if not await self._transact([ix.join_run(self.address, self.options.wallet.pubkey(),
+                                                 self.authorization)]):
+            self._joined_for = None
+
+    def tick_would_change(self, account: CoordinatorAccount, now: int) -> bool:
+        """Run the coordinator's tick on a copy: would it move the phase or the step?"""
+        state = account.state
+        if state is None or state.run_state.halted:
+            return False
+        simulated = Coordinator(copy.deepcopy(state))
+        pending = [NodeIdentity(bytes(k)) for k in account.pending]
+        simulated.tick(pending, now, 0)
+        after = simulated.state
+        return (after.run_state != state.run_state or after.progress.step != state.progress.step
+                or after.progress.epoch != state.progress.epoch)
+
+    async def _maybe_tick(self) -> None:
+        account = self.account
+        if account is None or self.address is None:
+            return
+        now = time.monotonic()
+        if now - self._last_tick < self.options.min_tick_interval_s:
+            return
+        if not self.tick_would_change(account, int(time.time())):
+            return
+        clients = max(1, len(account.state.epoch_state.clients) if account.state else 1)
+        if self.options.rng.random() > min(1.0, 2 / clients):
+            return
+        self._last_tick = now
+        await self._transact([ix.tick(self.address)])
+
+    # ---------------------------------------------------------------- messages
+    async def send(self, message: BaseModel) -> bool:
+        """Send one client message as transaction(s); False if it was not accepted."""
+        if self.address is None:
+            return False
+        me, run = self.options.wallet.pubkey(), self.address
+        if isinstance(message, WarmupWitness):
+            return await self._transact([ix.warmup_witness(run, me, message.witness.to_witness())])
+        if isinstance(message, WitnessSubmit):
+            return await self._transact([ix.witness(run, me, message.witness.to_witness())])
+        if isinstance(message, HealthCheck):
+            results = [await self._transact([ix.health_check(run, me, *entry.to_pair())])
+                       for entry in message.checks]
+            return all(results)
+        if isinstance(message, CheckpointReport):
+            repo = message.hub or message.gcs
+            if repo is None:
+                return False
+            return await self._transact([ix.checkpoint(run, me, message.index, repo)])
+        return False  # Withdraw, Join: no on-chain form
+
+
+def current_state(backend: SolanaBackend) -> CoordinatorState | None:
+    return backend.account.state if backend.account else None
