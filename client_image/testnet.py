@@ -328,10 +328,17 @@ def checkpoints_identical(work_dir: Path, run_id: str, clients: list[int]) -> tu
 
 async def run_headless(testnet: Testnet) -> dict[str, Any]:
     error = None
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # still stop everything and print the line
+        loop.add_signal_handler(sig, interrupted.set)
     try:
         await testnet.start()
         deadline = time.monotonic() + testnet.options.timeout_s
         while not testnet.finished:
+            if interrupted.is_set():
+                error = "interrupted"
+                break
             if time.monotonic() > deadline:
                 error = f"timeout after {testnet.options.timeout_s:.0f} s"
                 break

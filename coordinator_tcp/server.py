@@ -140,9 +140,22 @@ class CoordinatorServer:
 
     # ------------------------------------------------------------------ ticking
     def _pending(self) -> list[NodeIdentity]:
-        exited_unhealthy = {c.id for c in self.state.epoch_state.exited_clients
-                            if c.state is not ClientState.Healthy}
-        return [node for node in self.peers if node not in exited_unhealthy]
+        """Connected clients asking to take part, in join order.
+
+        As in Psyche, clients the coordinator removed this epoch (Dropped by a health
+        check, Ejected) are left out, so a faulty client sits out one epoch. Clients that
+        were Withdrawn (they left or their connection dropped) and came back are welcome.
+        And when leaving the removed ones out would keep the run from ever starting
+        (fewer than init_min_clients otherwise), they are let in too: liveness first.
+        """
+        removed = {c.id for c in self.state.epoch_state.exited_clients
+                   if c.state in (ClientState.Dropped, ClientState.Ejected)}
+        connected = list(self.peers)
+        preferred = [node for node in connected if node not in removed]
+        if (self.state.run_state is RunState.WaitingForMembers
+                and len(preferred) < self.state.config.init_min_clients <= len(connected)):
+            return connected
+        return preferred
 
     @property
     def pending(self) -> list[NodeIdentity]:

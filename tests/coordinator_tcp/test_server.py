@@ -8,7 +8,16 @@ import pytest
 from tcp_helpers import RUN_ID, identity, join, make_state_file, next_state, server_options
 
 from client_image.p2p.identity import Identity
-from coordinator import Coordinator, RunState, Witness, WitnessProof, decode_state
+from coordinator import (
+    Client,
+    ClientState,
+    Coordinator,
+    NodeIdentity,
+    RunState,
+    Witness,
+    WitnessProof,
+    decode_state,
+)
 from coordinator_tcp.client import JoinRefused, ProtocolConnection, signed_join
 from coordinator_tcp.framing import encode_frame, read_frame
 from coordinator_tcp.protocol import (
@@ -230,3 +239,26 @@ def test_join_signature_covers_the_run_and_address() -> None:
     a = signed_join(who, b"\x01" * 32, RUN_ID, "addr")
     b = signed_join(who, b"\x01" * 32, RUN_ID, "other-addr")
     assert isinstance(a, Join) and a.signature != b.signature
+
+
+async def test_pending_leaves_out_dropped_clients_unless_the_run_could_not_start() -> None:
+    clock = Clock()
+    coordinator = Coordinator.from_state_file(make_state_file(init_min_clients=1))
+    server = CoordinatorServer(coordinator, server_options(), clock=clock)
+    state = server.state
+    state.run_state_start_unix_timestamp = int(clock.now)  # no WaitingForMembers timeout yet
+    state.epoch_state.exited_clients = [
+        Client(NodeIdentity(identity(1).public_key), ClientState.Dropped),
+        Client(NodeIdentity(identity(2).public_key), ClientState.Withdrawn)]
+    await server.start()
+    connections = [await join(server, identity(i)) for i in (1, 2, 3)]
+    try:
+        await wait_for(lambda: len(server.peers) == 3)
+        keys = [node.key for node in server.pending]
+        assert keys == [identity(2).public_key, identity(3).public_key]  # Dropped sits out
+        server.state.config = server.state.config.model_copy(update={"init_min_clients": 3})
+        assert len(server.pending) == 3  # ...unless the run could not start without it
+    finally:
+        for connection in connections:
+            await connection.close()
+        await server.stop()
