@@ -398,3 +398,51 @@ def register(app: typer.Typer) -> None:
     for name, why in UNSUPPORTED.items():
         app.command(name, help=why, rich_help_panel=SOLANA_PANEL,
                     context_settings=settings)(_unsupported(name, why))
+
+
+class SolanaCoordinatorSource:
+    """A run_manager `CoordinatorSource` for a run on Solana: the client version comes from
+    the coordinator account, the snapshot (for the TUI) is the decoded on-chain state.
+
+    Wiring (run_manager/runner.py): when the env file sets RPC (and RUN_ID), use
+    `SolanaCoordinatorSource([RPC, RPC_2], RUN_ID)` where the TCP source is used today.
+    """
+
+    def __init__(self, rpc_urls: list[str | None], run_id: str) -> None:
+        from psyche_solana.rpc import SolanaRpc
+
+        self.run_id = run_id
+        self.rpc = SolanaRpc(rpc_urls, retries=2)
+        self.address: Any = None
+
+    async def _account(self) -> Any:
+        from psyche_solana.accounts import AccountDecodeError, decode_coordinator
+        from psyche_solana.rpc import RpcError
+        from psyche_solana.runs import RunNotFound, find_run
+        from run_manager.sources import CoordinatorUnavailable
+
+        try:
+            if self.address is None:
+                run = await find_run(self.rpc, self.run_id)
+                self.address = run.address
+                return run.account
+            data = await self.rpc.account_data(self.address)
+            if data is None:
+                raise RunNotFound(f"the account of run {self.run_id!r} is gone")
+            return decode_coordinator(data)
+        except (RpcError, RunNotFound, AccountDecodeError) as error:
+            raise CoordinatorUnavailable(f"run {self.run_id!r} on Solana: {error}") from None
+
+    async def client_version(self) -> str:
+        return str((await self._account()).client_version)
+
+    async def snapshot(self) -> Any:
+        from run_manager.sources.tcp_coordinator import ObservedState, build_snapshot
+
+        account = await self._account()
+        if account.state is None:
+            return None
+        return build_snapshot(ObservedState(account.state, int(time.time()), time.monotonic(), 0))
+
+    async def close(self) -> None:
+        await self.rpc.close()

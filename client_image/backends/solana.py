@@ -100,9 +100,10 @@ class SolanaBackend:
             try:
                 run = await find_run(self.rpc, self.options.run_id)
                 return run.address
-            except RunNotFound:
+            except (RunNotFound, AccountDecodeError, RpcError) as exc:
                 if time.monotonic() > deadline:
-                    raise BackendRejected(f"no run {self.options.run_id!r} on the cluster") from None
+                    raise BackendRejected(f"run {self.options.run_id!r}: {exc}") from None
+                log.warning("waiting for run %r: %s", self.options.run_id, exc)
                 await asyncio.sleep(1.0)
         raise asyncio.CancelledError
 

@@ -133,3 +133,29 @@ def test_delegates_and_bad_arguments(localnet, tmp_path):
     rejected = _cli(localnet, owner_path, "update-config", "-r", "cli-delegates",
                     "--config-path", str(bad_config))
     assert rejected.exit_code == 2 and "invalid config" in rejected.output
+
+
+async def test_the_run_manager_reads_the_client_version_and_state_on_chain(localnet, tmp_path):
+    from coordinator import load_state_file
+    from psyche_solana.runs import admin, create_run, find_run, update_instructions
+    from run_manager.solana_commands import SolanaCoordinatorSource
+    from run_manager.sources import CoordinatorSource, CoordinatorUnavailable
+
+    async with SolanaRpc([localnet.url]) as rpc:
+        owner = Keypair()
+        await rpc.airdrop(owner.pubkey(), 20 * 10**9)
+        await create_run(rpc, owner, "watched", "v7")
+        run = await find_run(rpc, "watched")
+        await admin(rpc, run, owner, update_instructions(
+            run, owner.pubkey(), load_state_file(STATE), None)
+            + [ix.set_paused(run.address, owner.pubkey(), False)])
+    source = SolanaCoordinatorSource([localnet.url], "watched")
+    assert isinstance(source, CoordinatorSource)
+    assert await source.client_version() == "v7"
+    snapshot = await source.snapshot()
+    assert snapshot.phase == "WaitingForMembers" and snapshot.run_id == "watched"
+    await source.close()
+    missing = SolanaCoordinatorSource([localnet.url], "nope")
+    with pytest.raises(CoordinatorUnavailable, match="no run 'nope'"):
+        await missing.client_version()
+    await missing.close()

@@ -1,0 +1,144 @@
+"""The client's Solana backend on the local validator: refusals are clear and fatal where
+retrying cannot help; a corrupt account does not stop the watcher; messages become
+transactions; the bench runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+from solders.keypair import Keypair
+
+from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
+from client_image.runtime.tcp_backend import BackendRejected
+from coordinator import load_state_file
+from coordinator.config import HubCheckpoint
+from coordinator_tcp.protocol import CheckpointReport, Withdraw
+from psyche_solana import instructions as ix
+from psyche_solana.localnet import Localnet
+from psyche_solana.rpc import SolanaRpc
+from psyche_solana.runs import admin, authorize, create_run, find_run, update_instructions
+
+STATE = load_state_file("config/local-testnet/state.toml")
+
+
+@pytest.fixture(scope="module")
+def net():
+    with Localnet() as localnet:
+        yield localnet
+
+
+async def _run(net, run_id: str, permissionless: bool) -> Keypair:
+    async with SolanaRpc([net.url]) as rpc:
+        owner = Keypair()
+        await rpc.airdrop(owner.pubkey(), 20 * 10**9)
+        await create_run(rpc, owner, run_id, "v1")
+        run = await find_run(rpc, run_id)
+        await admin(rpc, run, owner, update_instructions(run, owner.pubkey(), STATE, None)
+                    + [ix.set_paused(run.address, owner.pubkey(), False)])
+        if permissionless:
+            from solders.pubkey import Pubkey
+
+            await authorize(rpc, owner, Pubkey.default())
+    return owner
+
+
+async def test_an_unauthorized_client_is_refused_with_a_clear_message(net):
+    await _run(net, "closed-run", permissionless=False)
+    wallet = Keypair()
+    backend = SolanaBackend(SolanaBackendOptions(rpc=[net.url], wallet=wallet, run_id="closed-run",
+                                                 p2p_address="x"))
+    with pytest.raises(BackendRejected, match="NotAuthorized: no active join authorization"):
+        await backend.run(_ignore_state, lambda e: None, asyncio.Event())
+
+
+async def _ignore_state(state) -> None:
+    return None
+
+
+async def test_the_backend_joins_delivers_state_and_maps_messages(net):
+    await _run(net, "open-run", permissionless=True)
+    wallet = Keypair()
+    async with SolanaRpc([net.url]) as rpc:
+        await rpc.airdrop(wallet.pubkey(), 5 * 10**9)
+    states, errors = [], []
+    stop = asyncio.Event()
+
+    async def on_state(server_state) -> None:
+        states.append(server_state)
+
+    backend = SolanaBackend(SolanaBackendOptions(
+        rpc=[net.url], wallet=wallet, run_id="open-run", p2p_address=f"{bytes(wallet.pubkey()).hex()}@127.0.0.1:1",
+        poll_interval_s=0.05))
+    task = asyncio.create_task(backend.run(on_state, errors.append, stop))
+    for _ in range(200):
+        if backend.account is not None and backend.account.pending == [wallet.pubkey()]:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.account.pending == [wallet.pubkey()]  # joined by itself
+    assert states and states[-1].state.run_id == "open-run"
+    # not a client of an epoch yet: the program refuses, the backend reports the word
+    refused = await backend.send(CheckpointReport(index=0, hub=HubCheckpoint(repo_id="a/b")))
+    assert refused is False and errors and errors[-1].error == "InvalidClientIndex"
+    assert await backend.send(Withdraw()) is False
+    # waiting for 3 members: a tick would not change anything yet
+    assert backend.tick_would_change(backend.account, 2**40) is False
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_corrupt_account_does_not_stop_the_watcher(net):
+    from solders.account import Account
+
+    await _run(net, "corrupt-run", permissionless=True)
+    wallet = Keypair()
+    async with SolanaRpc([net.url]) as rpc:
+        await rpc.airdrop(wallet.pubkey(), 5 * 10**9)
+        run = await find_run(rpc, "corrupt-run")
+    states = []
+
+    async def on_state(server_state) -> None:
+        states.append(server_state)
+
+    stop = asyncio.Event()
+    backend = SolanaBackend(SolanaBackendOptions(rpc=[net.url], wallet=wallet, run_id="corrupt-run",
+                                                 p2p_address="x", poll_interval_s=0.05))
+    task = asyncio.create_task(backend.run(on_state, lambda e: None, stop))
+    for _ in range(100):
+        if states:
+            break
+        await asyncio.sleep(0.05)
+    engine = net.validator.engine.svm
+    with net.validator.lock:
+        good = engine.get_account(run.address)
+        broken = bytearray(good.data)
+        broken[216] = 99  # run_state out of range
+        broken[16] ^= 0xFF  # and a new nonce, so the watcher reads it
+        engine.set_account(run.address, Account(good.lamports, bytes(broken), good.owner,
+                                                good.executable, good.rent_epoch))
+    delivered = len(states)
+    await asyncio.sleep(0.4)
+    assert not task.done() and len(states) == delivered  # logged, skipped, still watching
+    with net.validator.lock:
+        repaired = bytearray(good.data)
+        repaired[16] ^= 0x0F
+        engine.set_account(run.address, Account(good.lamports, bytes(repaired), good.owner,
+                                                good.executable, good.rent_epoch))
+    for _ in range(100):
+        if len(states) > delivered:
+            break
+        await asyncio.sleep(0.05)
+    assert len(states) > delivered
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+def test_bench_smoke():
+    out = subprocess.run([sys.executable, "bench/solana.py", "--clients", "3", "--rounds", "2",
+                          "--big", "4"], capture_output=True, text=True, timeout=120, check=True)
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 0 < figures["cu_join"] < 1_400_000 and 0 < figures["cu_witness"] < 1_400_000
+    assert figures["tx_per_round"] == 4.0  # 3 witnesses + 1 tick
