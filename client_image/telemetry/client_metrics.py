@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from client_image.p2p.diagnostics import PeerDiagnostics
 from client_image.telemetry.core import Telemetry
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ class ClientTelemetry:
         self.telemetry = telemetry
         self.client = client
         self._last_round_start: float | None = None
+        self._diagnostics_cache: list[PeerDiagnostics] = []
+        self._diagnostics_at = -1.0
         counters = client.counters
 
         def one(read: Callable[[], float | None]) -> Callable[[], Iterable[Point]]:
@@ -57,8 +60,7 @@ class ClientTelemetry:
                 one(lambda: counters.announcements_current))
         observe("psyche_results_downloaded_current_round",
                 one(lambda: counters.downloaded_current))
-        observe("psyche_result_bytes_received",
-                one(lambda: getattr(counters, "result_bytes_received", None)))
+        observe("psyche_result_bytes_received", one(lambda: counters.result_bytes_received))
         stats = lambda: client.node.blobs.stats  # noqa: E731
         observe("psyche_downloads_started", one(lambda: stats().started))
         observe("psyche_downloads_finished", one(lambda: stats().finished))
@@ -68,21 +70,44 @@ class ClientTelemetry:
         observe("psyche_gossip_neighbors", one(self._neighbours))
         observe("psyche_peer_connections", self._peer_connections)
         observe("psyche_p2p_bytes_sent", one(lambda: sum(
-            d.bytes_sent for d in client.node.diagnostics())))
+            d.bytes_sent for d in self._diagnostics())))
         observe("psyche_p2p_bytes_received", one(lambda: sum(
-            d.bytes_received for d in client.node.diagnostics())))
+            d.bytes_received for d in self._diagnostics())))
         observe("psyche_connection_latency_seconds", lambda: [
             (d.rtt_ms / 1000.0, {"peer": d.peer_hex[:16]})
-            for d in client.node.diagnostics() if d.rtt_ms is not None])
+            for d in self._diagnostics() if d.rtt_ms is not None])
         client.events.listeners.append(self.on_event)
 
     def _neighbours(self) -> float | None:
         topic = self.client.topic
-        return None if topic is None else float(len(topic.neighbours()))
+        for _ in range(3):  # the set may change under us (see _diagnostics)
+            try:
+                return None if topic is None else float(len(topic.neighbours()))
+            except RuntimeError:
+                continue
+        return None
+
+    def _diagnostics(self) -> list[PeerDiagnostics]:
+        """One snapshot of the connections per collection (four metrics read it).
+
+        Collection runs on an exporter or scrape thread while the event loop opens and
+        closes connections; a snapshot taken mid-change raises RuntimeError, so retry.
+        """
+        now = time.monotonic()
+        if now - self._diagnostics_at < 0.5:
+            return self._diagnostics_cache
+        for _ in range(3):
+            try:
+                self._diagnostics_cache = self.client.node.diagnostics()
+                break
+            except RuntimeError:
+                continue
+        self._diagnostics_at = now
+        return self._diagnostics_cache
 
     def _peer_connections(self) -> list[Point]:
         counts = {"direct": 0, "relay": 0}
-        for diag in self.client.node.diagnostics():
+        for diag in self._diagnostics():
             if diag.connection_type in counts:
                 counts[diag.connection_type] += 1
         return [(float(n), {"connection_type": kind}) for kind, n in counts.items()]

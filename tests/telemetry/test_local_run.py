@@ -86,6 +86,7 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
         "client": [f"127.0.0.1:{client_metrics}"]})
     prometheus.start()
     receiver = OtlpReceiver().__enter__()
+    coordinator_log = open(work / "coordinator.log", "w")  # a pipe nobody reads could fill up
     env = {**os.environ, "DEPLOYMENT_ENV": "telemetry-test", "PYTHONUNBUFFERED": "1"}
     env.pop("CLIENT_VERSION", None)
     coordinator = subprocess.Popen(
@@ -95,9 +96,15 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
          "--prometheus-port", str(coordinator_metrics),
          "--otlp-metrics-url", receiver.url("metrics"), "--otlp-logs-url", receiver.url("logs"),
          "--otlp-report-interval", "1"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=coordinator_log, text=True)
     client: subprocess.Popen[str] | None = None
     try:
+        # The client starts once Prometheus has seen the coordinator waiting for members.
+        deadline = time.monotonic() + 60
+        while not prometheus.query('psyche_coordinator_run_state{job="coordinator"}')["result"]:
+            assert time.monotonic() < deadline, "Prometheus never scraped the coordinator"
+            assert coordinator.poll() is None, (work / "coordinator.log").read_text()[-2000:]
+            time.sleep(0.3)
         client_env = {**env, "RAW_IDENTITY_SECRET_KEY": SECRET_HEX,
                       # Psyche's spelling, from the environment
                       "OLTP_LOGS_URL": receiver.url("logs")}
@@ -122,6 +129,7 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
             client.kill()
             client.wait(timeout=5)
         stop(coordinator)
+        coordinator_log.close()
         receiver.__exit__(None, None, None)
         prometheus.stop()
 
