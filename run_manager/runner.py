@@ -118,17 +118,20 @@ class LogLinePrinter:
     def on_change(self, part: Part) -> None:
         d = self.dashboard
         if part == "run":
-            self._show("run", describe_run(d.run))
+            # The phase timer ticks every poll: print when anything but the timer changes.
+            untimed = None if d.run is None else d.run.model_copy(update={"phase_elapsed_s": 0.0})
+            self._show("run", describe_run(d.run), key=describe_run(untimed))
             self._show("witnesses", describe_witnesses(d.run))
         elif part == "training":
             self._show("training", describe_training(d.metrics, d.metrics_error))
         else:
             self._show("wallet", describe_wallet(d.wallet))
 
-    def _show(self, panel: str, lines: list[str]) -> None:
-        if self._last.get(panel) == lines:
+    def _show(self, panel: str, lines: list[str], key: list[str] | None = None) -> None:
+        key = lines if key is None else key
+        if self._last.get(panel) == key:
             return
-        self._last[panel] = lines
+        self._last[panel] = key
         for line in lines:
             self._print(panel, line)
 

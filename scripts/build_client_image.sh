@@ -75,4 +75,6 @@ DOCKER_BUILDKIT=0 docker build --quiet 2>&1 --network host \
     --label io.psyche.build-sha="$BUILD_SHA" \
     -t "$TAG" "$CONTEXT" >/dev/null
 rm -rf "$CONTEXT"
+# The untagged install stage (it holds the whole wheelhouse) is of no use once built.
+docker image prune -f --filter label=io.psyche.build-stage=install >/dev/null || true
 echo "build_client_image: built $TAG"

@@ -123,6 +123,9 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
     # Elapsed = (server time at send - phase start) + time since we received it: no
     # dependence on this machine's wall clock agreeing with the coordinator's.
     server_now = (observed.server_time or time.time()) + max(0.0, now - observed.received_monotonic)
+    started = state.run_state_start_unix_timestamp
+    # A run fresh from its state.toml has no phase start yet (0): no elapsed time to show.
+    elapsed = 0.0 if started == 0 else max(0.0, server_now - started)
     points = {entry.id.key: entry.earned for entry in state.rewards.entries}
     clients = [
         RunClient(id=c.id.key.hex(), state=c.state.name, points=points.get(c.id.key))  # type: ignore[arg-type]
@@ -131,7 +134,7 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
     return RunSnapshot(
         run_id=state.run_id,
         phase=state.run_state.name,  # type: ignore[arg-type]
-        phase_elapsed_s=max(0.0, server_now - state.run_state_start_unix_timestamp),
+        phase_elapsed_s=elapsed,
         phase_timeout_s=phase_timeout_s(state),
         epoch=state.progress.epoch,
         step=state.progress.step,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import tomllib
 import uuid
@@ -15,6 +17,12 @@ from run_manager import engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "psyche-base:bookworm"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "e2e: end to end through the real client image and a real TCP coordinator"
+    )
 
 
 def project_version() -> str:
@@ -39,13 +47,17 @@ def docker_client() -> Iterator[docker.DockerClient]:
 
 @pytest.fixture(scope="session")
 def client_image(docker_client: docker.DockerClient) -> str:
-    """The real client image psyche-client:<version>, built with our scripts when missing."""
+    """The real client image psyche-client:<version>, built from this checkout.
+
+    The build script is idempotent (a no-op when the image was built from the same wheel,
+    Dockerfile and assets), so the end-to-end tests always run the code under test.
+    PSYCHE_REUSE_CLIENT_IMAGE=1 takes any existing image as is (faster local iterations).
+    """
     image = f"psyche-client:{project_version()}"
-    try:
-        docker_client.images.get(image)
-        return image
-    except docker.errors.ImageNotFound:
-        pass
+    if os.environ.get("PSYCHE_REUSE_CLIENT_IMAGE") == "1":
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.get(image)
+            return image
     for script in ("build_base_image.sh", "build_client_image.sh"):
         result = subprocess.run(
             ["bash", str(REPO_ROOT / "scripts" / script)],

@@ -1,7 +1,8 @@
 """The supervisor against a real Docker engine and the real client image.
 
-The client's `train` command comes later (issue 5), so the containers here run the real
-image with Psyche's entry-point override (`python3 -c ...`) to exit 10, crash or run long.
+The containers here run the real image with Psyche's entry-point override
+(`python3 -c ...`) to exit 10, crash or run long on cue, in a second or two each; the
+real client (`psyche-client train`) against a real coordinator is test_rm_e2e_tcp.py.
 """
 
 from __future__ import annotations
