@@ -1,7 +1,8 @@
 """The run-manager's Solana subcommands (Psyche's names, reference §10), over JSON-RPC
 to any cluster running our programs — by default the embedded `psyche-localnet`.
 
-Common options: `--rpc` (env RPC), `--rpc-2` (env RPC_2, the fallback endpoint), and for
+Common options: `--rpc` (env RPC; default the local validator, `psyche-localnet`, on
+127.0.0.1:8899), `--rpc-2` (env RPC_2, the fallback endpoint), and for
 signing commands `--wallet-private-key-path` (env WALLET_PRIVATE_KEY_PATH) or
 RAW_WALLET_PRIVATE_KEY (a JSON array of 64 bytes). Every on-chain failure is printed as
 its error's name and meaning (e.g. `NotAuthorized: no active join authorization ...`)
@@ -25,6 +26,7 @@ EXIT_FAILED = 1
 EXIT_BAD_ARGUMENT = 2
 T = TypeVar("T")
 
+LOCALNET_URL = "http://127.0.0.1:8899"  # psyche-localnet's default address
 Rpc = Annotated[str, typer.Option("--rpc", envvar="RPC", help="Solana JSON-RPC URL.")]
 Rpc2 = Annotated[str | None, typer.Option("--rpc-2", envvar="RPC_2", help="Fallback RPC URL.")]
 RunId = Annotated[str, typer.Option("--run-id", "-r", envvar="RUN_ID", help="The run id.")]
@@ -88,9 +90,9 @@ def _find(run_id: str, index: int | None) -> Callable[[Any], Awaitable[Any]]:
     return lambda client: find_run(client, run_id, index)
 
 
-def create_run(rpc: Rpc, run_id: RunId,
+def create_run(run_id: RunId,
                client_version: Annotated[str, typer.Option("--client-version", "-c")],
-               wallet: Wallet = None, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None,
+               wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None,
                treasurer_collateral_mint: Annotated[str | None, typer.Option(
                    help="Reward token mint: creates the run through the treasurer.")] = None,
                join_authority: Annotated[str | None, typer.Option(
@@ -107,7 +109,7 @@ def create_run(rpc: Rpc, run_id: RunId,
     typer.echo(f"created run {run_id!r}: coordinator account {address}")
 
 
-def update_config(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_2: Rpc2 = None,
+def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                   treasurer_index: TreasurerIndex = None,
                   config_path: Annotated[Path | None, typer.Option(
                       help="state.toml with [config] and [model.LLM].")] = None,
@@ -143,7 +145,7 @@ def _authority_of(run: Any, authority: Any) -> Any:
     return authority.pubkey()
 
 
-def set_paused(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_2: Rpc2 = None,
+def set_paused(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                treasurer_index: TreasurerIndex = None,
                resume: Annotated[bool, typer.Option("--resume", help="Resume instead.")] = False) -> None:
     """Pause a run (after the current epoch if one is running), or resume it."""
@@ -161,7 +163,7 @@ def set_paused(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_2: Rpc2 = Non
     typer.echo(f"run {run_id!r} {'resumed' if resume else 'paused'}")
 
 
-def set_future_epoch_rates(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_2: Rpc2 = None,
+def set_future_epoch_rates(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                            treasurer_index: TreasurerIndex = None,
                            earning_rate_total_shared: Annotated[int | None, typer.Option()] = None,
                            slashing_rate_per_client: Annotated[int | None, typer.Option()] = None) -> None:
@@ -181,7 +183,7 @@ def set_future_epoch_rates(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_2
     typer.echo(f"future epoch rates of {run_id!r} set")
 
 
-def join_authorization_create(rpc: Rpc, wallet: Wallet = None, rpc_2: Rpc2 = None,
+def join_authorization_create(wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                               authorizer: Annotated[str | None, typer.Option(
                                   help="The grantee key.")] = None,
                               permissionless: Annotated[bool, typer.Option(
@@ -199,8 +201,8 @@ def join_authorization_create(rpc: Rpc, wallet: Wallet = None, rpc_2: Rpc2 = Non
     typer.echo(f"authorization {address}: grantor {grantor.pubkey()} grantee {grantee}")
 
 
-def join_authorization_delegate(rpc: Rpc, join_authority: Annotated[str, typer.Option()],
-                                wallet: Wallet = None, rpc_2: Rpc2 = None,
+def join_authorization_delegate(join_authority: Annotated[str, typer.Option()],
+                                wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                                 delegates_clear: Annotated[bool, typer.Option()] = False,
                                 delegates_added: Annotated[list[str] | None, typer.Option()] = None) -> None:
     """As a grantee, let other keys (e.g. each machine's) join on your authorization."""
@@ -219,10 +221,10 @@ def join_authorization_delegate(rpc: Rpc, join_authority: Annotated[str, typer.O
                + (" after clearing" if delegates_clear else ""))
 
 
-def join_authorization_delete(rpc: Rpc, authorizer: Annotated[str, typer.Option(
+def join_authorization_delete(authorizer: Annotated[str, typer.Option(
                                   help="The grantee key (11111111111111111111111111111111 "
                                        "for a permissionless one).")],
-                              wallet: Wallet = None, rpc_2: Rpc2 = None) -> None:
+                              wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None) -> None:
     """Deactivate and close an authorization you granted (rent back to the wallet)."""
     from psyche_solana import instructions as ix
 
@@ -238,8 +240,8 @@ def join_authorization_delete(rpc: Rpc, authorizer: Annotated[str, typer.Option(
     typer.echo(f"authorization {address} deleted")
 
 
-def can_join(rpc: Rpc, run_id: RunId, address: Annotated[str, typer.Option()],
-             rpc_2: Rpc2 = None, authorizer: Annotated[str | None, typer.Option()] = None) -> None:
+def can_join(run_id: RunId, address: Annotated[str, typer.Option()],
+             rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, authorizer: Annotated[str | None, typer.Option()] = None) -> None:
     """Whether an address may join a run; exits 1 if not."""
     from psyche_solana.runs import can_join as check
     from psyche_solana.runs import find_run
@@ -256,10 +258,10 @@ def can_join(rpc: Rpc, run_id: RunId, address: Annotated[str, typer.Option()],
         raise typer.Exit(EXIT_FAILED)
 
 
-def treasurer_top_up_rewards(rpc: Rpc, run_id: RunId,
+def treasurer_top_up_rewards(run_id: RunId,
                              collateral_amount: Annotated[float, typer.Option(
                                  help="In token units (scaled by the mint's decimals).")],
-                             wallet: Wallet = None, rpc_2: Rpc2 = None,
+                             wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                              treasurer_index: TreasurerIndex = None) -> None:
     """Add reward tokens to a treasurer run's vault."""
     from psyche_solana.runs import find_run, mint_decimals, top_up
@@ -277,7 +279,7 @@ def treasurer_top_up_rewards(rpc: Rpc, run_id: RunId,
     typer.echo(f"topped up {run_id!r} with {amount} base units")
 
 
-def treasurer_claim_rewards(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_2: Rpc2 = None,
+def treasurer_claim_rewards(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                             treasurer_index: TreasurerIndex = None,
                             points: Annotated[int | None, typer.Option(
                                 help="Default: every unclaimed point.")] = None) -> None:
@@ -293,7 +295,7 @@ def treasurer_claim_rewards(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_
     typer.echo(f"claimed {amount} points = {amount} base units")
 
 
-def json_dump_run(rpc: Rpc, run_id: RunId, rpc_2: Rpc2 = None,
+def json_dump_run(run_id: RunId, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                   treasurer_index: TreasurerIndex = None) -> None:
     """Print a run's on-chain state as JSON."""
     from psyche_solana.dump import run_json
@@ -302,8 +304,8 @@ def json_dump_run(rpc: Rpc, run_id: RunId, rpc_2: Rpc2 = None,
     typer.echo(json.dumps(run_json(run), indent=2))
 
 
-def json_dump_user(rpc: Rpc, run_id: RunId, address: Annotated[str, typer.Option()],
-                   rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None) -> None:
+def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
+                   rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None) -> None:
     """Print one user's state in a run as JSON."""
     from psyche_solana import instructions as ix
     from psyche_solana.accounts import decode_participant
@@ -324,7 +326,7 @@ def json_dump_user(rpc: Rpc, run_id: RunId, address: Annotated[str, typer.Option
     typer.echo(json.dumps(_run(rpc, rpc_2, work), indent=2))
 
 
-def list_runs(rpc: Rpc, rpc_2: Rpc2 = None) -> None:
+def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None) -> None:
     """List the runs of the coordinator program."""
     from psyche_solana.runs import list_runs as runs
 
@@ -337,7 +339,7 @@ def list_runs(rpc: Rpc, rpc_2: Rpc2 = None) -> None:
         typer.echo("no runs")
 
 
-def tick(rpc: Rpc, run_id: RunId, wallet: Wallet = None, rpc_2: Rpc2 = None,
+def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
          ms_interval: Annotated[int, typer.Option()] = 1000,
          count: Annotated[int | None, typer.Option(help="Default: until Ctrl+C.")] = None) -> None:
     """Tick a run's coordinator periodically (anyone may)."""
