@@ -90,14 +90,14 @@ def tcp_throughput(size: int, chunk: int = 1 << 20) -> float:
 
 
 async def gossip_latency(
-    nodes_count: int, messages_per_node: int, round_gap_s: float = 0.1
+    nodes_count: int, messages_per_node: int, round_gap_s: float = 0.1, lazy_push: bool = False
 ) -> list[float]:
     """Latencies (ms) from broadcast to delivery, over every (message, receiver) pair.
 
     Each round every node broadcasts one message (a result announcement's size), then
     the round waits ``round_gap_s``: Psyche sends a few broadcasts per node per round.
     """
-    config = GossipConfig(maintenance_interval_s=0.2)
+    config = GossipConfig(maintenance_interval_s=0.2, lazy_push=lazy_push)
     nodes = [
         P2PNode(config=NodeConfig.loopback(), gossip_config=config) for _ in range(nodes_count)
     ]
@@ -131,6 +131,11 @@ async def gossip_latency(
             await asyncio.sleep(round_gap_s)
         await asyncio.gather(*receivers)
         assert len(latencies) == expected
+        duplicates = sum(t.stats.duplicates for t in topics)
+        grafts = sum(t.stats.grafts for t in topics)
+        print(
+            f"  {'PlumTree' if lazy_push else 'flooding'}: duplicates {duplicates}, grafts {grafts}"
+        )
         return latencies
     finally:
         await asyncio.gather(*(node.stop() for node in nodes), return_exceptions=True)
@@ -149,6 +154,9 @@ async def main() -> None:
     parser.add_argument("--gossip-nodes", type=int, default=16)
     parser.add_argument("--gossip-messages", type=int, default=10, help="broadcasts per node")
     parser.add_argument("--gossip-round-gap-s", type=float, default=0.5)
+    parser.add_argument(
+        "--gossip-plumtree", action="store_true", help="PlumTree lazy push instead of flooding"
+    )
     parser.add_argument(
         "--parallel-streams", type=int, default=4, help="streams for the parallel run"
     )
@@ -176,7 +184,7 @@ async def main() -> None:
         f"gossip: {args.gossip_nodes} nodes x {args.gossip_messages} rounds of one broadcast each, {args.gossip_round_gap_s}s apart"
     )
     latencies = await gossip_latency(
-        args.gossip_nodes, args.gossip_messages, args.gossip_round_gap_s
+        args.gossip_nodes, args.gossip_messages, args.gossip_round_gap_s, args.gossip_plumtree
     )
     p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
     print(
@@ -193,6 +201,7 @@ async def main() -> None:
                 "gossip_p99_ms": round(p99, 2),
                 "gossip_p50_ms": round(p50, 2),
                 "gossip_nodes": args.gossip_nodes,
+                "gossip_lazy_push": args.gossip_plumtree,
                 "size_mib": args.size_mib,
                 "bulk_write_patch": patched,
             }

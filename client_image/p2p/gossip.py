@@ -8,7 +8,8 @@ maintenance loop refills the active view up to ``target_neighbours`` from the
 passive view, so the overlay heals when peers leave.
 
 Dissemination is eager push: a node delivers a message the first time it sees
-its id and forwards it to every active neighbour but the one it came from.
+its id and forwards it to every active neighbour but the one it came from
+(optionally PlumTree lazy push instead, ``GossipConfig.lazy_push``).
 With a connected overlay every live peer receives every message, also the ones
 not directly connected to the sender, and each is delivered to the application
 exactly once (ids retained ``id_retention_s``). Forged, malformed and
@@ -30,6 +31,7 @@ import iroh
 
 from client_image.p2p import framing
 from client_image.p2p.address import AddressError, PeerAddress
+from client_image.p2p.gossip_tree import BroadcastTree, TreeConfig, decode_ids
 from client_image.p2p.gossip_wire import (
     GOSSIP_ALPN,
     MAX_FRAME_BYTES,
@@ -60,6 +62,15 @@ class GossipConfig:
     max_retained_ids: int = 200_000
     delivery_queue_size: int = 10_000
     neighbour_queue_size: int = 1_024
+    # True: PlumTree, eager push on a tree and IHAVE/GRAFT on the other edges (see
+    # gossip_tree): fewer copies, but with every node broadcasting at once the shared tree
+    # is over-pruned and grafts add graft_timeout_s. Measured with bench/p2p.py, 16 nodes:
+    # flooding the bounded active view had the lower p99, for ~3x the copies of messages
+    # that are < 1 KiB, so flooding is the default.
+    lazy_push: bool = False
+    graft_timeout_s: float = 0.2
+    ihave_interval_s: float = 0.05
+    message_cache_s: float = 60.0
 
 
 @dataclass
@@ -73,6 +84,8 @@ class GossipStats:
     oversized: int = 0
     dropped_slow_consumer: int = 0
     dropped_slow_neighbour: int = 0
+    grafts: int = 0
+    prunes: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,7 @@ class _Neighbour:
     send: iroh.SendStream
     recv: iroh.RecvStream
     outbox: asyncio.Queue[bytes]
+    dialled_by_us: bool
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def write_loop(self) -> None:
@@ -98,13 +112,18 @@ class _Neighbour:
             await self.send.write_all(b"".join(framing.encode_frame(f) for f in frames))
 
 
+async def _finish_quietly(send: iroh.SendStream) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(send.finish(), 1.0)
+
+
 class GossipTopic:
     """One run's gossip: ``broadcast`` payloads, iterate ``messages()``."""
 
     def __init__(self, gossip: Gossip, run_id: str) -> None:
         self.run_id = run_id
         self.topic = topic_for_run(run_id)
-        self.stats = GossipStats()
+        self._stats = GossipStats()
         self._gossip = gossip
         self._config = gossip.config
         self._active: dict[bytes, _Neighbour] = {}
@@ -115,14 +134,31 @@ class GossipTopic:
             self._config.delivery_queue_size
         )
         self._maintenance: asyncio.Task[None] | None = None
+        config = self._config
+        self._tree = BroadcastTree(
+            self._send,
+            lambda message_id: message_id in self._seen,
+            TreeConfig(
+                enabled=config.lazy_push,
+                graft_timeout_s=config.graft_timeout_s,
+                ihave_interval_s=config.ihave_interval_s,
+                message_cache_s=config.message_cache_s,
+            ),
+        )
 
     # -- application surface -----------------------------------------------------------
+    @property
+    def stats(self) -> GossipStats:
+        self._stats.grafts = self._tree.grafts_sent
+        self._stats.prunes = self._tree.prunes_sent
+        return self._stats
+
     async def broadcast(self, payload: bytes) -> bytes:
         """Sign and send ``payload`` to every live peer; returns the message id."""
         message = SignedMessage.create(self._gossip.transport.identity, self.topic, payload)
         self._remember(message.message_id)
-        self.stats.sent += 1
-        self._forward(encode_message_frame(message), exclude=None)
+        self._stats.sent += 1
+        self._tree.on_new_message(message.message_id, encode_message_frame(message), None)
         return message.message_id
 
     async def messages(self) -> AsyncIterator[GossipMessage]:
@@ -156,6 +192,7 @@ class GossipTopic:
     async def leave(self) -> None:
         if self._maintenance is not None:
             self._maintenance.cancel()
+        self._tree.close()
         tasks: list[asyncio.Task[None]] = [t for t in [self._maintenance] if t is not None]
         neighbours, self._active = list(self._active.values()), {}
         for neighbour in neighbours:  # finishing our side tells each neighbour we left
@@ -185,7 +222,12 @@ class GossipTopic:
             connection = await transport.connect(peer, GOSSIP_ALPN)
             stream = await asyncio.wait_for(connection.open_bi(), self._config.handshake_timeout_s)
             send, recv = stream.send(), stream.recv()
-            hello = {"topic": self.topic.hex(), "address": transport.address.to_string()}
+            hello = {
+                "topic": self.topic.hex(),
+                "address": transport.address.to_string(),
+                # HyParView's high priority: a node without neighbours must be let in
+                "isolated": not self._active,
+            }
             await send.write_all(framing.encode_frame(encode_control(FrameKind.HELLO, hello)))
             reply = await asyncio.wait_for(
                 framing.read_frame(recv, MAX_FRAME_BYTES), self._config.handshake_timeout_s
@@ -198,10 +240,11 @@ class GossipTopic:
             if kind != FrameKind.ACCEPT:
                 logger.debug("peer %s declined: %s", peer.hex()[:8], control.get("reason"))
                 return
-            if peer in self._active:  # it dialled us meanwhile and we accepted
-                await send.finish()
+            existing = self._active.get(peer)
+            if existing is not None and not self._our_dial_wins(peer):
+                await send.finish()  # it dialled us meanwhile: its stream is the one both keep
                 return
-            self._add_neighbour(peer, send, recv)
+            self._add_neighbour(peer, send, recv, dialled_by_us=True)
         except (
             TimeoutError,
             TransportError,
@@ -220,13 +263,31 @@ class GossipTopic:
         """Accept a HELLO unless a duplicate or the active view is full (HyParView-like)."""
         self._learn_peers([hello.get("address")])
         peers = [a.to_string() for a in self._sample_addresses(exclude=peer)]
-        own = self._gossip.transport.node_id
-        # both sides dialled at once: keep the connection dialled by the smaller id
-        if peer in self._active or (peer in self._dialling and own < peer):
+        existing = self._active.get(peer)
+        # Both sides may dial at once. Both keep the stream dialled by the smaller id,
+        # so they never end up keeping different streams (and each closing the other's).
+        if self._our_dial_wins(peer):
+            if existing is not None or peer in self._dialling:
+                return FrameKind.REJECT, {"reason": "duplicate", "peers": peers}
+        elif existing is not None and not existing.dialled_by_us:
             return FrameKind.REJECT, {"reason": "duplicate", "peers": peers}
-        if len(self._active) >= self._config.max_active_view:
-            return FrameKind.REJECT, {"reason": "active view full", "peers": peers}
+        if existing is None and len(self._active) >= self._config.max_active_view:
+            if hello.get("isolated") is not True:
+                return FrameKind.REJECT, {"reason": "active view full", "peers": peers}
+            self._evict_random_neighbour()
         return FrameKind.ACCEPT, {"peers": peers}
+
+    def _evict_random_neighbour(self) -> None:
+        """Make room for an isolated peer; the evicted one stays in the passive view and
+        its maintenance loop finds another neighbour."""
+        victim = self._active.pop(random.choice(list(self._active)))
+        self._tree.neighbour_down(victim.peer)
+        for task in victim.tasks:
+            task.cancel()
+        asyncio.create_task(_finish_quietly(victim.send))
+
+    def _our_dial_wins(self, peer: bytes) -> bool:
+        return self._gossip.transport.node_id < peer
 
     def _sample_addresses(self, exclude: bytes) -> list[PeerAddress]:
         known = {p: a for p, a in self._passive.items() if p != exclude}
@@ -241,12 +302,21 @@ class GossipTopic:
             try:
                 parsed.append(PeerAddress.parse(text))
             except AddressError:
-                self.stats.malformed += 1
+                self._stats.malformed += 1
         self.add_peers(parsed)
 
-    def _add_neighbour(self, peer: bytes, send: iroh.SendStream, recv: iroh.RecvStream) -> None:
-        neighbour = _Neighbour(peer, send, recv, asyncio.Queue(self._config.neighbour_queue_size))
+    def _add_neighbour(
+        self, peer: bytes, send: iroh.SendStream, recv: iroh.RecvStream, dialled_by_us: bool
+    ) -> None:
+        replaced = self._active.get(peer)
+        if replaced is not None:  # the losing stream of a simultaneous dial
+            for task in replaced.tasks:
+                task.cancel()
+            asyncio.create_task(_finish_quietly(replaced.send))
+        queue: asyncio.Queue[bytes] = asyncio.Queue(self._config.neighbour_queue_size)
+        neighbour = _Neighbour(peer, send, recv, queue, dialled_by_us)
         self._active[peer] = neighbour
+        self._tree.neighbour_up(peer)
         neighbour.tasks = [
             asyncio.create_task(neighbour.write_loop()),
             asyncio.create_task(self._read_loop(neighbour)),
@@ -255,6 +325,7 @@ class GossipTopic:
     def _remove_neighbour(self, neighbour: _Neighbour) -> None:
         if self._active.get(neighbour.peer) is neighbour:
             del self._active[neighbour.peer]
+            self._tree.neighbour_down(neighbour.peer)
         for task in neighbour.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
@@ -263,7 +334,7 @@ class GossipTopic:
         self, peer: bytes, send: iroh.SendStream, recv: iroh.RecvStream
     ) -> None:
         """Run an accepted neighbour until it goes away (called by the ALPN handler)."""
-        self._add_neighbour(peer, send, recv)
+        self._add_neighbour(peer, send, recv, dialled_by_us=False)
         neighbour = self._active[peer]
         await asyncio.gather(*neighbour.tasks, return_exceptions=True)
 
@@ -276,7 +347,7 @@ class GossipTopic:
                 if length is None:
                     return
                 if length > MAX_FRAME_BYTES:
-                    self.stats.oversized += 1
+                    self._stats.oversized += 1
                     if length > MAX_SKIPPABLE_FRAME_BYTES:
                         return  # not worth reading: drop this neighbour
                     await reader.skip(length)
@@ -290,43 +361,62 @@ class GossipTopic:
     def _on_frame(self, source: bytes, frame: bytes) -> None:
         try:
             kind, body = split_frame(frame)
+            if kind in (FrameKind.IHAVE, FrameKind.GRAFT, FrameKind.PRUNE):
+                self._on_tree_frame(source, kind, body)
+                return
             if kind != FrameKind.MESSAGE:
                 raise GossipWireError(f"unexpected {kind.name} frame after the handshake")
             if len(body) > MAX_MESSAGE_BYTES:
-                self.stats.oversized += 1
+                self._stats.oversized += 1
                 return
             message = SignedMessage.decode(body)
         except GossipWireError as error:
             logger.debug("malformed gossip frame from %s: %s", source.hex()[:8], error)
-            self.stats.malformed += 1
+            self._stats.malformed += 1
             return
         message_id = message.message_id
         if message_id in self._seen:
-            self.stats.duplicates += 1
+            self._stats.duplicates += 1
+            self._tree.on_duplicate(source)
             return
         self._remember(message_id)  # also for forged ones: never verify the same bytes twice
         if not message.is_authentic(self.topic):
-            self.stats.forged += 1
+            self._stats.forged += 1
             return
         if message.sender != self._gossip.transport.node_id:
             try:
                 self._deliveries.put_nowait(
                     GossipMessage(message.sender, message.payload, message_id)
                 )
-                self.stats.delivered += 1
+                self._stats.delivered += 1
             except asyncio.QueueFull:
-                self.stats.dropped_slow_consumer += 1
-        self._forward(frame, exclude=source)
+                self._stats.dropped_slow_consumer += 1
+        self._tree.on_new_message(message_id, frame, source)
 
-    def _forward(self, frame: bytes, exclude: bytes | None) -> None:
-        for peer, neighbour in list(self._active.items()):
-            if peer == exclude:
-                continue
-            try:
-                neighbour.outbox.put_nowait(frame)
-                self.stats.forwarded += 1
-            except asyncio.QueueFull:
-                self.stats.dropped_slow_neighbour += 1
+    def _on_tree_frame(self, source: bytes, kind: FrameKind, body: bytes) -> None:
+        if kind == FrameKind.PRUNE:
+            self._tree.on_prune(source)
+            return
+        try:
+            ids = decode_ids(body)
+        except ValueError as error:
+            raise GossipWireError(str(error)) from None
+        if kind == FrameKind.IHAVE:
+            self._tree.on_ihave(source, ids)
+        else:
+            self._tree.on_graft(source, ids)
+
+    def _send(self, peer: bytes, frame: bytes) -> None:
+        neighbour = self._active.get(peer)
+        if neighbour is None:
+            return
+        try:
+            neighbour.outbox.put_nowait(frame)
+        except asyncio.QueueFull:
+            self._stats.dropped_slow_neighbour += 1
+            return
+        if frame[0] == FrameKind.MESSAGE:
+            self._stats.forwarded += 1
 
     def _remember(self, message_id: bytes) -> None:
         now = time.monotonic()

@@ -52,6 +52,9 @@ class FrameKind(enum.IntEnum):
     ACCEPT = 2
     REJECT = 3
     MESSAGE = 4
+    IHAVE = 5  # body: message ids (32 bytes each) we have, for a lazy neighbour
+    PRUNE = 6  # body: empty; "you are lazy for me now"
+    GRAFT = 7  # body: message ids to send us; "you are eager for me now"
 
 
 def topic_for_run(run_id: str) -> bytes:

@@ -1,6 +1,7 @@
 """Gossip over real iroh endpoints on 127.0.0.1 (relays disabled)."""
 
 import asyncio
+import dataclasses
 import itertools
 
 import pytest
@@ -39,15 +40,19 @@ SPARSE = GossipConfig(
 
 
 def connected(topics: list[GossipTopic], nodes: list[P2PNode]) -> bool:
-    """Is the neighbour graph (as each node sees it) one connected component?"""
+    """Is the graph of mutual neighbour links one connected component?"""
     ids = {node.node_id: topic for node, topic in zip(nodes, topics, strict=True)}
+
+    def mutual(peer: bytes) -> list[bytes]:
+        return [p for p in ids[peer].neighbours() if p in ids and peer in ids[p].neighbours()]
+
     seen, frontier = set(), [nodes[0].node_id]
     while frontier:
         peer = frontier.pop()
         if peer in seen:
             continue
         seen.add(peer)
-        frontier.extend(p for p in ids[peer].neighbours() if p in ids)
+        frontier.extend(mutual(peer))
     return len(seen) == len(nodes)
 
 
@@ -63,7 +68,7 @@ def announcement(step: int, index: int) -> bytes:
     )
 
 
-async def drain(topic: GossipTopic, settle: float = 0.3) -> list[tuple[bytes, bytes]]:
+async def drain(topic: GossipTopic, settle: float = 0.8) -> list[tuple[bytes, bytes]]:
     """Everything delivered so far, once nothing new arrived for ``settle`` seconds."""
     received: list[tuple[bytes, bytes]] = []
     while True:
@@ -74,8 +79,10 @@ async def drain(topic: GossipTopic, settle: float = 0.3) -> list[tuple[bytes, by
         received.append((message.sender, message.payload))
 
 
-async def test_six_sparse_nodes_deliver_every_announcement_exactly_once() -> None:
-    async with started_nodes(6, gossip_config=SPARSE) as nodes:
+@pytest.mark.parametrize("lazy_push", [False, True], ids=["flooding", "plumtree"])
+async def test_six_sparse_nodes_deliver_every_announcement_exactly_once(lazy_push: bool) -> None:
+    config = dataclasses.replace(SPARSE, lazy_push=lazy_push)
+    async with started_nodes(6, gossip_config=config) as nodes:
         topics = subscribe_chain(nodes, RUN)
         await wait_until(lambda: connected(topics, nodes), what="a connected overlay")
         not_adjacent = [
@@ -88,8 +95,8 @@ async def test_six_sparse_nodes_deliver_every_announcement_exactly_once() -> Non
         for step in (1, 2):
             for index, topic in enumerate(topics):
                 await topic.broadcast(announcement(step, index))
-        for index, topic in enumerate(topics):
-            received = await drain(topic)
+        drained = await asyncio.gather(*(drain(topic) for topic in topics))
+        for index, (topic, received) in enumerate(zip(topics, drained, strict=True)):
             expected = sorted(
                 (nodes[j].node_id, announcement(step, j))
                 for step in (1, 2)
@@ -143,6 +150,7 @@ async def test_forged_oversized_and_malformed_messages_are_dropped_without_distu
                 encode_message_frame(forged),
                 oversized,
                 b"\x09junk",
+                bytes([FrameKind.IHAVE]) + b"not a whole id" * 3,
                 encode_message_frame(own),
             ]:
                 await send.write_all(framing.encode_frame(frame))  # type: ignore[attr-defined]
@@ -152,15 +160,16 @@ async def test_forged_oversized_and_malformed_messages_are_dropped_without_distu
             )
             for index, topic in enumerate(topics):
                 await topic.broadcast(announcement(3, index))
-            for index, topic in enumerate(topics):
-                payloads = sorted(p for _, p in await drain(topic))
+            drained = await asyncio.gather(*(drain(topic) for topic in topics))
+            for index, received in enumerate(drained):
+                payloads = sorted(p for _, p in received)
                 expected = sorted(
                     [announcement(3, j) for j in range(6) if j != index]
                     + [b"attacker's valid message"]
                 )
                 assert payloads == expected
             stats = topics[target_index].stats
-            assert (stats.forged, stats.oversized, stats.malformed) == (1, 1, 1)
+            assert (stats.forged, stats.oversized, stats.malformed) == (1, 1, 2)
             assert (
                 attacker.node_id in topics[target_index].neighbours()
             )  # still served after the junk
@@ -192,3 +201,17 @@ async def test_overlay_heals_when_a_peer_leaves_and_admits_a_joiner() -> None:
         for topic in [*alive_topics[1:], joiner_topic]:
             message = await topic.next_message(5)
             assert (message.sender, message.payload) == (nodes[0].node_id, b"after the churn")
+
+
+async def test_messages_sent_while_alone_reach_peers_that_join_later() -> None:
+    async with started_nodes(2, gossip_config=SPARSE) as (early, late):
+        early_topic = early.subscribe(RUN)
+        await early_topic.broadcast(b"announced before anyone listened")
+        late_topic = late.subscribe(RUN, [early.address])
+        message = await late_topic.next_message(5)  # offered by IHAVE on the new link, grafted
+        assert (message.sender, message.payload) == (
+            early.node_id,
+            b"announced before anyone listened",
+        )
+        await asyncio.sleep(0.3)
+        assert late_topic.stats.delivered == 1 and late_topic.stats.grafts == 1
