@@ -45,7 +45,9 @@ from client_image.p2p.blobs import (
     RateLimiter,
 )
 from client_image.p2p.diagnostics import PeerDiagnostics
-from client_image.p2p.gossip import Gossip, GossipConfig, GossipMessage, GossipStats, GossipTopic
+from client_image.p2p.gossip import GossipTopic
+from client_image.p2p.gossip_service import Gossip
+from client_image.p2p.gossip_types import GossipConfig, GossipMessage, GossipStats
 from client_image.p2p.gossip_wire import (
     GOSSIP_ALPN,
     MAX_MESSAGE_BYTES,

@@ -25,13 +25,19 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import iroh
 
 from client_image.p2p import framing
 from client_image.p2p.address import AddressError, PeerAddress
 from client_image.p2p.gossip_tree import BroadcastTree, TreeConfig, decode_ids
+from client_image.p2p.gossip_types import (
+    GossipMessage,
+    GossipStats,
+    Neighbour,
+    finish_quietly,
+)
 from client_image.p2p.gossip_wire import (
     GOSSIP_ALPN,
     MAX_FRAME_BYTES,
@@ -46,75 +52,12 @@ from client_image.p2p.gossip_wire import (
     split_frame,
     topic_for_run,
 )
-from client_image.p2p.transport import Transport, TransportError
+from client_image.p2p.transport import TransportError
+
+if TYPE_CHECKING:
+    from client_image.p2p.gossip_service import Gossip
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GossipConfig:
-    max_active_view: int = 8
-    target_neighbours: int = 3
-    max_passive_view: int = 64
-    maintenance_interval_s: float = 1.0
-    handshake_timeout_s: float = 5.0
-    id_retention_s: float = 120.0
-    max_retained_ids: int = 200_000
-    delivery_queue_size: int = 10_000
-    neighbour_queue_size: int = 1_024
-    # True: PlumTree, eager push on a tree and IHAVE/GRAFT on the other edges (see
-    # gossip_tree): fewer copies, but with every node broadcasting at once the shared tree
-    # is over-pruned and grafts add graft_timeout_s. Measured with bench/p2p.py, 16 nodes:
-    # flooding the bounded active view had the lower p99, for ~3x the copies of messages
-    # that are < 1 KiB, so flooding is the default.
-    lazy_push: bool = False
-    graft_timeout_s: float = 0.2
-    ihave_interval_s: float = 0.05
-    message_cache_s: float = 60.0
-
-
-@dataclass
-class GossipStats:
-    delivered: int = 0
-    sent: int = 0
-    forwarded: int = 0
-    duplicates: int = 0
-    forged: int = 0
-    malformed: int = 0
-    oversized: int = 0
-    dropped_slow_consumer: int = 0
-    dropped_slow_neighbour: int = 0
-    grafts: int = 0
-    prunes: int = 0
-
-
-@dataclass(frozen=True)
-class GossipMessage:
-    sender: bytes
-    payload: bytes
-    message_id: bytes
-
-
-@dataclass
-class _Neighbour:
-    peer: bytes
-    send: iroh.SendStream
-    recv: iroh.RecvStream
-    outbox: asyncio.Queue[bytes]
-    dialled_by_us: bool
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    async def write_loop(self) -> None:
-        while True:
-            frames = [await self.outbox.get()]
-            while not self.outbox.empty():  # coalesce a burst into one binding call
-                frames.append(self.outbox.get_nowait())
-            await self.send.write_all(b"".join(framing.encode_frame(f) for f in frames))
-
-
-async def _finish_quietly(send: iroh.SendStream) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(send.finish(), 1.0)
 
 
 class GossipTopic:
@@ -126,7 +69,7 @@ class GossipTopic:
         self._stats = GossipStats()
         self._gossip = gossip
         self._config = gossip.config
-        self._active: dict[bytes, _Neighbour] = {}
+        self._active: dict[bytes, Neighbour] = {}
         self._dialling: set[bytes] = set()
         self._passive: dict[bytes, PeerAddress] = {}
         self._seen: OrderedDict[bytes, float] = OrderedDict()
@@ -284,7 +227,7 @@ class GossipTopic:
         self._tree.neighbour_down(victim.peer)
         for task in victim.tasks:
             task.cancel()
-        asyncio.create_task(_finish_quietly(victim.send))
+        asyncio.create_task(finish_quietly(victim.send))
 
     def _our_dial_wins(self, peer: bytes) -> bool:
         return self._gossip.transport.node_id < peer
@@ -312,9 +255,9 @@ class GossipTopic:
         if replaced is not None:  # the losing stream of a simultaneous dial
             for task in replaced.tasks:
                 task.cancel()
-            asyncio.create_task(_finish_quietly(replaced.send))
+            asyncio.create_task(finish_quietly(replaced.send))
         queue: asyncio.Queue[bytes] = asyncio.Queue(self._config.neighbour_queue_size)
-        neighbour = _Neighbour(peer, send, recv, queue, dialled_by_us)
+        neighbour = Neighbour(peer, send, recv, queue, dialled_by_us)
         self._active[peer] = neighbour
         self._tree.neighbour_up(peer)
         neighbour.tasks = [
@@ -322,7 +265,7 @@ class GossipTopic:
             asyncio.create_task(self._read_loop(neighbour)),
         ]
 
-    def _remove_neighbour(self, neighbour: _Neighbour) -> None:
+    def _remove_neighbour(self, neighbour: Neighbour) -> None:
         if self._active.get(neighbour.peer) is neighbour:
             del self._active[neighbour.peer]
             self._tree.neighbour_down(neighbour.peer)
@@ -339,7 +282,7 @@ class GossipTopic:
         await asyncio.gather(*neighbour.tasks, return_exceptions=True)
 
     # -- dissemination ----------------------------------------------------------------------
-    async def _read_loop(self, neighbour: _Neighbour) -> None:
+    async def _read_loop(self, neighbour: Neighbour) -> None:
         reader = framing.FrameReader(neighbour.recv)
         try:
             while True:
@@ -427,88 +370,3 @@ class GossipTopic:
             or next(iter(self._seen.values())) < horizon
         ):
             self._seen.popitem(last=False)
-
-
-class Gossip:
-    """The node's gossip service: one ``GossipTopic`` per subscribed run."""
-
-    def __init__(self, transport: Transport, config: GossipConfig | None = None) -> None:
-        self.transport = transport
-        self.config = config or GossipConfig()
-        self._topics: dict[bytes, GossipTopic] = {}
-        transport.register_protocol(GOSSIP_ALPN, self._handle_connection)
-
-    def subscribe(self, run_id: str, bootstrap: Iterable[PeerAddress] = ()) -> GossipTopic:
-        topic = topic_for_run(run_id)
-        if topic in self._topics:
-            return self._topics[topic]
-        subscription = GossipTopic(self, run_id)
-        subscription.add_peers(bootstrap)
-        self._topics[topic] = subscription
-        subscription.start()
-        return subscription
-
-    async def unsubscribe(self, run_id: str) -> None:
-        subscription = self._topics.pop(topic_for_run(run_id), None)
-        if subscription is not None:
-            await subscription.leave()
-
-    async def stop(self) -> None:
-        for subscription in list(self._topics.values()):
-            await subscription.leave()
-        self._topics.clear()
-
-    async def _handle_connection(self, connection: iroh.Connection) -> None:
-        peer = connection.remote_id().to_bytes()
-        streams: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                stream = await connection.accept_bi()
-                task = asyncio.create_task(self._handle_stream(peer, stream.send(), stream.recv()))
-                streams.add(task)
-                task.add_done_callback(streams.discard)
-        except iroh.IrohError:
-            pass  # connection closed
-        finally:
-            for task in streams:
-                task.cancel()
-
-    async def _handle_stream(
-        self, peer: bytes, send: iroh.SendStream, recv: iroh.RecvStream
-    ) -> None:
-        try:
-            frame = await asyncio.wait_for(
-                framing.read_frame(recv, MAX_FRAME_BYTES), self.config.handshake_timeout_s
-            )
-            if frame is None:
-                return
-            kind, body = split_frame(frame)
-            hello = decode_control(body)
-            if kind != FrameKind.HELLO:
-                raise GossipWireError(f"expected HELLO, got {kind.name}")
-            subscription = self._topics.get(bytes.fromhex(str(hello.get("topic", ""))))
-            reply: dict[str, object]
-            if subscription is None:
-                reply_kind, reply = FrameKind.REJECT, {"reason": "not subscribed to this topic"}
-            else:
-                reply_kind, reply = subscription.handshake_reply(peer, hello)
-            await send.write_all(framing.encode_frame(encode_control(reply_kind, reply)))
-            if reply_kind == FrameKind.ACCEPT and subscription is not None:
-                await subscription.serve_neighbour(peer, send, recv)
-            else:
-                await send.finish()
-        except (
-            TimeoutError,
-            GossipWireError,
-            ValueError,
-            framing.StreamClosed,
-            framing.FrameTooLarge,
-        ) as error:
-            logger.debug("gossip handshake from %s failed: %s", peer.hex()[:8], error)
-            # tell the peer why, then end the stream so it never waits on us
-            with contextlib.suppress(Exception):
-                reason = {"reason": f"bad handshake: {error}"[:500]}
-                await send.write_all(framing.encode_frame(encode_control(FrameKind.REJECT, reason)))
-                await send.finish()
-        except iroh.IrohError:
-            return
