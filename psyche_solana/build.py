@@ -12,6 +12,7 @@ Needs Debian's clang (apt-get install clang lld llvm).
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,8 @@ from psyche_solana.linker import LinkError, link
 
 PACKAGE = Path(__file__).resolve().parent
 SOURCES = PACKAGE / "programs"
-BUILD_DIR = PACKAGE.parent / "build" / "programs"
+# PSYCHE_SOLANA_BUILD_DIR overrides where the .so files go (e.g. for a non-editable install)
+BUILD_DIR = Path(os.environ.get("PSYCHE_SOLANA_BUILD_DIR") or PACKAGE.parent / "build" / "programs")
 CFLAGS = ["-target", "bpfel", "-O2", "-ffreestanding", "-fno-builtin", "-fno-jump-tables",
           "-Wall", "-Werror", "-Wno-unused-function"]
 
