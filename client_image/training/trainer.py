@@ -9,7 +9,7 @@ Per step s (delta: a persistent buffer per parameter, zero at the start):
       lookahead                     theta -= lr(s-1) * sign(delta)        (lr(0) at s = 0)
       forward/backward              grad = mean over micro-batches of dCE/dtheta
       clip                          grad *= c / (||grad||_2 + 1e-6)      if ||grad|| > c
-      undo lookahead                theta += lr(s-1) * sign(delta)
+      undo lookahead                theta = saved theta (exact, see train())
       error feedback                delta -= decompress(own last result, unquantized)
       weight decay                  theta *= 1 - lr(s) * weight_decay
       momentum                      delta = compression_decay * delta + lr(s) * grad
@@ -199,10 +199,12 @@ class DistroTrainer:
             if cold_start:
                 torch._foreach_zero_(self.delta)
                 self._pending = None
-            # sign(delta) does not change until the lookahead is undone: compute it once.
-            lookahead = torch._foreach_sign(self.delta) if lr_prev else []
+            # The lookahead is undone by restoring a copy, not by adding the step back:
+            # (theta - x) + x is not always theta in floating point, and clients that
+            # must hold bit-identical weights each look ahead with their own delta.
+            saved = [p.detach().clone() for p in self.params] if lr_prev else []
             if lr_prev:
-                self.layout.add_to(self.params, lookahead, alpha=-lr_prev)
+                self.layout.add_to(self.params, torch._foreach_sign(self.delta), alpha=-lr_prev)
         self.timings.apply_s += time.perf_counter() - started
 
         started = time.perf_counter()
@@ -213,8 +215,8 @@ class DistroTrainer:
         with torch.no_grad():
             started = time.perf_counter()
             if lr_prev:
-                self.layout.add_to(self.params, lookahead, alpha=lr_prev)
-            del lookahead
+                torch._foreach_copy_(self.params, saved)
+            del saved
             if self.config.weight_decay:
                 torch._foreach_mul_(self.params, 1 - lr_now * self.config.weight_decay)
             applied_at = time.perf_counter()
