@@ -89,7 +89,9 @@ def main() -> None:
         "repeats": args.repeats,
         "image": f"psyche-client:{version}",
     }
-    print(f"median: start_to_running {result['start_to_running_s']}s, crash_to_restarted {result['crash_to_restarted_s']}s")
+    print(
+        f"median: start_to_running {result['start_to_running_s']}s, crash_to_restarted {result['crash_to_restarted_s']}s"
+    )
     print(json.dumps(result))
 
 

@@ -80,7 +80,7 @@ def run(
 def _run_client(env_file: Path, options: object, tui: bool,
                 telemetry: TelemetryOptions | None = None) -> int:
     from run_manager import engine
-    from run_manager.docker_supervisor import Supervisor
+    from run_manager.docker_supervisor import Supervisor, SupervisorFinished
     from run_manager.monitor import Monitor
     from run_manager.runner import (
         RunOptions,
@@ -137,9 +137,17 @@ def _run_client(env_file: Path, options: object, tui: bool,
         tui_app = RunManagerApp(dashboard, make_supervisor, make_monitor)
         tui_app.run()
         finished = tui_app.finished
+        asyncio.run(_close(coordinator, metrics))
     else:
-        finished = asyncio.run(run_headless(make_supervisor, make_monitor, dashboard))
-    asyncio.run(_close(coordinator, metrics))
+
+        async def headless() -> SupervisorFinished:
+            # The sources' connections live on this loop: close them on it too.
+            try:
+                return await run_headless(make_supervisor, make_monitor, dashboard)
+            finally:
+                await _close(coordinator, metrics)
+
+        finished = asyncio.run(headless())
     if exporter is not None:
         exporter.telemetry.shutdown()
     if finished is not None and finished.reason in ("gave-up", "error"):

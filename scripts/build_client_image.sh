@@ -69,12 +69,17 @@ mkdir -p "$CONTEXT/wheelhouse"
 ln "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/" 2>/dev/null || cp "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/"
 cp -al assets "$CONTEXT/assets" 2>/dev/null || cp -r assets "$CONTEXT/assets"
 cp Dockerfile.client "$CONTEXT/Dockerfile"
+PREVIOUS_ID=$(docker image inspect -f '{{.Id}}' "$TAG" 2>/dev/null || true)
 echo "build_client_image: docker build $TAG on $BASE"
 DOCKER_BUILDKIT=0 docker build --quiet 2>&1 --network host \
     --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" \
     --label io.psyche.build-sha="$BUILD_SHA" \
     -t "$TAG" "$CONTEXT" >/dev/null
 rm -rf "$CONTEXT"
-# The untagged install stage (it holds the whole wheelhouse) is of no use once built.
+# The untagged install stage (it holds the whole wheelhouse) is of no use once built, nor
+# is the image the tag pointed to before (removal fails, harmlessly, while it is in use).
 docker image prune -f --filter label=io.psyche.build-stage=install >/dev/null || true
+if [ -n "$PREVIOUS_ID" ] && [ "$PREVIOUS_ID" != "$(docker image inspect -f '{{.Id}}' "$TAG")" ]; then
+    docker rmi "$PREVIOUS_ID" >/dev/null 2>&1 || true
+fi
 echo "build_client_image: built $TAG"
