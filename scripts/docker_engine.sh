@@ -43,7 +43,9 @@ start_engine() {
     # overlay2 when the kernel and filesystem allow it (vfs copies every layer whole).
     local driver=overlay2
     if ! grep -qw overlay /proc/filesystems; then driver=vfs; fi
-    nohup dockerd --storage-driver="$driver" --host="unix://$SOCKET" >"$LOG_FILE" 2>&1 &
+    # setsid: its own session, so the engine outlives the shell (or CI step) that started it
+    # and a signal to that shell's process group does not take it down.
+    setsid nohup dockerd --storage-driver="$driver" --host="unix://$SOCKET" >"$LOG_FILE" 2>&1 </dev/null &
     echo $! >"$PID_FILE"
     for _ in $(seq 1 "$WAIT_SECONDS"); do
         if engine_answers; then
