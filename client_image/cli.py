@@ -80,8 +80,32 @@ def _relay(value: str) -> tuple[Literal["disabled", "default", "custom"], tuple[
 def train(
     run_id: Annotated[str, typer.Option("--run-id", envvar="RUN_ID", help="The run to join.")],
     server_addr: Annotated[
-        str, typer.Option("--server-addr", envvar="SERVER_ADDR", help="TCP coordinator HOST:PORT.")
-    ],
+        str | None,
+        typer.Option("--server-addr", envvar="SERVER_ADDR", help="TCP coordinator HOST:PORT."),
+    ] = None,
+    rpc: Annotated[
+        str | None,
+        typer.Option("--rpc", envvar="RPC", help="Solana run: JSON-RPC URL of the cluster."),
+    ] = None,
+    rpc_2: Annotated[
+        str | None, typer.Option("--rpc-2", envvar="RPC_2", help="Fallback JSON-RPC URL.")
+    ] = None,
+    ws_rpc: Annotated[
+        str | None,
+        typer.Option("--ws-rpc", envvar="WS_RPC",
+                     help="Accepted for compatibility; account changes are polled over RPC."),
+    ] = None,
+    ws_rpc_2: Annotated[str | None, typer.Option("--ws-rpc-2", envvar="WS_RPC_2")] = None,
+    authorizer: Annotated[
+        str | None,
+        typer.Option("--authorizer", envvar="AUTHORIZER",
+                     help="Solana run: join as a delegate of this authorization grantee."),
+    ] = None,
+    wallet_private_key_path: Annotated[
+        Path | None,
+        typer.Option("--wallet-private-key-path", envvar="WALLET_PRIVATE_KEY_PATH",
+                     help="Solana run: solana-keygen keypair file; else RAW_WALLET_PRIVATE_KEY."),
+    ] = None,
     identity_secret_key_path: Annotated[
         Path | None,
         typer.Option(
@@ -188,13 +212,22 @@ def train(
     from client_image.runtime.observability import EventLog, configure_logging
     from client_image.runtime.tcp_backend import BackendRejected, parse_server_addr
 
+    if (server_addr is None) == (rpc is None):
+        typer.echo("error: give exactly one of --server-addr (TCP run) and --rpc (Solana run)",
+                   err=True)
+        raise typer.Exit(code=2)
+    if server_addr is not None:
+        try:
+            parse_server_addr(server_addr)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--server-addr") from None
     try:
-        parse_server_addr(server_addr)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--server-addr") from None
-    try:
-        identity = Identity.load(identity_secret_key_path)
-    except IdentityError as error:
+        if rpc is not None:
+            # On Solana the wallet signs transactions and names the node: one key.
+            identity = Identity(_wallet_secret(wallet_private_key_path))
+        else:
+            identity = Identity.load(identity_secret_key_path)
+    except (IdentityError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(code=2) from None
     interface = None
@@ -219,6 +252,9 @@ def train(
     options = ClientOptions(
         run_id=run_id,
         server_addr=server_addr,
+        rpc=rpc,
+        rpc_2=rpc_2,
+        authorizer=authorizer,
         identity=identity,
         node_config=NodeConfig(
             bind_ip=bind_ip,
@@ -276,6 +312,36 @@ def _start_telemetry(options: TelemetryOptions, client: PsycheClient, node_id: s
         raise typer.Exit(code=2) from None
     client.telemetry = ClientTelemetry(telemetry, client)
     return telemetry
+
+
+def _wallet_secret(path: Path | None) -> bytes:
+    """The 32-byte secret seed of the Solana wallet (file, or RAW_WALLET_PRIVATE_KEY)."""
+    import json
+    import os
+
+    from run_manager.wallet import WalletError, load_keypair_bytes
+
+    if path is not None:
+        try:
+            return load_keypair_bytes(path)[:32]
+        except WalletError as exc:
+            raise ValueError(f"--wallet-private-key-path: {exc}") from None
+    raw = os.environ.get("RAW_WALLET_PRIVATE_KEY", "").strip()
+    if not raw:
+        raise ValueError("a Solana run needs --wallet-private-key-path or RAW_WALLET_PRIVATE_KEY")
+    try:
+        if raw.startswith("["):
+            secret = bytes(json.loads(raw))
+        else:
+            from solders.keypair import Keypair
+
+            secret = bytes(Keypair.from_base58_string(raw))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"RAW_WALLET_PRIVATE_KEY is neither a JSON byte array nor base58: {exc}"
+                         ) from None
+    if len(secret) != 64:
+        raise ValueError(f"RAW_WALLET_PRIVATE_KEY must hold 64 bytes, got {len(secret)}")
+    return secret[:32]
 
 
 def _has_accelerator() -> bool:

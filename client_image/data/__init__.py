@@ -12,6 +12,8 @@ Public surface:
     await open_provider(location: LocalDataLocation | HttpDataLocation, max_seq_len, **kw)
     DataProviderError                 missing/short file, index out of range, server failure
     shuffle_in_place(items, seed)     ChaCha8Rng + rand 0.8 slice shuffle (Seeded shuffle)
+    await TcpDataProvider.open(address, identity, run_id, max_seq_len)
+                                      the coordinator's TCP data server (Server location)
 
 A batch id [start, end] is inclusive; sample i is exactly max_seq_len tokens (see
 client_image.data.sequences for the offset rules).
@@ -27,6 +29,7 @@ from client_image.data.chacha import ChaChaRng, shuffle_in_place
 from client_image.data.http import HttpDataProvider, location_urls
 from client_image.data.local import LocalDataProvider
 from client_image.data.sequences import DataProviderError
+from client_image.data.tcp_provider import DataServerMismatch, TcpDataProvider
 from coordinator.config import HttpDataLocation, LocalDataLocation, TokenSize
 
 
@@ -53,6 +56,6 @@ async def open_provider(
 
 
 __all__ = [
-    "ChaChaRng", "DataProvider", "DataProviderError", "HttpDataProvider", "LocalDataProvider",
+    "ChaChaRng", "DataProvider", "DataProviderError", "DataServerMismatch", "TcpDataProvider", "HttpDataProvider", "LocalDataProvider",
     "location_urls", "open_provider", "shuffle_in_place",
 ]

@@ -23,6 +23,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from client_image.p2p import (
     Finished,
@@ -45,6 +46,9 @@ from client_image.telemetry import ClientTelemetry
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator_tcp.protocol import ErrorReply
 
+if TYPE_CHECKING:
+    from client_image.backends.solana import SolanaBackend
+
 log = logging.getLogger(__name__)
 EXIT_VERSION_MISMATCH = 10
 MAX_RESULT_BYTES = 256 * 1024 * 1024
@@ -53,7 +57,7 @@ MAX_RESULT_BYTES = 256 * 1024 * 1024
 @dataclass
 class ClientOptions:
     run_id: str
-    server_addr: str
+    server_addr: str | None
     identity: Identity
     node_config: NodeConfig
     device: str = "cpu"
@@ -66,6 +70,11 @@ class ClientOptions:
     metrics_local_port: int | None = None
     client_version: str | None = None  # CLIENT_VERSION: exit 10 when the run wants another
     apply_download_timeout_s: float = 20.0
+    # Solana runs: the coordinator account is reached over these JSON-RPC endpoints
+    # (RPC, then the fallback RPC_2) instead of a TCP server; the identity is the wallet.
+    rpc: str | None = None
+    rpc_2: str | None = None
+    authorizer: str | None = None
 
 
 class PsycheClient:
@@ -92,7 +101,7 @@ class PsycheClient:
         self.round_task: asyncio.Task[None] | None = None
         self.data_provider: object | None = None
         self.topic: GossipTopic | None = None
-        self.backend: TcpBackend | None = None
+        self.backend: TcpBackend | SolanaBackend | None = None
         self.metrics_server: MetricsServer | None = None
         self.telemetry: ClientTelemetry | None = None  # set by the CLI when exporting
 
@@ -104,9 +113,7 @@ class PsycheClient:
             await self.metrics_server.start()
         self.topic = self.node.subscribe(self.options.run_id)
         self.node.run_topic = self.topic  # type: ignore[attr-defined]
-        self.backend = TcpBackend(self.options.server_addr, self.options.identity,
-                                  self.options.run_id, self.node.address.to_string(),
-                                  self.options.client_version or "")
+        self.backend = self._make_backend()
         self.events.emit("started", identity=self.me.key.hex(),
                          p2p_address=self.node.address.to_string())
         gossip = asyncio.create_task(self._gossip_loop(), name="gossip")
@@ -129,6 +136,24 @@ class PsycheClient:
             await self.node.stop()
             self.worker.close()
         return self.exit_code or 0
+
+    def _make_backend(self) -> TcpBackend | SolanaBackend:
+        options, p2p_address = self.options, self.node.address.to_string()
+        if options.rpc:
+            from solders.keypair import Keypair
+            from solders.pubkey import Pubkey
+
+            from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
+
+            return SolanaBackend(SolanaBackendOptions(
+                rpc=[options.rpc, options.rpc_2], run_id=options.run_id,
+                wallet=Keypair.from_seed(options.identity.secret_key), p2p_address=p2p_address,
+                client_version=options.client_version or "",
+                authorizer=Pubkey.from_string(options.authorizer) if options.authorizer else None))
+        if not options.server_addr:
+            raise ValueError("a client needs --server-addr (TCP run) or --rpc (Solana run)")
+        return TcpBackend(options.server_addr, options.identity, options.run_id, p2p_address,
+                          options.client_version or "")
 
     def stop(self, exit_code: int = 0) -> None:
         if self.exit_code is None:
