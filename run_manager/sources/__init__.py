@@ -1,5 +1,7 @@
 """Where the run-manager's data comes from: the run's coordinator and the client's metrics."""
 
+from typing import TYPE_CHECKING
+
 from run_manager.sources.coordinator import (
     CoordinatorSource,
     CoordinatorUnavailable,
@@ -10,6 +12,10 @@ from run_manager.sources.coordinator import (
     WitnessProgress,
 )
 from run_manager.sources.metrics import ClientMetrics, ConnectedPeer
+
+if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
+    from run_manager.sources.http_metrics import HttpClientMetricsSource, MetricsUnavailable
+    from run_manager.sources.tcp_coordinator import TcpCoordinatorSource
 
 # The client imports `run_manager.sources.metrics`, which runs this file: the HTTP
 # source (httpx) and the TCP source (the coordinator packages) load only when asked for.
