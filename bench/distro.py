@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from client_image.training.simulate import (  # noqa: E402
@@ -41,13 +42,24 @@ from client_image.training.simulate import (  # noqa: E402
 
 def run(optimizer: str, args: argparse.Namespace) -> tuple[Simulation, float, float, float]:
     config = SimulationConfig(
-        model=args.model, data=args.data, steps=args.steps, total_batch=args.total_batch,
-        micro_batch=args.micro_batch, peers=args.peers, optimizer=optimizer,  # type: ignore[arg-type]
-        seq_len=args.seq_len, seed=args.seed, device=args.device, dtype=args.dtype,
+        model=args.model,
+        data=args.data,
+        steps=args.steps,
+        total_batch=args.total_batch,
+        micro_batch=args.micro_batch,
+        peers=args.peers,
+        optimizer=optimizer,  # type: ignore[arg-type]
+        seq_len=args.seq_len,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
     )
     config.distro = config.distro.model_copy(
-        update={"compression_topk": args.topk, "compression_chunk": args.chunk,
-                "quantize_1bit": not args.no_quantize}
+        update={
+            "compression_topk": args.topk,
+            "compression_chunk": args.chunk,
+            "quantize_1bit": not args.no_quantize,
+        }
     )
     lr = args.distro_lr if optimizer == "distro" else args.adamw_lr
     config.lr_schedule = default_schedule(optimizer, args.steps, lr)
@@ -58,11 +70,16 @@ def run(optimizer: str, args: argparse.Namespace) -> tuple[Simulation, float, fl
         payload_total += report.payload_bytes_per_peer
         last_loss = report.loss
         if report.step % max(1, args.steps // 10) == 0 or report.step == args.steps - 1:
-            print(f"{optimizer:6s} step {report.step:4d} loss {report.loss:.4f} "
-                  f"bytes/peer {report.payload_bytes_per_peer:.0f}", flush=True)
+            print(
+                f"{optimizer:6s} step {report.step:4d} loss {report.loss:.4f} "
+                f"bytes/peer {report.payload_bytes_per_peer:.0f}",
+                flush=True,
+            )
     elapsed = time.perf_counter() - started
     val = validation_loss(simulation.model, args.val_data, args.seq_len, samples=args.val_samples)
-    print(f"{optimizer:6s} val loss {val:.4f} (train {last_loss:.4f}) in {elapsed:.1f}s", flush=True)
+    print(
+        f"{optimizer:6s} val loss {val:.4f} (train {last_loss:.4f}) in {elapsed:.1f}s", flush=True
+    )
     return simulation, val, payload_total / args.steps, elapsed
 
 
@@ -85,7 +102,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-samples", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
@@ -106,10 +126,16 @@ def main() -> None:
         "decompress_s": round(timings.decompress_s, 2),
         "apply_s": round(timings.apply_s, 2),
         "forward_backward_s": round(timings.forward_backward_s, 2),
-        "steps": args.steps, "peers": args.peers, "total_batch": args.total_batch,
-        "seq_len": args.seq_len, "topk": args.topk, "chunk": args.chunk,
-        "quantize_1bit": not args.no_quantize, "distro_lr": args.distro_lr,
-        "adamw_lr": args.adamw_lr, "device": args.device,
+        "steps": args.steps,
+        "peers": args.peers,
+        "total_batch": args.total_batch,
+        "seq_len": args.seq_len,
+        "topk": args.topk,
+        "chunk": args.chunk,
+        "quantize_1bit": not args.no_quantize,
+        "distro_lr": args.distro_lr,
+        "adamw_lr": args.adamw_lr,
+        "device": args.device,
         "wall_s": {"adamw": round(adamw_s, 1), "distro": round(distro_s, 1)},
     }
     for key, value in figures.items():
