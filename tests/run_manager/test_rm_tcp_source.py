@@ -159,3 +159,51 @@ def test_a_tcp_env_file_gets_the_tcp_source_without_a_pinned_version(tmp_path: o
     assert "tcp" in COORDINATOR_SOURCES
     assert isinstance(source, TcpCoordinatorSource)
     assert (source.address, source.run_id, source.wait_s) == ("127.0.0.1:20000", "local-testnet", 3.0)
+
+
+async def test_the_tui_run_panel_shows_a_real_tcp_coordinator() -> None:
+    """The monitor polls TcpCoordinatorSource into the TUI (no container: no supervisor)."""
+    from textual.widgets import DataTable, Static
+
+    from client_image.p2p.identity import Identity
+    from coordinator_tcp.client import ProtocolConnection
+    from run_manager.monitor import Monitor
+    from run_manager.tui.app import RunManagerApp
+    from run_manager.view import Dashboard
+
+    async with coordinator_server("0.1.0") as server:
+        source = TcpCoordinatorSource(f"127.0.0.1:{server.port}", RUN_ID, wait_s=10)
+        dashboard = Dashboard()
+
+        def make_monitor(on_change):  # type: ignore[no-untyped-def]
+            return Monitor(dashboard, source, None, on_change, interval_s=0.1)
+
+        app = RunManagerApp(dashboard, None, make_monitor)
+        try:
+            async with app.run_test(size=(120, 40)) as pilot:
+                for _ in range(100):  # bounded: 10 s
+                    summary = str(app.query_one("#run-summary", Static).render())
+                    if "WaitingForMembers" in summary:
+                        break
+                    await pilot.pause(0.1)
+                assert f"run {RUN_ID}: WaitingForMembers 00:00 / 00:01" in summary
+                assert "epoch 0  step 1  clients 0/0 healthy" in summary
+                assert app.query_one("#run-clients", DataTable).row_count == 0
+
+                # A client joins for real: after waiting_for_members_extra_time, Warmup.
+                identity = Identity.generate()
+                client, _ = await ProtocolConnection.connect(
+                    "127.0.0.1", server.port, identity, RUN_ID, f"{identity.node_id}@127.0.0.1:1")
+                try:
+                    for _ in range(100):  # bounded: 10 s
+                        summary = str(app.query_one("#run-summary", Static).render())
+                        if "Warmup" in summary:
+                            break
+                        await pilot.pause(0.1)
+                    assert "Warmup" in summary and "clients 1/1 healthy" in summary
+                    table = app.query_one("#run-clients", DataTable)
+                    assert table.get_row(identity.public_key.hex())[1] == "Healthy"
+                finally:
+                    await client.close()
+        finally:
+            await source.close()
