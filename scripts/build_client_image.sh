@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the client image psyche-client:<project version> from Dockerfile.client.
+# Build the client image psyche-client:<project version> (also tagged :latest) from Dockerfile.client.
 #   scripts/build_client_image.sh [--base IMAGE] [--repo NAME] [--force]
 # 1. A wheelhouse on the host (build/wheelhouse): the dependencies once (cached; refreshed when
 #    pyproject.toml's dependencies change), the project wheel every time. torch comes from the
@@ -59,6 +59,7 @@ BUILD_SHA=$( { echo "$WHEEL_CONTENT_SHA"; sha256sum Dockerfile.client | awk '{pr
              | sha256sum | awk '{print substr($1,1,16)}')
 
 if [ "$FORCE" = 0 ] && [ "$(docker image inspect -f '{{ index .Config.Labels "io.psyche.build-sha" }}' "$TAG" 2>/dev/null)" = "$BUILD_SHA" ]; then
+    docker tag "$TAG" "$REPO:latest"
     echo "build_client_image: $TAG is up to date"
     exit 0
 fi
@@ -76,6 +77,8 @@ DOCKER_BUILDKIT=0 docker build --quiet 2>&1 --network host \
     --label io.psyche.build-sha="$BUILD_SHA" \
     -t "$TAG" "$CONTEXT" >/dev/null
 rm -rf "$CONTEXT"
+# Also :latest, the version a state.toml asks for when it names none (the local testnet).
+docker tag "$TAG" "$REPO:latest"
 # The untagged install stage (it holds the whole wheelhouse) is of no use once built, nor
 # is the image the tag pointed to before (removal fails, harmlessly, while it is in use).
 docker image prune -f --filter label=io.psyche.build-stage=install >/dev/null || true
