@@ -17,8 +17,10 @@ _EXPORTS = {
     "load_settings": "run_manager.settings",
     "ClientMetrics": "run_manager.sources.metrics",
     "CoordinatorSource": "run_manager.sources.coordinator",
+    "CoordinatorUnavailable": "run_manager.sources.coordinator",
     "PinnedVersionSource": "run_manager.sources.coordinator",
     "RunSnapshot": "run_manager.sources.coordinator",
+    "TcpCoordinatorSource": "run_manager.sources.tcp_coordinator",
 }
 __all__ = sorted(_EXPORTS)
 
