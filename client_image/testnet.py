@@ -76,6 +76,8 @@ class TestnetOptions:
     root: Path = REPO_ROOT
     data_port: int | None = None  # rewrite the Server data location's port
     metrics_base_port: int = METRICS_BASE_PORT  # client i serves metrics on base + i
+    server_args: list[str] = field(default_factory=list)  # extra `psyche-coordinator run` flags
+    client_args: list[str] = field(default_factory=list)  # extra `psyche-client train` flags
 
 
 @dataclass
@@ -148,7 +150,7 @@ class Testnet:
                 "--save-state-dir", str(self.options.work_dir / "server-state")]
         if self.data_config_path is not None:
             argv += ["--data-config", str(self.data_config_path.resolve())]
-        self.server = await self._spawn(argv, "server.log")
+        self.server = await self._spawn([*argv, *self.options.server_args], "server.log")
 
     async def start_client(self, i: int) -> None:
         client = self.clients[i]
@@ -158,7 +160,10 @@ class Testnet:
                 "--run-id", self.run_id, "--server-addr", f"127.0.0.1:{self.options.server_port}",
                 "--bind-p2p-port", "0", "--iroh-relay", "disabled", "--device", "cpu",
                 "--checkpoint-dir", str(checkpoints), "--logs", "json",
-                "--metrics-local-port", str(self.options.metrics_base_port + i)]
+                "--metrics-local-port", str(self.options.metrics_base_port + i),
+                # N clients share this machine's cores: one torch thread each avoids
+                # oversubscription (a client's own --torch-threads in client_args wins).
+                "--torch-threads", "1", *self.options.client_args]
         client.process = await self._spawn(argv, f"client-{i}.log",
                                            {"RAW_IDENTITY_SECRET_KEY": client_secret_hex(i)},
                                            lambda line: self._client_line(client, line))

@@ -1,0 +1,97 @@
+"""Whole runs on this machine: a real coordinator process, real client processes, real
+iroh on loopback. Built on `client_image.testnet.Testnet` (what `psyche-testnet` runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from client_image.testnet import Testnet, TestnetOptions
+from coordinator import CoordinatorState, load_data_config, load_state_file
+from coordinator.config import ServerDataLocation
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO / "config" / "local-testnet"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_config(directory: Path, data_port: int, **config: int) -> Path:
+    """The default local-testnet config with `[config]` overrides and an absolute data dir."""
+    state = load_state_file(DEFAULT_CONFIG / "state.toml")
+    model = state.model.model_copy(update={
+        "data_location": ServerDataLocation(address=f"127.0.0.1:{data_port}")})
+    state = state.model_copy(update={"config": state.config.model_copy(update=config),
+                                     "model": model})
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "state.toml").write_text(state.to_toml())
+    load_state_file(directory / "state.toml")  # the overrides must still be a valid config
+    data = load_data_config(DEFAULT_CONFIG / "data.toml")
+    seed = ", ".join(str(b) for b in data.shuffle_seed)
+    (directory / "data.toml").write_text(
+        f'dir = "{Path(data.dir).resolve()}"\ntoken_size = "{data.token_size.name}"\n'
+        f"seq_len = {data.seq_len}\nshuffle_seed = [{seed}]\n")
+    return directory
+
+
+def make_testnet(tmp_path: Path, num_clients: int, **overrides: Any) -> Testnet:
+    config = overrides.pop("config", {})
+    data_port = free_port()
+    config_dir = write_config(tmp_path / "config", data_port, **config)
+    options = TestnetOptions(num_clients=num_clients, config_path=config_dir,
+                             work_dir=tmp_path / "work", server_port=free_port(),
+                             metrics_base_port=free_port() - num_clients - 1,
+                             timeout_s=overrides.pop("timeout_s", 420), **overrides)
+    return Testnet(options)
+
+
+async def wait_for(testnet: Testnet, condition: Callable[[CoordinatorState], bool],
+                   timeout_s: float, what: str) -> CoordinatorState:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = testnet.state
+        if state is not None and condition(state):
+            return state
+        if testnet.server is not None and testnet.server.returncode is not None:
+            raise AssertionError(f"the coordinator exited ({testnet.server.returncode}) "
+                                 f"while waiting for {what}")
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last state: "
+                         f"{testnet.state and testnet.state.run_state.name} step "
+                         f"{testnet.state and testnet.state.progress.step}")
+
+
+def checkpoint_digests(work_dir: Path, client: int) -> dict[int, str]:
+    """Step -> SHA-256 of the safetensors of each checkpoint this client wrote."""
+    digests = {}
+    for directory in (work_dir / f"client-{client}" / "checkpoints").glob("*-step*"):
+        files = sorted(directory.glob("*.safetensors"))
+        digest = hashlib.sha256()
+        for file in files:
+            digest.update(file.read_bytes())
+        if files:
+            digests[int(directory.name.rpartition("-step")[2])] = digest.hexdigest()
+    return digests
+
+
+def events(work_dir: Path, client: int, name: str) -> list[dict[str, Any]]:
+    found = []
+    for line in (work_dir / f"client-{client}.log").read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == name:
+                found.append(event)
+    return found

@@ -1,0 +1,100 @@
+"""Runs that lose a part: a client SIGKILLed mid-round, the coordinator killed and
+restarted from its state directory, and a client that joins late and must get the model
+from its peers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from e2e_helpers import checkpoint_digests, events, make_testnet, wait_for
+
+from client_image.testnet import client_key, run_headless
+from coordinator import ClientState, RunState
+
+pytestmark = pytest.mark.slow
+
+
+def _state_of(state, key: bytes) -> ClientState | None:  # type: ignore[no-untyped-def]
+    for client in [*state.epoch_state.clients, *state.epoch_state.exited_clients]:
+        if client.id.key == key:
+            return client.state
+    return None
+
+
+async def test_sigkilled_client_is_dropped_by_health_checks_and_the_run_goes_on(tmp_path) -> None:
+    # Every client witnesses (witness_nodes = 0), so a dead one cannot stall the round
+    # alone; the server keeps disconnected clients listed, so only a health check removes it.
+    testnet = make_testnet(
+        tmp_path, 3, server_args=["--withdraw-on-disconnect", "false"],
+        config={"total_steps": 60, "epoch_time": 200, "witness_nodes": 0, "min_clients": 2})
+    victim = client_key(3)
+    try:
+        await testnet.start()
+        await wait_for(testnet, lambda s: s.run_state is RunState.RoundTrain
+                       and s.current_round.height >= 3, 180, "training round 3")
+        process = testnet.clients[3].process
+        assert process is not None
+        os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+        dropped = await wait_for(testnet, lambda s: _state_of(s, victim) is ClientState.Dropped,
+                                 120, "a health check dropping the killed client")
+        after = dropped.progress.step
+        later = await wait_for(testnet, lambda s: s.progress.step >= after + 3
+                               and s.run_state is RunState.RoundTrain, 120,
+                               "three more steps without the killed client")
+    finally:
+        await testnet.stop()
+    assert later.run_state in (RunState.RoundTrain, RunState.RoundWitness, RunState.Cooldown)
+    assert all(c.id.key != victim for c in later.epoch_state.clients)
+    health_checks = [e for i in (1, 2) for e in events(testnet.options.work_dir, i, "health_check")]
+    assert any(victim.hex()[:12] in e["unhealthy"] for e in health_checks), health_checks
+    # Its share of the data goes to the survivors: once it is gone, their batches of a
+    # step cover the whole global batch.
+    work = testnet.options.work_dir
+    trained = [e for i in (1, 2) for e in events(work, i, "trained") if e["step"] == later.progress.step - 1]
+    assert sum(end - start + 1 for start, end in (e["batch"] for e in trained)) == 12, trained
+
+
+async def test_coordinator_killed_and_restarted_from_its_state_dir(tmp_path) -> None:
+    testnet = make_testnet(tmp_path, 3, config={"total_steps": 20, "epoch_time": 25,
+                                                "warmup_time": 20})
+    try:
+        await testnet.start()
+        before = await wait_for(testnet, lambda s: s.progress.step >= 6, 180, "step 6")
+        server = testnet.server
+        assert server is not None
+        os.killpg(server.pid, signal.SIGKILL)
+        await server.wait()
+        await asyncio.sleep(2)
+        await testnet.start_server()  # same --save-state-dir: resumes the run
+        resumed = await wait_for(testnet, lambda s: s.progress.step >= before.progress.step,
+                                 60, "the restarted coordinator's state")
+        assert resumed.progress.epoch >= before.progress.epoch
+        final = await wait_for(testnet, lambda s: s.run_state is RunState.Finished, 300,
+                               "the run to finish after the restart")
+        clients = [c.process for c in testnet.clients.values() if c.process is not None]
+        await asyncio.wait_for(asyncio.gather(*(p.wait() for p in clients)), 30)
+    finally:
+        await testnet.stop()
+    assert final.progress.step == 20
+    digests = [checkpoint_digests(testnet.options.work_dir, i) for i in (1, 2, 3)]
+    last = max(digests[0])
+    assert digests[0][last] == digests[1][last] == digests[2][last]
+
+
+async def test_late_joiner_gets_the_model_from_peers_and_ends_identical(tmp_path) -> None:
+    testnet = make_testnet(tmp_path, 3, late_join_client_delay_s=12.0,
+                           config={"total_steps": 26, "epoch_time": 25, "warmup_time": 20,
+                                   "init_min_clients": 2, "min_clients": 2})
+    summary = await run_headless(testnet)
+    assert summary["error"] is None and summary["finished"], summary
+    work = testnet.options.work_dir
+    loaded = events(work, 3, "model_loaded")
+    assert loaded and loaded[0]["source"] == "p2p", loaded
+    assert events(work, 3, "trained"), "the late client never trained"
+    digests = [checkpoint_digests(work, i) for i in (1, 2, 3)]
+    last = max(digests[2])
+    assert digests[0][last] == digests[1][last] == digests[2][last]
