@@ -45,10 +45,18 @@ def _tcp_source(settings: RunManagerSettings) -> CoordinatorSource:
     )
 
 
+def _solana_source(settings: RunManagerSettings) -> CoordinatorSource:
+    # Imported here: solders and the account decoders are not needed by --help.
+    from run_manager.solana_commands import SolanaCoordinatorSource
+
+    return SolanaCoordinatorSource([settings.RPC, settings.RPC_2], settings.RUN_ID)
+
+
 # Backends register how to build their coordinator source from the settings:
-# "tcp" (COORDINATOR_ADDRESS); the Solana issue adds "solana" (RPC).
+# "tcp" (COORDINATOR_ADDRESS), "solana" (RPC, with RPC_2 as the fallback).
 COORDINATOR_SOURCES: dict[str, Callable[[RunManagerSettings], CoordinatorSource]] = {
     "tcp": _tcp_source,
+    "solana": _solana_source,
 }
 
 
