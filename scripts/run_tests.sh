@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Lint, type-check and test the whole project (after ./install.sh --dev --docker).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "+ ruff check ."; .venv/bin/ruff check .
+echo "+ mypy"; .venv/bin/mypy
+echo "+ pytest"; .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
