@@ -59,6 +59,7 @@ def run(optimizer: str, args: argparse.Namespace) -> tuple[Simulation, float, fl
             "compression_topk": args.topk,
             "compression_chunk": args.chunk,
             "quantize_1bit": not args.no_quantize,
+            "compression_decay": args.compression_decay,
         }
     )
     lr = args.distro_lr if optimizer == "distro" else args.adamw_lr
@@ -95,6 +96,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--compression-decay", type=float, default=0.95)
     parser.add_argument("--no-quantize", action="store_true", help="send bf16 values, not signs")
     parser.add_argument("--distro-lr", type=float, default=DEFAULT_DISTRO_LR)
     parser.add_argument("--adamw-lr", type=float, default=DEFAULT_ADAMW_LR)
@@ -133,6 +135,7 @@ def main() -> None:
         "topk": args.topk,
         "chunk": args.chunk,
         "quantize_1bit": not args.no_quantize,
+        "compression_decay": args.compression_decay,
         "distro_lr": args.distro_lr,
         "adamw_lr": args.adamw_lr,
         "device": args.device,

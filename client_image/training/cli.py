@@ -37,6 +37,7 @@ def train(
     lr: Annotated[float | None, typer.Option(help="peak learning rate (default: tuned)")] = None,
     topk: Annotated[int, typer.Option(min=1)] = 8,
     chunk: Annotated[int, typer.Option(min=1)] = 64,
+    compression_decay: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
     quantize_1bit: Annotated[bool, typer.Option("--quantize-1bit/--no-quantize-1bit")] = True,
     device: str = "cpu",
     dtype: Annotated[str, typer.Option(help="fp32 or bf16")] = "fp32",
@@ -58,7 +59,10 @@ def train(
         dtype="bf16" if dtype == "bf16" else "fp32",
     )
     config.distro = config.distro.model_copy(
-        update={"compression_topk": topk, "compression_chunk": chunk, "quantize_1bit": quantize_1bit}
+        update={
+            "compression_topk": topk, "compression_chunk": chunk,
+            "quantize_1bit": quantize_1bit, "compression_decay": compression_decay,
+        }
     )
     config.lr_schedule = default_schedule(opt, steps, lr)
     try:
