@@ -17,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from client_image.data import DataProviderError, LocalDataProvider
-from client_image.p2p.identity import verify
 from coordinator.config import DataServerConfig, SeededShuffle
 from coordinator_tcp.data_protocol import (
     DataRejected,
@@ -34,13 +32,10 @@ from coordinator_tcp.data_protocol import (
     max_samples_per_request,
 )
 from coordinator_tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
+from coordinator_tcp.handshake import JoinRejected, accept_join, send_fatal
 from coordinator_tcp.protocol import (
-    Challenge,
-    ErrorReply,
-    Join,
     ProtocolError,
     encode,
-    join_signing_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -133,29 +128,17 @@ class DataServer:
             writer.close()
 
     async def _fail(self, writer: asyncio.StreamWriter, error: str, detail: str) -> None:
-        with contextlib.suppress(Exception):
-            writer.write(encode_frame(encode(ErrorReply(error=error, detail=detail, fatal=True))))
-            await asyncio.wait_for(writer.drain(), 1)
-        writer.close()
+        await send_fatal(writer, error, detail)
 
     async def _handshake(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> bytes | None:
-        nonce = os.urandom(32)
-        writer.write(encode_frame(encode(Challenge(nonce=nonce))))
-        await writer.drain()
-        message = decode_data_client_message(
-            await read_frame(reader, self.options.max_request_frame))
-        if not isinstance(message, Join):
-            raise ProtocolError(f"expected a join message first, got {message.type!r}")
-        if message.run_id != self.run_id:
-            await self._fail(writer, "WrongRunId",
-                             f"this data server serves {self.run_id!r}, not {message.run_id!r}")
-            return None
-        if not verify(message.identity, join_signing_bytes(nonce, message.run_id,
-                                                           message.p2p_address),
-                      message.signature):
-            await self._fail(writer, "BadSignature",
-                             "the join signature does not verify for this identity and challenge")
+        try:
+            message = await accept_join(reader, writer, run_id=self.run_id,
+                                        decode=decode_data_client_message,
+                                        max_frame=self.options.max_request_frame,
+                                        serving="data server serves")
+        except JoinRejected as rejected:
+            await self._fail(writer, rejected.error, rejected.detail)
             return None
         writer.write(encode_frame(encode(DataWelcome(num_sequences=self.num_sequences,
                                                      seq_len=self.config.seq_len))))

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from client_image.p2p.identity import verify
 from coordinator import (
     ClientState,
     Coordinator,
@@ -35,9 +34,9 @@ from coordinator import (
     encode_state,
 )
 from coordinator_tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
+from coordinator_tcp.handshake import JoinRejected, accept_join, send_fatal
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
-    Challenge,
     CheckpointReport,
     ErrorReply,
     HealthCheck,
@@ -51,7 +50,6 @@ from coordinator_tcp.protocol import (
     WitnessSubmit,
     decode_client_message,
     encode,
-    join_signing_bytes,
 )
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
 
@@ -275,28 +273,16 @@ class CoordinatorServer:
             self._disconnected(peer)
 
     async def _fail(self, writer: asyncio.StreamWriter, error: str, detail: str) -> None:
-        with contextlib.suppress(Exception):
-            writer.write(encode_frame(encode(ErrorReply(error=error, detail=detail, fatal=True))))
-            await asyncio.wait_for(writer.drain(), 1)
-        writer.close()
+        await send_fatal(writer, error, detail)
 
     async def _handshake(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> _Peer | None:
-        nonce = os.urandom(32)
-        writer.write(encode_frame(encode(Challenge(nonce=nonce))))
-        await writer.drain()
-        message = decode_client_message(await read_frame(reader, SERVER_MAX_FRAME))
-        if not isinstance(message, Join):
-            raise ProtocolError(f"expected a join message first, got {message.type!r}")
-        if message.run_id != self.state.run_id:
-            await self._fail(writer, "WrongRunId",
-                             f"this server runs {self.state.run_id!r}, not {message.run_id!r}")
-            self.stats.handshakes_failed += 1
-            return None
-        signed = join_signing_bytes(nonce, message.run_id, message.p2p_address)
-        if not verify(message.identity, signed, message.signature):
-            await self._fail(writer, "BadSignature",
-                             "the join signature does not verify for this identity and challenge")
+        try:
+            message = await accept_join(reader, writer, run_id=self.state.run_id,
+                                        decode=decode_client_message, max_frame=SERVER_MAX_FRAME,
+                                        serving="server runs")
+        except JoinRejected as rejected:
+            await self._fail(writer, rejected.error, rejected.detail)
             self.stats.handshakes_failed += 1
             return None
         identity = NodeIdentity(message.identity)
