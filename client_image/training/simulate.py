@@ -69,8 +69,8 @@ def default_schedule(optimizer: str, steps: int, base_lr: float | None = None) -
     )
 
 
-DEFAULT_DISTRO_LR = 3e-3
-DEFAULT_ADAMW_LR = 3e-3
+DEFAULT_DISTRO_LR = 2e-3
+DEFAULT_ADAMW_LR = 2e-3
 
 
 @dataclass
