@@ -243,12 +243,10 @@ def train(
         import torch
 
         torch.set_num_threads(torch_threads)
-    if hub_repo:
-        typer.echo(
-            "warning: --hub-repo upload needs network access to the hub; "
-            "checkpoints are written locally only",
-            err=True,
-        )
+    if hub_repo and checkpoint_dir is None:
+        typer.echo("error: --hub-repo uploads the checkpoints of --checkpoint-dir: give both",
+                   err=True)
+        raise typer.Exit(code=2)
     options = ClientOptions(
         run_id=run_id,
         server_addr=server_addr,
@@ -266,6 +264,8 @@ def train(
         device="cpu" if device == "auto" and not _has_accelerator() else device,
         micro_batch_size=micro_batch_size,
         checkpoint_dir=checkpoint_dir,
+        hub_repo=hub_repo,
+        hub_token=os.environ.get("HF_TOKEN") or None,
         keep_steps=keep_steps,
         delete_old_steps=delete_old_steps,
         max_concurrent_parameter_requests=max_concurrent_parameter_requests,

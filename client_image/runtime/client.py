@@ -63,6 +63,8 @@ class ClientOptions:
     device: str = "cpu"
     micro_batch_size: int = 1
     checkpoint_dir: Path | None = None
+    hub_repo: str | None = None  # upload each epoch's checkpoint here, then report it
+    hub_token: str | None = None
     keep_steps: int = 3
     delete_old_steps: bool = True
     max_concurrent_parameter_requests: int = 8

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from client_image.p2p import ModelFetchOptions, step_tag
@@ -29,6 +30,7 @@ from coordinator.config import (
     P2PCheckpoint,
 )
 from coordinator_tcp.protocol import (
+    CheckpointReport,
     HealthCheck,
     HealthCheckEntry,
     WarmupWitness,
@@ -304,5 +306,27 @@ async def cooldown(client: PsycheClient, state: CoordinatorState) -> None:
         path = await client.worker.save_checkpoint(client.options.checkpoint_dir, state.run_id,
                                                    step, keep)
         client.events.emit("checkpoint", step=step, epoch=state.progress.epoch, path=str(path))
+        if client.options.hub_repo:
+            client.spawn(_upload(client, state, path, step), f"upload-{step}")
     weights, config_json, tokenizer_json = await asyncio.to_thread(client.worker.sharing_payload)
     client.node.model_sharing.share(weights, config_json, tokenizer_json)
+
+
+async def _upload(client: PsycheClient, state: CoordinatorState, path: Path, step: int) -> None:
+    """Upload the checkpoint to the hub in the background, then tell the coordinator where
+    it is (Psyche's Checkpoint::Hub), so the next epoch can start from it if no peer can."""
+    from client_image.training import upload_checkpoint
+
+    repo = client.options.hub_repo
+    assert repo is not None
+    try:
+        revision = await asyncio.to_thread(upload_checkpoint, path, repo, step,
+                                           token=client.options.hub_token)
+    except Exception as exc:  # no hub, no token, no write access: the run goes on
+        client.events.emit("upload_failed", step=step, repo=repo, error=str(exc)[:300])
+        return
+    index = state.index_of(client.me)
+    client.events.emit("uploaded", step=step, repo=repo, revision=revision)
+    if index is not None and client.backend is not None:
+        await client.backend.send(CheckpointReport(
+            index=index, hub=HubCheckpoint(repo_id=repo, revision=revision)))

@@ -56,8 +56,12 @@ async def _attack(port: int, run_id: str, report: dict[str, int]) -> None:
     report["flood"] = len(flood)
 
 
-async def test_three_clients_two_epochs_identical_and_finished(tmp_path) -> None:
-    testnet = make_testnet(tmp_path, 3, config={"total_steps": 20, "epoch_time": 25, "warmup_time": 20})
+async def test_three_clients_two_epochs_identical_and_finished(tmp_path, monkeypatch) -> None:
+    # No hub is reachable here (offline mode): every client's checkpoint upload must fail
+    # cleanly at the hub call and the run go on.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    testnet = make_testnet(tmp_path, 3, client_args=["--hub-repo", "psyche-test/unreachable"],
+                           config={"total_steps": 20, "epoch_time": 25, "warmup_time": 20})
     report = {"garbage_answered": 0, "wrong_run_accepted": 0, "forged_refused": 0, "flood": 0}
     attack = asyncio.create_task(_attack(testnet.options.server_port, testnet.run_id, report))
     summary = await run_headless(testnet)
@@ -77,3 +81,6 @@ async def test_three_clients_two_epochs_identical_and_finished(tmp_path) -> None
     trained_by = {i: {e["step"] for e in events(testnet.options.work_dir, i, "trained")}
                   for i in (1, 2, 3)}
     assert all(len(steps) >= 10 for steps in trained_by.values()), trained_by
+    for i in (1, 2, 3):
+        failed = events(testnet.options.work_dir, i, "upload_failed")
+        assert failed and all("offline" in e["error"] for e in failed), failed
