@@ -174,7 +174,7 @@ def train(
     logs: Annotated[
         str,
         typer.Option(
-            "--logs", envvar="LOGS", help="console | json | none (tui shows console lines)"
+            "--logs", envvar="LOGS", help="tui | console | json | none"
         ),
     ] = "console",
     torch_threads: Annotated[
@@ -237,8 +237,8 @@ def train(
             bind_ip = bind_p2p_interface
         else:
             interface = bind_p2p_interface
-    mode = "console" if logs == "tui" else logs
-    configure_logging(mode)  # type: ignore[arg-type]
+    mode = logs
+    configure_logging("none" if mode == "tui" else mode)  # type: ignore[arg-type]
     if torch_threads:
         import torch
 
@@ -285,7 +285,12 @@ def train(
         return await client.run()
 
     try:
-        code = asyncio.run(run())
+        if mode == "tui":
+            from client_image.runtime.tui import ClientApp
+
+            code = ClientApp(client).run() or 0
+        else:
+            code = asyncio.run(run())
     except BackendRejected as exc:
         typer.echo(f"error: the coordinator refused this client: {exc}", err=True)
         raise typer.Exit(code=1) from None

@@ -91,6 +91,7 @@ class PsycheClient:
         self.records: dict[int, StepRecord] = {}
         self.early: dict[int, list[GossipMessage]] = {}
         self.state: CoordinatorState | None = None
+        self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)
         self.addresses: dict[str, str] = {}
         self.previous_epoch_clients: list[bytes] = []
         self.warmup_finished: set[bytes] = set()
@@ -194,6 +195,7 @@ class PsycheClient:
     async def _on_state(self, server_state: ServerState) -> None:
         state, previous = server_state.state, self.state
         self.state = state
+        self.last_server_state = (server_state, time.monotonic())
         self.addresses = server_state.p2p_addresses
         self._learn_peers(state)
         wanted = state.client_version

@@ -36,7 +36,7 @@ class EventLog:
                 listener(event, fields)
             except Exception:  # an observer's bug must not stop the runtime
                 log.warning("event listener failed on %s", event, exc_info=True)
-        if self.mode == "none":
+        if self.mode in ("none", "tui"):  # the TUI shows events through its listener
             return
         if self.mode == "json":
             line = json.dumps({"event": event, "time": round(time.time(), 3), **fields},

@@ -1,0 +1,99 @@
+"""`psyche-client train --logs tui`: the client's own live view.
+
+It reuses the run-manager's panels (run, witnesses, training) and adds the client's event
+stream and its library log; the client runs as a worker on the app's event loop, and q
+stops it cleanly (the app's exit code is the client's).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.widgets import Footer, Header, RichLog
+
+from client_image.runtime.client import PsycheClient
+from run_manager.sources.tcp_coordinator import ObservedState, build_snapshot
+from run_manager.tui.widgets import RunPanel, TrainingPanel, WitnessPanel
+from run_manager.view import Dashboard
+
+
+class _ToLog(logging.Handler):
+    """Library logging goes to the events panel: stderr would tear the screen."""
+
+    def __init__(self, app: ClientApp):
+        super().__init__(logging.INFO)
+        self.app = app
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.app.add_line(f"{record.levelname.lower()} {record.name}: {record.getMessage()}")
+
+
+class ClientApp(App[int]):
+    TITLE = "psyche client"
+    CSS = """
+    #client-panels { grid-size: 2 2; grid-columns: 1fr 1fr; grid-rows: 1fr 1fr; height: 1fr; }
+    RunPanel, WitnessPanel, TrainingPanel, #client-events {
+        border: round $primary; border-title-color: $accent; border-title-style: bold;
+    }
+    #run-summary, #witness-summary, #training-summary { height: auto; }
+    #run-clients, #training-loss { height: 1fr; }
+    """
+    BINDINGS = [Binding("q", "stop_client", "Stop & quit")]
+
+    def __init__(self, client: PsycheClient, refresh_s: float = 0.5):
+        super().__init__()
+        self.client = client
+        self.dashboard = Dashboard()
+        self.refresh_s = refresh_s
+        client.events.listeners.append(self._on_event)
+        self._log_handler = _ToLog(self)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Grid(id="client-panels"):
+            yield RunPanel()
+            yield WitnessPanel()
+            yield TrainingPanel()
+            events = RichLog(id="client-events", max_lines=2000, wrap=True)
+            events.border_title = "Events"
+            yield events
+        yield Footer()
+
+    def on_mount(self) -> None:
+        logging.getLogger().addHandler(self._log_handler)
+        self.set_interval(self.refresh_s, self.refresh_panels)
+        self.run_worker(self._run_client(), name="client", exclusive=True)
+
+    def on_unmount(self) -> None:
+        logging.getLogger().removeHandler(self._log_handler)
+
+    async def _run_client(self) -> None:
+        code = await self.client.run()
+        self.exit(code)
+
+    def add_line(self, text: str) -> None:
+        if self.is_running:
+            self.query_one("#client-events", RichLog).write(text)
+
+    def _on_event(self, event: str, fields: dict[str, Any]) -> None:
+        details = " ".join(f"{k}={v}" for k, v in fields.items())
+        self.add_line(f"{time.strftime('%H:%M:%S')} [b]{event}[/b] {details}")
+
+    def refresh_panels(self) -> None:
+        received = self.client.last_server_state
+        if received is not None:
+            server_state, at = received
+            self.dashboard.apply_run(build_snapshot(ObservedState(
+                server_state.state, server_state.server_time, at, connection=0)))
+        self.dashboard.apply_metrics(self.client.metrics())
+        self.query_one(RunPanel).show(self.dashboard)
+        self.query_one(WitnessPanel).show(self.dashboard)
+        self.query_one(TrainingPanel).show(self.dashboard)
+
+    def action_stop_client(self) -> None:
+        self.client.stop()
