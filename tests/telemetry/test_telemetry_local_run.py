@@ -160,7 +160,9 @@ def test_prometheus_scraped_the_client_with_plausible_values(local_run: LocalRun
     # global batch 12 sequences of max_seq_len 128, all trained by the one client
     assert tokens[-1] > 0 and all(t % (12 * 128) == 0 for t in tokens), tokens
     phases = {v for _, vs in prometheus.samples('psyche_run_state{job="client"}') for v in vs}
-    assert {2.0, 3.0} <= phases  # Warmup, RoundTrain
+    # Scrapes sample the phase: a short RoundTrain can fall between two of them on a busy
+    # machine, so any round phase counts as "the run trained".
+    assert 2.0 in phases and phases & {3.0, 4.0}, phases  # Warmup, RoundTrain/RoundWitness
     witnesses = prometheus.samples('psyche_witnesses_sent_total{job="client", type="witness"}')
     assert witnesses and witnesses[0][1][-1] >= 1
     roles = {m["role"] for m, vs in prometheus.samples(
