@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,18 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from loopback import free_port
 from tcp_helpers import RUN_ID, TESTNET, identity, next_state
 
 from client_image.data import DataProviderError
 from client_image.data.tcp_provider import TcpDataProvider
 from coordinator import RunState, decode_state
 from coordinator_tcp.client import ProtocolConnection
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_config(tmp_path: Path, data_port: int) -> tuple[Path, Path]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from loopback import free_port
 from tcp_helpers import ROOT, TESTNET
 
 from client_image.testnet import (
@@ -21,12 +22,6 @@ from client_image.testnet import (
     client_secret_hex,
 )
 from coordinator.config import ConfigError, ServerDataLocation, load_state_file
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _checkpoint(work: Path, client: int, step: int, payload: bytes) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from loopback import free_port
 
 from client_image.testnet import Testnet, TestnetOptions
 from coordinator import CoordinatorState, load_data_config, load_state_file
@@ -20,10 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "config" / "local-testnet"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_config(directory: Path, data_port: int, **config: int) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,3 @@ def write_run_files(
     return state_path, data_path
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

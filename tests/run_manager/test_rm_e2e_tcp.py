@@ -26,7 +26,8 @@ from pathlib import Path
 
 import docker
 import pytest
-from tcp_run import free_port, write_run_files
+from loopback import free_port
+from tcp_run import write_run_files
 
 from run_manager import engine
 from run_manager.sources import HttpClientMetricsSource, MetricsUnavailable, TcpCoordinatorSource

@@ -8,7 +8,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from tcp_run import RUN_ID, free_port, state_file
+from loopback import free_port
+from tcp_run import RUN_ID, state_file
 
 from coordinator import Coordinator, RunState, Witness, encode_state, selection_for_round
 from coordinator.state import NodeIdentity

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from loopback import free_port
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
@@ -38,12 +38,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def any_value(value: AnyValue) -> Any:

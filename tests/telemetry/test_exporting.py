@@ -14,8 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from loopback import free_port
 from prometheus_client.parser import text_string_to_metric_families
-from telemetry_helpers import OtlpReceiver, attributes, free_port
+from telemetry_helpers import OtlpReceiver, attributes
 
 from client_image.telemetry import (
     CoordinatorTelemetry,
