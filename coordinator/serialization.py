@@ -79,8 +79,9 @@ from coordinator.state import (
 
 MAGIC = b"PSYC"
 VERSION = 1
-_CHECKPOINT_TAGS: list[type] = [DummyCheckpoint, HubCheckpoint, P2PCheckpoint, GcsCheckpoint,
-                                P2PGcsCheckpoint]
+# The checkpoint variant's tag in this layout and in the on-chain account.
+CHECKPOINT_TAGS: list[type] = [DummyCheckpoint, HubCheckpoint, P2PCheckpoint, GcsCheckpoint,
+                               P2PGcsCheckpoint]
 _CONFIG = struct.Struct("<QQQQQIHHHHHQBB")
 _CONFIG_FIELDS = ("warmup_time", "cooldown_time", "max_round_train_time", "round_witness_time",
                   "epoch_time", "total_steps", "init_min_clients", "min_clients", "witness_nodes",
@@ -127,7 +128,7 @@ def encode_state(state: CoordinatorState) -> bytes:
                                                   "lr_schedule", "optimizer"})
     rest_bytes = json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()
     out += [struct.pack("<IIB", model.max_seq_len, model.cold_start_warmup_steps,
-                        _CHECKPOINT_TAGS.index(type(checkpoint))),
+                        CHECKPOINT_TAGS.index(type(checkpoint))),
             _fixed(first, STRING_MAX_BYTES), struct.pack("<B", second is not None),
             _fixed(second or "", STRING_MAX_BYTES), struct.pack("<I", len(rest_bytes)), rest_bytes]
     out.append(_CONFIG.pack(*(getattr(state.config, name) for name in _CONFIG_FIELDS)))
@@ -211,20 +212,31 @@ def _read_model(reader: _Reader) -> LLMConfig:
     (has_second,) = reader.unpack("<B", "checkpoint")
     second = reader.text(STRING_MAX_BYTES, "checkpoint") if has_second else None
     reader.take(0 if has_second else STRING_MAX_BYTES, "checkpoint")
-    if tag >= len(_CHECKPOINT_TAGS):
-        raise StateDecodeError(f"checkpoint: unknown tag {tag}")
     (size,) = reader.unpack("<I", "model")
     try:
-        rest = json.loads(reader.take(size, "model").decode())
-        cls = _CHECKPOINT_TAGS[tag]
-        names = ("bucket", "prefix") if cls in (GcsCheckpoint, P2PGcsCheckpoint) else (
-            "repo_id", "revision")
-        checkpoint = cls(**{names[0]: first, names[1]: second})
-        return LLMConfig.model_validate({**rest, "max_seq_len": max_seq_len,
-                                         "cold_start_warmup_steps": cold_start,
-                                         "checkpoint": checkpoint})
-    except (ValueError, ValidationError) as exc:
+        return llm_config_from_fields(max_seq_len, cold_start, tag, first, second,
+                                      reader.take(size, "model"))
+    except ValueError as exc:
         raise StateDecodeError(f"model: {exc}") from None
+
+
+def llm_config_from_fields(max_seq_len: int, cold_start_warmup_steps: int, checkpoint_tag: int,
+                           first: str, second: str | None, rest_json: bytes) -> LLMConfig:
+    """The model config from its binary fields (this layout and the on-chain account's):
+    the checkpoint as tag + (repo_id | bucket) + (revision | prefix), the rest as JSON.
+    Raises ValueError (pydantic's ValidationError is one) naming what is wrong."""
+    if not 0 <= checkpoint_tag < len(CHECKPOINT_TAGS):
+        raise ValueError(f"unknown checkpoint tag {checkpoint_tag}")
+    rest = json.loads(rest_json.decode())
+    if not isinstance(rest, dict):
+        raise ValueError("the model's JSON part is not an object")
+    cls = CHECKPOINT_TAGS[checkpoint_tag]
+    names = ("bucket", "prefix") if cls in (GcsCheckpoint, P2PGcsCheckpoint) else (
+        "repo_id", "revision")
+    checkpoint = cls(**{names[0]: first, names[1]: second})
+    return LLMConfig.model_validate({**rest, "max_seq_len": max_seq_len,
+                                     "cold_start_warmup_steps": cold_start_warmup_steps,
+                                     "checkpoint": checkpoint})
 
 
 def decode_state(data: bytes) -> CoordinatorState:

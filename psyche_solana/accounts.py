@@ -9,7 +9,6 @@ raise `AccountDecodeError` naming the problem.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass, field
 
@@ -32,13 +31,9 @@ from coordinator import (
 )
 from coordinator.config import (
     CoordinatorConfig,
-    DummyCheckpoint,
-    GcsCheckpoint,
-    HubCheckpoint,
     LLMConfig,
-    P2PCheckpoint,
-    P2PGcsCheckpoint,
 )
+from coordinator.serialization import CHECKPOINT_TAGS, llm_config_from_fields
 from coordinator.state import RewardEntry
 
 COORDINATOR_MAGIC = b"PSYCOORD"
@@ -49,8 +44,6 @@ COORDINATOR_ACCOUNT_SIZE = 101016
 AUTHORIZATION_SIZE = 1152
 MODEL_REST_MAX = 1024
 STRING_MAX = 64
-CHECKPOINT_TAGS: list[type] = [DummyCheckpoint, HubCheckpoint, P2PCheckpoint, GcsCheckpoint,
-                               P2PGcsCheckpoint]
 
 # offsets of coordinator_layout.h (checked there with _Static_assert)
 _HEADER = struct.Struct("<8sQQ32s32s32s96sBBBBBB2xQ")          # 0 .. 232
@@ -141,17 +134,11 @@ def _model(data: bytes) -> LLMConfig:
     max_seq_len, cold, tag, has_second, rest_len, first, second = _MODEL.unpack_from(data, 296)
     if tag >= len(CHECKPOINT_TAGS) or rest_len > MODEL_REST_MAX:
         raise AccountDecodeError(f"model: checkpoint tag {tag} / length {rest_len} out of range")
-    cls = CHECKPOINT_TAGS[tag]
-    names = ("bucket", "prefix") if cls in (GcsCheckpoint, P2PGcsCheckpoint) else (
-        "repo_id", "revision")
     try:
-        rest = json.loads(data[440:440 + rest_len].decode())
-        checkpoint = cls(**{names[0]: _text(first, "checkpoint"),
-                            names[1]: _text(second, "checkpoint") if has_second else None})
-        return LLMConfig.model_validate({**rest, "max_seq_len": max_seq_len,
-                                         "cold_start_warmup_steps": cold,
-                                         "checkpoint": checkpoint})
-    except (ValueError, ValidationError) as exc:
+        return llm_config_from_fields(max_seq_len, cold, tag, _text(first, "checkpoint"),
+                                      _text(second, "checkpoint") if has_second else None,
+                                      data[440:440 + rest_len])
+    except ValueError as exc:
         raise AccountDecodeError(f"model: {exc}") from None
 
 
