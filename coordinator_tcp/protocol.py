@@ -229,6 +229,10 @@ _SERVER = TypeAdapter(ServerMessage)
 _CLIENT = TypeAdapter(ClientMessage)
 
 
+# Refusals of a join that retrying cannot fix: clients stop instead of reconnecting.
+PERMANENT_JOIN_ERRORS = frozenset({"WrongRunId", "BadSignature"})
+
+
 class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol version."""
 

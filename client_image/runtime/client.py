@@ -96,6 +96,7 @@ class PsycheClient:
         self.previous_epoch_clients: list[bytes] = []
         self.warmup_finished: set[bytes] = set()
         self.warmup_epoch: int | None = None
+        self.warmup_witness_epoch: int | None = None  # the epoch our warm-up witness went for
         self.model_fresh = False  # the model in memory is the run's current model
         self.desynced = False
         self.exit_code: int | None = None
@@ -115,7 +116,6 @@ class PsycheClient:
             self.metrics_server = MetricsServer(self.options.metrics_local_port, self.metrics)
             await self.metrics_server.start()
         self.topic = self.node.subscribe(self.options.run_id)
-        self.node.run_topic = self.topic  # type: ignore[attr-defined]
         self.backend = self._make_backend()
         self.events.emit("started", identity=self.me.key.hex(),
                          p2p_address=self.node.address.to_string())
@@ -180,7 +180,7 @@ class PsycheClient:
             self.set_desynced(f"{name} failed: {exc!r}")
 
     def metrics(self):  # type: ignore[no-untyped-def]
-        return snapshot(self.counters, self.options.client_version or "", self.node)
+        return snapshot(self.counters, self.options.client_version or "", self.node, self.topic)
 
     def set_desynced(self, reason: str) -> None:
         if not self.desynced:
@@ -339,5 +339,3 @@ class PsycheClient:
         assert self.topic is not None
         await self.topic.broadcast(encode_broadcast(Finished(step=step, warmup=warmup)))
 
-    def now(self) -> float:
-        return time.time()

@@ -88,7 +88,8 @@ class Counters:
     result_bytes_received: int = 0  # verified peers' results (telemetry)
 
 
-def snapshot(counters: Counters, client_version: str, node: Any | None) -> ClientMetrics:
+def snapshot(counters: Counters, client_version: str, node: Any | None,
+             topic: Any | None = None) -> ClientMetrics:
     peers, neighbours, downloads = [], [], None
     if node is not None:
         for diag in node.diagnostics():
@@ -97,10 +98,9 @@ def snapshot(counters: Counters, client_version: str, node: Any | None) -> Clien
                 path = SelectedPath(addr=diag.remote_address, rtt=RoundTripTime(
                     secs=diag.rtt_ms // 1000, nanos=(diag.rtt_ms % 1000) * 1_000_000))
             peers.append(ConnectedPeer(endpoint_id=diag.peer_hex, selected_path=path))
-        topic = getattr(node, "run_topic", None)
-        if topic is not None:
-            neighbours = [peer.hex() for peer in topic.neighbours()]
         downloads = node.blobs.stats
+    if topic is not None:
+        neighbours = [peer.hex() for peer in topic.neighbours()]
     return ClientMetrics(
         connected_peers=peers, round_step=counters.round_step, role=counters.role,
         broadcasts_seen=counters.broadcasts_seen,

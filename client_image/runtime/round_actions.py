@@ -111,9 +111,9 @@ async def maybe_warmup_witness(client: PsycheClient) -> None:
     everyone = {c.id.key for c in state.epoch_state.clients if c.state is ClientState.Healthy}
     if not everyone <= client.warmup_finished or client.warmup_epoch is None:
         return
-    if getattr(client, "_warmup_witness_sent", None) == client.warmup_epoch:
+    if client.warmup_witness_epoch == client.warmup_epoch:
         return
-    client._warmup_witness_sent = client.warmup_epoch  # type: ignore[attr-defined]
+    client.warmup_witness_epoch = client.warmup_epoch
     witness = make_witness(None, index, index, False)
     assert client.backend is not None
     await client.backend.send(WarmupWitness(witness=WitnessModel.of(witness)))

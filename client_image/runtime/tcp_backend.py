@@ -19,24 +19,22 @@ from pydantic import BaseModel
 
 from client_image.p2p.identity import Identity
 from coordinator import CoordinatorState, StateDecodeError, decode_state
+from coordinator_tcp.client import signed_join
 from coordinator_tcp.framing import CLIENT_MAX_FRAME, FrameError, read_frame, write_frame
 from coordinator_tcp.protocol import (
+    PERMANENT_JOIN_ERRORS,
     Challenge,
     ErrorReply,
     Heartbeat,
-    Join,
     ProtocolError,
     StateUpdate,
     Welcome,
     decode_server_message,
     encode,
-    join_signing_bytes,
 )
 
 log = logging.getLogger(__name__)
 
-# Errors a reconnect cannot fix.
-PERMANENT_ERRORS = {"WrongRunId", "BadSignature"}
 
 
 class BackendRejected(RuntimeError):
@@ -84,12 +82,9 @@ class TcpBackend:
             challenge = decode_server_message(await read_frame(reader, CLIENT_MAX_FRAME))
             if not isinstance(challenge, Challenge):
                 raise ProtocolError(f"expected a challenge, got {challenge.type!r}")
-            signature = self.identity.sign(
-                join_signing_bytes(challenge.nonce, self.run_id, self.p2p_address))
-            await write_frame(writer, encode(Join(
-                run_id=self.run_id, identity=self.identity.public_key,
-                p2p_address=self.p2p_address, client_version=self.client_version,
-                signature=signature)))
+            await write_frame(writer, encode(signed_join(
+                self.identity, challenge.nonce, self.run_id, self.p2p_address,
+                client_version=self.client_version)))
             self._writer = writer
             while True:
                 message = decode_server_message(await read_frame(reader, CLIENT_MAX_FRAME))
@@ -103,7 +98,7 @@ class TcpBackend:
                         continue
                     await on_state(ServerState(state, message.p2p_addresses, message.server_time))
                 elif isinstance(message, ErrorReply):
-                    if message.fatal and message.error in PERMANENT_ERRORS:
+                    if message.fatal and message.error in PERMANENT_JOIN_ERRORS:
                         raise BackendRejected(f"{message.error}: {message.detail}")
                     on_error(message)
                 elif isinstance(message, Heartbeat):

@@ -37,6 +37,7 @@ from coordinator import (
 )
 from coordinator_tcp.framing import CLIENT_MAX_FRAME, FrameError, read_frame, write_frame
 from coordinator_tcp.protocol import (
+    PERMANENT_JOIN_ERRORS,
     Challenge,
     ErrorReply,
     Join,
@@ -57,7 +58,6 @@ from run_manager.sources.coordinator import (
 log = logging.getLogger(__name__)
 
 # Refusals that reconnecting cannot fix: reported as they are, not as "unreachable".
-PERMANENT_REFUSALS = frozenset({"WrongRunId", "BadSignature"})
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ class TcpCoordinatorSource:
                 self.last_problem = "the coordinator closed the connection"
             except _Refused as refusal:
                 self.last_problem = str(refusal)
-                if refusal.error in PERMANENT_REFUSALS:
+                if refusal.error in PERMANENT_JOIN_ERRORS:
                     self._refused = (
                         f"the coordinator at {self.address} refused to show run "
                         f"{self.run_id!r}: {refusal}"
