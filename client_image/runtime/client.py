@@ -48,6 +48,7 @@ from coordinator_tcp.protocol import ErrorReply
 
 if TYPE_CHECKING:
     from client_image.backends.solana import SolanaBackend
+    from client_image.data import DataProvider
 
 log = logging.getLogger(__name__)
 EXIT_VERSION_MISMATCH = 10
@@ -103,7 +104,7 @@ class PsycheClient:
         self.stop_event = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         self.round_task: asyncio.Task[None] | None = None
-        self.data_provider: object | None = None
+        self.data_provider: DataProvider | None = None
         self.topic: GossipTopic | None = None
         self.backend: TcpBackend | SolanaBackend | None = None
         self.metrics_server: MetricsServer | None = None

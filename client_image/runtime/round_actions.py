@@ -25,9 +25,11 @@ from client_image.runtime.rounds import (
 from client_image.telemetry import traced_phase
 from coordinator import ClientState, CoordinatorState, RunState
 from coordinator.config import (
+    HttpDataLocation,
     HubCheckpoint,
     LocalDataLocation,
     P2PCheckpoint,
+    ServerDataLocation,
 )
 from coordinator_tcp.protocol import (
     CheckpointReport,
@@ -40,6 +42,7 @@ from coordinator_tcp.protocol import (
 )
 
 if TYPE_CHECKING:
+    from client_image.data import DataProvider
     from client_image.runtime.client import PsycheClient
 
 
@@ -85,18 +88,15 @@ async def _load_model(client: PsycheClient, state: CoordinatorState) -> None:
     raise RuntimeError(f"checkpoint {type(checkpoint).__name__} cannot be loaded by this client")
 
 
-async def _open_data(client: PsycheClient, state: CoordinatorState) -> object:
-    from client_image.data import open_provider
+async def _open_data(client: PsycheClient, state: CoordinatorState) -> DataProvider:
+    from client_image.data import TcpDataProvider, open_provider
 
     location = state.model.data_location
-    if isinstance(location, LocalDataLocation) or type(location).__name__ == "HttpDataLocation":
-        return await open_provider(location, state.model.max_seq_len)  # type: ignore[arg-type]
-    if type(location).__name__ == "ServerDataLocation":
-        from client_image.data.tcp_provider import TcpDataProvider
-
-        return await TcpDataProvider.open(  # type: ignore[attr-defined]
-            location.address, client.options.identity, state.run_id,  # type: ignore[union-attr]
-            state.model.max_seq_len)
+    if isinstance(location, LocalDataLocation | HttpDataLocation):
+        return await open_provider(location, state.model.max_seq_len)
+    if isinstance(location, ServerDataLocation):
+        return await TcpDataProvider.open(location.address, client.options.identity,
+                                          state.run_id, state.model.max_seq_len)
     raise RuntimeError(f"data location {type(location).__name__} is not supported")
 
 
@@ -181,7 +181,7 @@ async def _train(client: PsycheClient, state: CoordinatorState, record: StepReco
     step = record.step
     provider = client.data_provider
     assert provider is not None
-    tokens = await provider.fetch(batch[0], batch[1])  # type: ignore[attr-defined]
+    tokens = await provider.fetch(batch[0], batch[1])
     cold_start = record.height == 0 and state.epoch_state.cold_start_epoch
     started = time.monotonic()
     out = await client.worker.train(step, tokens, batch, cold_start)
