@@ -43,7 +43,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client_image.p2p.identity import Identity  # noqa: E402
 from coordinator import (  # noqa: E402
     RunState,
     Witness,
@@ -53,7 +52,6 @@ from coordinator import (  # noqa: E402
 )
 from coordinator.config import state_file_from_dict  # noqa: E402
 from coordinator_tcp.client import ProtocolConnection  # noqa: E402
-from coordinator_tcp.framing import read_frame  # noqa: E402
 from coordinator_tcp.protocol import (  # noqa: E402
     StateUpdate,
     WarmupWitness,
@@ -61,6 +59,8 @@ from coordinator_tcp.protocol import (  # noqa: E402
     WitnessSubmit,
     decode_server_message,
 )
+from psyche_common.identity import Identity  # noqa: E402
+from psyche_common.tcp.framing import read_frame  # noqa: E402
 
 _SENT_AT = re.compile(rb'"sent_at":([0-9.eE+-]+)')
 
@@ -246,7 +246,7 @@ def measure_round_overhead_ratio(timeout_s: float = 900) -> dict[str, Any]:
             data.replace("../../assets/data/train", str(ROOT / "assets" / "data" / "train")))
         work = Path(tmp) / "work"
         result = subprocess.run(
-            [sys.executable, "-m", "client_image.testnet", "--num-clients", "4",
+            [sys.executable, "-m", "local_testnet", "--num-clients", "4",
              "--config-path", str(config), "--headless", "--work-dir", str(work),
              "--server-port", str(free_port()), "--timeout", str(timeout_s)],
             cwd=ROOT, capture_output=True, text=True, timeout=timeout_s + 120)

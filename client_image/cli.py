@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from client_image.telemetry.options import TelemetryOptions, telemetry_options
+from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
 if TYPE_CHECKING:
     from client_image.runtime.client import PsycheClient
-    from client_image.telemetry import Telemetry
+    from psyche_common.telemetry import Telemetry
 
 app = typer.Typer(
     name="psyche-client",
@@ -47,7 +47,7 @@ def show_identity(
     """Print this node's public key (its p2p node id), hex-encoded."""
     import os
 
-    from client_image.p2p.identity import RAW_SECRET_KEY_ENV, Identity, IdentityError
+    from psyche_common.identity import RAW_SECRET_KEY_ENV, Identity, IdentityError
 
     if identity_secret_key_path is None and not os.environ.get(RAW_SECRET_KEY_ENV, "").strip():
         typer.echo(
@@ -206,11 +206,12 @@ def train(
         raise typer.BadParameter("use local or n0", param_hint="--iroh-discovery")
     relay_mode, relay_urls = _relay(iroh_relay)
 
+    from client_image.backends.base import BackendRejected
     from client_image.p2p import NodeConfig
-    from client_image.p2p.identity import Identity, IdentityError
     from client_image.runtime.client import ClientOptions, PsycheClient
     from client_image.runtime.observability import EventLog, configure_logging
-    from client_image.runtime.tcp_backend import BackendRejected, parse_server_addr
+    from psyche_common.identity import Identity, IdentityError
+    from psyche_common.tcp.connection import parse_host_port
 
     if (server_addr is None) == (rpc is None):
         typer.echo("error: give exactly one of --server-addr (TCP run) and --rpc (Solana run)",
@@ -218,7 +219,7 @@ def train(
         raise typer.Exit(code=2)
     if server_addr is not None:
         try:
-            parse_server_addr(server_addr)
+            parse_host_port(server_addr, "--server-addr")
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--server-addr") from None
     try:
@@ -307,7 +308,8 @@ def _start_telemetry(options: TelemetryOptions, client: PsycheClient, node_id: s
         return None
     import os
 
-    from client_image.telemetry import ClientTelemetry, ServiceIdentity, Telemetry
+    from client_image.telemetry import ClientTelemetry
+    from psyche_common.telemetry import ServiceIdentity, Telemetry
 
     try:
         telemetry = Telemetry.start(options, ServiceIdentity(
@@ -324,7 +326,7 @@ def _wallet_secret(path: Path | None) -> bytes:
     import json
     import os
 
-    from run_manager.wallet import WalletError, load_keypair_bytes
+    from psyche_common.wallet import WalletError, load_keypair_bytes
 
     if path is not None:
         try:

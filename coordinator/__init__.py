@@ -48,7 +48,6 @@ from coordinator.limits import (
     RunState,
 )
 from coordinator.machine import Coordinator
-from coordinator.mirror import ActiveStep, Desync, next_active_step, should_load_model
 from coordinator.outcomes import CoordinatorError, Rejected, TickResult
 from coordinator.rewards import earned_points, set_future_rates
 from coordinator.serialization import StateDecodeError, decode_state, encode_state
@@ -65,14 +64,14 @@ from coordinator.state import (
 )
 
 __all__ = [
-    "MAX_CLIENTS", "MAX_WITNESSES", "NUM_STORED_ROUNDS", "ActiveStep", "BatchId", "Bloom",
+    "MAX_CLIENTS", "MAX_WITNESSES", "NUM_STORED_ROUNDS", "BatchId", "Bloom",
     "Client", "ClientState", "Committee", "CommitteeProof", "CommitteeSelection", "ConfigError",
-    "Coordinator", "CoordinatorError", "CoordinatorState", "Desync", "EpochState", "Lcg",
+    "Coordinator", "CoordinatorError", "CoordinatorState", "EpochState", "Lcg",
     "NodeIdentity", "Progress", "Rejected", "Rewards", "Round", "RunState", "SelectionError",
     "StateDecodeError", "StateFile", "TickResult", "Witness", "WitnessProof",
     "assign_data_for_state", "data_hash", "data_index_for_step", "decode_state",
     "earned_points", "encode_state", "finished_hash", "fnv1a64", "lcg_shuffle",
-    "load_data_config", "load_state_file", "merkle_root", "next_active_step",
-    "participant_item", "selection_for_round", "set_future_rates", "should_load_model",
+    "load_data_config", "load_state_file", "merkle_root",
+    "participant_item", "selection_for_round", "set_future_rates",
     "split_batches", "swap_or_not", "witness_quorum",
 ]

@@ -1,4 +1,5 @@
-"""Witness bloom filter: 1024 bits in 16 u64 words + 8 keys (reference §2.3).
+"""Witness bloom filter: 1024 bits in 16 u64 words + 8 keys (docs/coordinator.md,
+"Bloom filters").
 
 Position of an item under key k:  fnv1a64_k(item) % 1024 with
     h = k;  for byte b in item: h = (h XOR b) * 0x100000001b3  (mod 2^64)

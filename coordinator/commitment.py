@@ -1,4 +1,5 @@
-"""Commitments of training results and the Merkle root of a witness (reference §2.4).
+"""Commitments of training results and the Merkle root of a witness
+(docs/coordinator.md, "Commitments and Merkle roots").
 
     data_hash = SHA-256(step u32 BE || start u64 BE || end u64 BE || for each tensor: idx || val)
     leaf = SHA-256(0x00 || x);  node = SHA-256(0x01 || left || right)

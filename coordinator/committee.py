@@ -1,4 +1,5 @@
-"""Committee and witness election for one round (reference §2.1).
+"""Committee and witness election for one round (docs/coordinator.md,
+"Committees and witness election").
 
     S = SHA-256(seed_u64_le);  pos(i, salt) = swap_or_not(i, n, SHA-256(S || salt))
     committee: pos < tie_breakers -> TieBreaker; < tie_breakers + verifiers -> Verifier; else Trainer

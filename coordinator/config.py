@@ -5,7 +5,7 @@
 `dotted.key: rule`, e.g. `config.init_min_clients: must be >= config.min_clients (2), got 1`.
 Checks run in two layers so that all problems come out at once: pydantic checks
 types, ranges and unknown keys per field; then the cross-field rules of the
-reference (§3.1) run on every section that parsed.
+run config (docs/run-config.md, "The [config] table") run on every section that parsed.
 
 `StateFile.client_version` is our extension: the client image version the run
 requires (the run-manager pulls `psyche-client:<client_version>`); default "latest".
@@ -18,10 +18,18 @@ from __future__ import annotations
 import math
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
 
 from coordinator.config_variants import (
     CHECKPOINT,
@@ -176,7 +184,7 @@ class StateFile(BaseModel):
 
     @field_validator("run_id", "client_version")
     @classmethod
-    def _fits(cls, value: str, info: Any) -> str:
+    def _fits(cls, value: str, info: ValidationInfo) -> str:
         limit = RUN_ID_MAX_BYTES if info.field_name == "run_id" else CLIENT_VERSION_MAX_BYTES
         size = len(value.encode())
         if not value or size > limit:
@@ -218,7 +226,7 @@ class DataServerConfig(BaseModel):
 
 
 def coordinator_config_errors(cfg: CoordinatorConfig, prefix: str = "config.") -> list[str]:
-    """Every cross-field rule of §3.1 that `cfg` breaks."""
+    """Every cross-field rule of the [config] table (docs/run-config.md) that `cfg` breaks."""
     p = prefix
     errors: list[str] = []
 
@@ -277,7 +285,7 @@ def llm_config_errors(llm: LLMConfig, cfg: CoordinatorConfig | None,
 # ---------------------------------------------------------------- loading
 
 
-def _format_error(error: Any) -> str:
+def _format_error(error: ErrorDetails) -> str:
     loc = [str(part) for part in error["loc"]]
     if loc[:1] == ["model"] and len(loc) > 1:
         loc.insert(1, "LLM")  # the validator unwrapped {LLM = ...}; name the TOML key
@@ -297,7 +305,10 @@ def validation_messages(exc: ValidationError) -> list[str]:
     return [_format_error(error) for error in exc.errors()]
 
 
-def _section_ok(model: type[BaseModel], data: Any) -> Any:
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _section_ok(model: type[_Model], data: Any) -> _Model | None:
     try:
         return model.model_validate(data)
     except ValidationError:

@@ -12,6 +12,7 @@ when serializing, so `model_dump()` returns the TOML shape.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -37,7 +38,7 @@ NonNegFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 StrictStr = Annotated[str, Strict()]
 
 
-def _max_bytes(limit: int) -> Any:
+def _max_bytes(limit: int) -> Callable[[str], str]:
     def check(value: str) -> str:
         size = len(value.encode())
         if size > limit:

@@ -1,8 +1,9 @@
-"""State transitions shared by tick and the events (reference §1.2)."""
+"""State transitions shared by tick and the events (docs/coordinator.md, "Tick")."""
 
 from __future__ import annotations
 
 from coordinator.config import (
+    Checkpoint,
     DummyCheckpoint,
     GcsCheckpoint,
     HubCheckpoint,
@@ -17,7 +18,7 @@ from coordinator.rewards import credit_epoch, start_epoch_rates
 from coordinator.state import Client, CoordinatorState, EpochState, NodeIdentity, Progress
 
 
-def _with_checkpoint(model: LLMConfig, checkpoint: object) -> LLMConfig:
+def _with_checkpoint(model: LLMConfig, checkpoint: Checkpoint) -> LLMConfig:
     return model.model_copy(update={"checkpoint": checkpoint})
 
 
@@ -38,7 +39,7 @@ class CoordinatorCore:
             client_version=state_file.client_version,
         ))
 
-    # -- helpers of §1.1
+    # -- helpers: timeouts, state changes, exits (docs/coordinator.md, "Tick")
     def timed_out(self, now: int, duration: int) -> bool:
         start = self.state.run_state_start_unix_timestamp
         return now != start and now >= start + duration

@@ -1,4 +1,5 @@
-"""Which client trains which sample indices in a round (reference §2.2).
+"""Which client trains which sample indices in a round (docs/coordinator.md,
+"Data assignment").
 
     total = batch_size(round.data_index * max_seq_len)      (global batch, sequences)
     T = number of trainers; base = total // T; the first total % T trainers of the

@@ -1,4 +1,5 @@
-"""Where a run's training data comes from: the `data_location` variants (reference §3.2).
+"""Where a run's training data comes from: the `data_location` variants
+(docs/run-config.md, "The [model.LLM] table").
 
 Externally tagged like the other run-config enums (see `config_variants`): `{ Server =
 "host:port" }`, `{ Local = "dir" }`, `{ Http = { location = { SingleUrl = ... }, ... } }`.

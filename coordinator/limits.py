@@ -1,7 +1,7 @@
 """Fixed limits and the two state enums of the coordinator.
 
-The limits are those of the on-chain account (§1.1 of the reference): a C program
-will mirror the same fixed-size arrays, so they are part of the wire format.
+The limits are those of the on-chain account (docs/coordinator.md, "State layout"): the
+C program mirrors the same fixed-size arrays, so they are part of the wire format.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The coordinator state machine: `tick` and the client events (reference §1.2–1.3).
+"""The coordinator state machine: `tick` and the client events (docs/coordinator.md, "Tick"
+and "Events").
 
 Every public method returns a value: `TickResult` or `None` on success, `Rejected` when
 the call is refused; a refused call leaves the state exactly as it was (all checks run
@@ -177,7 +178,7 @@ class Coordinator(CoordinatorCore):
         return None
 
     def is_healthy(self, node: NodeIdentity, proof: CommitteeProof) -> bool:
-        """§2.7: a Trainer of the previous round is healthy iff at least quorum of that
+        """A Trainer of the previous round is healthy iff at least quorum of that
         round's witnesses have its SHA-256(signer) in their participant bloom."""
         previous = self.state.previous_round
         if previous is None:

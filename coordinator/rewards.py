@@ -1,4 +1,4 @@
-"""Reward points per epoch (reference §2.8).
+"""Reward points per epoch (docs/coordinator.md, "Rewards").
 
 On every epoch end (successful or not, as in Psyche) each Healthy client of the epoch
 earns  earning_rate_total_shared // len(clients); exited Ejected clients are charged

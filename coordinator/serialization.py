@@ -1,7 +1,8 @@
 """Versioned binary form of the whole `CoordinatorState` (persistence and broadcast).
 
-Little-endian, no padding, fields in the on-chain repr(C) order of §1.1. Lists are a
-count followed by their entries (compact, unlike the fixed on-chain arrays).
+Little-endian, no padding, fields in the on-chain repr(C) order (docs/coordinator.md,
+"State layout"). Lists are a count followed by their entries (compact, unlike the fixed
+on-chain arrays).
 
     header      magic "PSYC" | version u16 (= 1)
     run_id      [32] UTF-8, zero padded
@@ -37,13 +38,15 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from enum import IntEnum
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from coordinator.bloom import Bloom
 from coordinator.committee import WitnessProof
 from coordinator.config import (
+    Checkpoint,
     CoordinatorConfig,
     DummyCheckpoint,
     GcsCheckpoint,
@@ -79,9 +82,10 @@ from coordinator.state import (
 
 MAGIC = b"PSYC"
 VERSION = 1
-# The checkpoint variant's tag in this layout and in the on-chain account.
-CHECKPOINT_TAGS: list[type] = [DummyCheckpoint, HubCheckpoint, P2PCheckpoint, GcsCheckpoint,
-                               P2PGcsCheckpoint]
+# The checkpoint variant's tag in this layout and in the on-chain account. Typed as plain
+# `type` so that callers can look up `type(x)` of any object (psyche_solana does).
+CHECKPOINT_TAGS: list[type] = [
+    DummyCheckpoint, HubCheckpoint, P2PCheckpoint, GcsCheckpoint, P2PGcsCheckpoint]
 _CONFIG = struct.Struct("<QQQQQIHHHHHQBB")
 _CONFIG_FIELDS = ("warmup_time", "cooldown_time", "max_round_train_time", "round_witness_time",
                   "epoch_time", "total_steps", "init_min_clients", "min_clients", "witness_nodes",
@@ -94,6 +98,8 @@ _CLIENT = struct.Struct("<32sBI")
 _ROUND_TAIL = struct.Struct("<QQIHH")
 _EPOCH_TAIL = struct.Struct("<IIIQBB")
 _REWARD = struct.Struct("<32sQQ")
+
+E = TypeVar("E", bound=IntEnum)
 
 
 class StateDecodeError(ValueError):
@@ -189,7 +195,7 @@ class _Reader:
         return int(n)
 
 
-def _enum(kind: Any, value: int, what: str) -> Any:
+def _enum(kind: type[E], value: int, what: str) -> E:
     try:
         return kind(value)
     except ValueError:
@@ -230,10 +236,10 @@ def llm_config_from_fields(max_seq_len: int, cold_start_warmup_steps: int, check
     rest = json.loads(rest_json.decode())
     if not isinstance(rest, dict):
         raise ValueError("the model's JSON part is not an object")
-    cls = CHECKPOINT_TAGS[checkpoint_tag]
+    cls: type[Checkpoint] = CHECKPOINT_TAGS[checkpoint_tag]
     names = ("bucket", "prefix") if cls in (GcsCheckpoint, P2PGcsCheckpoint) else (
         "repo_id", "revision")
-    checkpoint = cls(**{names[0]: first, names[1]: second})
+    checkpoint = cls.model_validate({names[0]: first, names[1]: second})
     return LLMConfig.model_validate({**rest, "max_seq_len": max_seq_len,
                                      "cold_start_warmup_steps": cold_start_warmup_steps,
                                      "checkpoint": checkpoint})

@@ -1,4 +1,5 @@
-"""The coordinator's state, field for field in the on-chain repr(C) order (§1.1)."""
+"""The coordinator's state, field for field in the on-chain repr(C) order
+(docs/coordinator.md, "State layout")."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ class RewardEntry:
 
 @dataclass(slots=True)
 class Rewards:
-    """Points per epoch (§2.8): the earning rate is shared by the epoch's healthy clients."""
+    """Points per epoch (docs/coordinator.md, "Rewards"): the earning rate is shared by the
+    epoch's healthy clients."""
 
     entries: list[RewardEntry] = field(default_factory=list)
     current_earning_rate_total_shared: int = 0
@@ -113,7 +115,8 @@ class CoordinatorState:
         return self.epoch_state.rounds[head]
 
     def client_at(self, index: int, round_clients_len: int) -> Client | None:
-        """Who had `index` in a round with `round_clients_len` clients (§1.4).
+        """Who had `index` in a round with `round_clients_len` clients
+        (docs/coordinator.md, "Steps, heights and epochs").
 
         Clients still listed keep their index; the ones that exited since were
         appended to exited_clients, so they are found from its end: offset L - n - 1.

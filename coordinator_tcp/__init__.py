@@ -6,10 +6,9 @@ Public surface (import from the submodules; they are loaded lazily from here too
                     Heartbeat, ErrorReply, WarmupWitness, WitnessSubmit, HealthCheck,
                     CheckpointReport, Withdraw, WitnessModel, encode, decode_client_message,
                     decode_server_message, join_signing_bytes, ProtocolError
-    framing         read_frame, write_frame, encode_frame, FrameError, SERVER_MAX_FRAME,
-                    CLIENT_MAX_FRAME
+                    (the handshake messages and the framing are psyche_common.tcp's)
     client          ProtocolConnection.connect(host, port, identity, run_id, p2p_address,
-                    observe=False) -> (connection, welcome); signed_join; JoinRefused
+                    observe=False) -> (connection, welcome); JoinRefused
     server          CoordinatorServer(coordinator, ServerOptions, p2p_addresses=, clock=,
                     seed_source=, resumed=); await start()/stop(); publish(); pending
     persistence     StateStore(dir).save(encoded, addresses) / .load()
@@ -18,6 +17,7 @@ Public surface (import from the submodules; they are loaded lazily from here too
     runner          RunOptions, load_run, run_coordinator   (`psyche-coordinator run`)
     summary         summarize(state, now, connected) -> StateSummary   (TUIs)
     tui             CoordinatorApp(server, data_server)      (only with --tui true)
+    telemetry       CoordinatorTelemetry (the server's OpenTelemetry adapter)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ prints `OK` or every problem (one per line) and exits 1 on error.
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
         [--tui true|false] [--tick-interval 0.5] [--bind-host 0.0.0.0]
-        [--prometheus-port P] [--otlp-metrics-url URL] ... (client_image.telemetry.options)
+        [--prometheus-port P] [--otlp-metrics-url URL] ... (psyche_common.telemetry.options)
 
 runs the TCP coordinator (and the TCP data server when the run's data location is
 `Server`) until SIGINT/SIGTERM; the same config errors as validate-config exit 1.
@@ -21,8 +21,8 @@ from typing import Annotated
 
 import typer
 
-from client_image.telemetry.options import TelemetryOptions, telemetry_options
 from coordinator.config import ConfigError, load_data_config, load_state_file
+from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
 app = typer.Typer(help="Psyche coordinator (TCP backend).", no_args_is_help=True,
                   add_completion=False)

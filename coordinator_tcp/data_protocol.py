@@ -1,4 +1,5 @@
-"""Messages of the TCP data server (Psyche's `RequestTrainingData` protocol, reference §4).
+"""Messages of the TCP data server (Psyche's `RequestTrainingData` protocol;
+docs/data-and-checkpoints.md, "TCP data server").
 
 Same framing and authentication as the coordinator connection:
 
@@ -24,16 +25,10 @@ import numpy as np
 import torch
 from pydantic import Field, TypeAdapter
 
-from coordinator_tcp.framing import CLIENT_MAX_FRAME
-from coordinator_tcp.protocol import (
-    U64,
-    Challenge,
-    ErrorReply,
-    Join,
-    ProtocolError,
-    _Message,
-    validate_frame,
-)
+from coordinator_tcp.protocol import U64
+from psyche_common.tcp.framing import CLIENT_MAX_FRAME
+from psyche_common.tcp.messages import Challenge, ErrorReply, Join, ProtocolError, validate_frame
+from psyche_common.tcp.messages import Message as _Message
 
 TOKEN_BYTES = 4  # int32 on the wire
 # A response frame holds base64 (4/3) of the tokens plus a small JSON envelope.

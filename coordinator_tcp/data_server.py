@@ -21,7 +21,6 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from client_image.data import DataProviderError, LocalDataProvider
 from coordinator.config import DataServerConfig, SeededShuffle
 from coordinator_tcp.data_protocol import (
     DataRejected,
@@ -31,12 +30,13 @@ from coordinator_tcp.data_protocol import (
     decode_data_client_message,
     max_samples_per_request,
 )
-from coordinator_tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from coordinator_tcp.handshake import JoinRejected, accept_join, send_fatal
 from coordinator_tcp.protocol import (
     ProtocolError,
     encode,
 )
+from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
+from psyche_common.tcp.handshake import JoinRejected, accept_join, send_fatal
+from psyche_common.token_files import DataProviderError, LocalDataProvider
 
 log = logging.getLogger(__name__)
 

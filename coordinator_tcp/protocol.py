@@ -9,6 +9,9 @@ One connection = one client identity:
     then               client: WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
                        server: StateUpdate (on every change) | Heartbeat | ErrorReply
 
+The handshake messages and the envelope are `psyche_common.tcp.messages` (the data
+server speaks them too); they are re-exported here as part of this protocol.
+
 `Join.observe = true` opens a read-only connection (the testnet's watcher, dashboards,
 benchmarks): it is authenticated the same way and receives every StateUpdate, but its
 key is never offered to the coordinator as a pending client and any event it sends is
@@ -23,56 +26,33 @@ what is wrong.
 from __future__ import annotations
 
 import base64
-import json
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from coordinator import Bloom, Committee, CommitteeProof, NodeIdentity, Witness, WitnessProof
 from coordinator.config import GcsCheckpoint, HubCheckpoint
 from coordinator.limits import BLOOM_KEYS, BLOOM_WORDS
+from psyche_common.tcp.messages import (
+    JOIN_DOMAIN,
+    PERMANENT_JOIN_ERRORS,
+    PROTOCOL_VERSION,
+    Bytes32,
+    Challenge,
+    ErrorReply,
+    Heartbeat,
+    Join,
+    ProtocolError,
+    Welcome,
+    encode,
+    join_signing_bytes,
+    parse_envelope,
+    signed_join,
+    validate_frame,
+)
+from psyche_common.tcp.messages import Message as _Message
 
-PROTOCOL_VERSION = 1
-JOIN_DOMAIN = b"psyche-tcp-join/1"
 U64 = Annotated[int, Field(ge=0, lt=2**64)]
-
-
-def _hex_parser(length: int) -> Callable[[object], bytes]:
-    def parse(value: object) -> bytes:
-        if isinstance(value, bytes):
-            raw = value
-        elif isinstance(value, str):
-            try:
-                raw = bytes.fromhex(value)
-            except ValueError as exc:
-                raise ValueError(f"not a hex string: {exc}") from exc
-        else:
-            raise ValueError("expected a hex string")
-        if len(raw) != length:
-            raise ValueError(f"expected {length} bytes, got {len(raw)}")
-        return raw
-
-    return parse
-
-
-_AS_HEX = PlainSerializer(lambda b: b.hex(), return_type=str)
-Bytes32 = Annotated[bytes, BeforeValidator(_hex_parser(32)), _AS_HEX]
-Bytes64 = Annotated[bytes, BeforeValidator(_hex_parser(64)), _AS_HEX]
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    version: Literal[1] = 1  # PROTOCOL_VERSION
 
 
 # ------------------------------------------------------------------ shared payload models
@@ -135,16 +115,6 @@ class HealthCheckEntry(BaseModel):
 
 
 # ------------------------------------------------------------------ server -> client
-class Challenge(_Message):
-    type: Literal["challenge"] = "challenge"
-    nonce: Bytes32
-
-
-class Welcome(_Message):
-    type: Literal["welcome"] = "welcome"
-    identity: Bytes32
-
-
 class StateUpdate(_Message):
     """The whole coordinator state (`coordinator.encode_state`, base64) and the p2p
     addresses the server learned at join time, keyed by hex identity."""
@@ -161,36 +131,7 @@ class StateUpdate(_Message):
         return base64.b64decode(self.state)
 
 
-class Heartbeat(_Message):
-    type: Literal["heartbeat"] = "heartbeat"
-    server_time: int
-
-
-class ErrorReply(_Message):
-    type: Literal["error"] = "error"
-    error: str
-    detail: str = ""
-    fatal: bool = False
-
-
 # ------------------------------------------------------------------ client -> server
-class Join(_Message):
-    type: Literal["join"] = "join"
-    run_id: str = Field(max_length=32)
-    identity: Bytes32
-    p2p_address: str = Field(max_length=1024)
-    client_version: str = Field(default="", max_length=96)
-    signature: Bytes64
-    observe: bool = False
-
-    @field_validator("run_id")
-    @classmethod
-    def _run_id_bytes(cls, value: str) -> str:
-        if len(value.encode()) > 32:
-            raise ValueError("run_id is at most 32 bytes")
-        return value
-
-
 class WarmupWitness(_Message):
     type: Literal["warmup_witness"] = "warmup_witness"
     witness: WitnessModel
@@ -229,54 +170,6 @@ _SERVER = TypeAdapter(ServerMessage)
 _CLIENT = TypeAdapter(ClientMessage)
 
 
-# Refusals of a join that retrying cannot fix: clients stop instead of reconnecting.
-PERMANENT_JOIN_ERRORS = frozenset({"WrongRunId", "BadSignature"})
-
-
-class ProtocolError(ValueError):
-    """A frame that is not a valid message of this protocol version."""
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:5]:
-        where = ".".join(str(p) for p in error["loc"]) or "message"
-        parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
-
-
-def encode(message: BaseModel) -> bytes:
-    return message.model_dump_json().encode()
-
-
-def parse_envelope(frame: bytes, kind: str) -> dict[str, Any]:
-    """JSON object with a supported `version` and a `type`, or a ProtocolError saying
-    which of those is wrong (checked before the per-type validation so that a peer
-    speaking another version is told so, not shown a list of field errors)."""
-    try:
-        data = json.loads(frame)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"invalid {kind} message: not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ProtocolError(
-            f"invalid {kind} message: expected a JSON object, got {type(data).__name__}")
-    version = data.get("version", PROTOCOL_VERSION)
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"unsupported protocol version {version!r}: this side speaks {PROTOCOL_VERSION}")
-    if not isinstance(data.get("type"), str):
-        raise ProtocolError(f"invalid {kind} message: no `type` field")
-    return data
-
-
-def validate_frame(adapter: TypeAdapter[Any], frame: bytes, kind: str) -> Any:
-    data = parse_envelope(frame, kind)
-    try:
-        return adapter.validate_python(data)
-    except ValidationError as exc:
-        raise ProtocolError(f"invalid {kind} message: {_describe(exc)}") from None
-
-
 def decode_client_message(
     frame: bytes,
 ) -> Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw:
@@ -289,5 +182,11 @@ def decode_server_message(
     return validate_frame(_SERVER, frame, "server")  # type: ignore[no-any-return]
 
 
-def join_signing_bytes(nonce: bytes, run_id: str, p2p_address: str) -> bytes:
-    return JOIN_DOMAIN + nonce + run_id.encode() + b"\x00" + p2p_address.encode()
+__all__ = [
+    "JOIN_DOMAIN", "PERMANENT_JOIN_ERRORS", "PROTOCOL_VERSION", "U64", "BloomModel", "Bytes32",
+    "Challenge", "CheckpointReport", "ClientMessage", "ErrorReply", "HealthCheck",
+    "HealthCheckEntry", "Heartbeat", "Join", "ProtocolError", "ServerMessage", "StateUpdate",
+    "WarmupWitness", "Welcome", "Withdraw", "WitnessMetadata", "WitnessModel", "WitnessSubmit",
+    "decode_client_message", "decode_server_message", "encode", "join_signing_bytes",
+    "parse_envelope", "signed_join", "validate_frame",
+]

@@ -35,7 +35,7 @@ from coordinator_tcp.persistence import PersistenceError, StateStore
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
 
 if TYPE_CHECKING:
-    from client_image.telemetry import Telemetry, TelemetryOptions
+    from psyche_common.telemetry import Telemetry, TelemetryOptions
 
 log = logging.getLogger("coordinator_tcp")
 
@@ -182,7 +182,8 @@ def _start_telemetry(options: RunOptions, server: CoordinatorServer) -> Telemetr
     """The server's metrics (and logs/spans) when an export is configured."""
     if options.telemetry is None or not options.telemetry.exports_anything:
         return None
-    from client_image.telemetry import CoordinatorTelemetry, ServiceIdentity, Telemetry
+    from coordinator_tcp.telemetry import CoordinatorTelemetry
+    from psyche_common.telemetry import ServiceIdentity, Telemetry
 
     telemetry = Telemetry.start(options.telemetry, ServiceIdentity(
         "coordinator", "server", server.state.run_id, server.state.client_version))

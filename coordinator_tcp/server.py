@@ -33,8 +33,6 @@ from coordinator import (
     RunState,
     encode_state,
 )
-from coordinator_tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from coordinator_tcp.handshake import JoinRejected, accept_join, send_fatal
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
     CheckpointReport,
@@ -52,6 +50,8 @@ from coordinator_tcp.protocol import (
     encode,
 )
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
+from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
+from psyche_common.tcp.handshake import JoinRejected, accept_join, send_fatal
 
 log = logging.getLogger(__name__)
 

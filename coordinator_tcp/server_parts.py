@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator import NodeIdentity
-from coordinator_tcp.framing import encode_frame
+from psyche_common.tcp.framing import encode_frame
 
 # A client that stops reading is cut off rather than let our buffers grow without bound.
 MAX_OUTGOING_BUFFER = 64 * 1024 * 1024

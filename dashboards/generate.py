@@ -5,7 +5,7 @@
 
 The JSON files are what ops teams import; this script is how we keep four dashboards
 consistent (same variables, same datasource, same label filters). Every query names
-metrics from client_image/telemetry/names.py (tests/telemetry/test_dashboards.py checks
+metrics from psyche_common/telemetry/names.py (tests/telemetry/test_dashboards.py checks
 them against a real scrape). Labels: run_id, service_instance_id (node id or "server"),
 service_name — copied from the OpenTelemetry resource by our Prometheus endpoint and by
 the collector (resource_to_telemetry_conversion).

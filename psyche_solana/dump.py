@@ -1,4 +1,5 @@
-"""The JSON of `run-manager json-dump-run` / `json-dump-user` (shapes of reference §9)."""
+"""The JSON of `run-manager json-dump-run` / `json-dump-user` (docs/solana.md,
+"Run dumps")."""
 
 from __future__ import annotations
 

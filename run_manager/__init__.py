@@ -1,8 +1,7 @@
 """The run-manager: supervises the versioned client container and shows the run.
 
-Public surface, loaded on first use: the client imports `run_manager.sources.metrics`,
-which runs this file, and must not pay for docker-py or pydantic-settings. Textual is
-never imported here; the TUI lives in `run_manager.tui`.
+Public surface, loaded on first use: `--help` must not pay for docker-py or
+pydantic-settings. Textual is never imported here; the TUI lives in `run_manager.tui`.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ _EXPORTS = {
     "RunManagerSettings": "run_manager.settings",
     "SettingsError": "run_manager.settings",
     "load_settings": "run_manager.settings",
-    "ClientMetrics": "run_manager.sources.metrics",
     "CoordinatorSource": "run_manager.sources.coordinator",
     "CoordinatorUnavailable": "run_manager.sources.coordinator",
     "PinnedVersionSource": "run_manager.sources.coordinator",
-    "RunSnapshot": "run_manager.sources.coordinator",
+    "RunSnapshot": "psyche_common.run_view",
     "TcpCoordinatorSource": "run_manager.sources.tcp_coordinator",
 }
 __all__ = sorted(_EXPORTS)

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from client_image.telemetry.options import TelemetryOptions, telemetry_options
-from run_manager import solana_commands
+from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
+from run_manager.commands import solana
 
 if TYPE_CHECKING:
-    from client_image.telemetry import RunManagerTelemetry
+    from run_manager.telemetry import RunManagerTelemetry
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
@@ -30,7 +30,7 @@ app = typer.Typer(
 )
 wallet_app = typer.Typer(help="Wallets (solana-keygen keypair files): new, show, balance.")
 app.add_typer(wallet_app, name="wallet")
-solana_commands.register(app)
+solana.register(app)
 
 WalletOption = Annotated[
     Path,
@@ -79,6 +79,8 @@ def run(
 
 def _run_client(env_file: Path, options: object, tui: bool,
                 telemetry: TelemetryOptions | None = None) -> int:
+    from psyche_common.metrics_source import HttpClientMetricsSource
+    from psyche_common.wallet import public_key
     from run_manager import engine
     from run_manager.docker_supervisor import Supervisor, SupervisorFinished
     from run_manager.monitor import Monitor
@@ -90,9 +92,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
         supervisor_config,
     )
     from run_manager.settings import SettingsError, load_settings, read_env_file
-    from run_manager.sources.http_metrics import HttpClientMetricsSource
     from run_manager.view import Dashboard
-    from run_manager.wallet import public_key
 
     assert isinstance(options, RunOptions)
     try:
@@ -162,7 +162,8 @@ def _start_telemetry(options: TelemetryOptions | None, run_id: str,
         return None
     import socket
 
-    from client_image.telemetry import RunManagerTelemetry, ServiceIdentity, Telemetry
+    from psyche_common.telemetry import ServiceIdentity, Telemetry
+    from run_manager.telemetry import RunManagerTelemetry
 
     identity = ServiceIdentity("run-manager", wallet or socket.gethostname(), run_id)
     return RunManagerTelemetry(Telemetry.start(options, identity))
@@ -180,7 +181,7 @@ def wallet_new(
     path: Annotated[Path, typer.Argument(help="Where to write the keypair (mode 600).")],
 ) -> None:
     """Create a solana-keygen-compatible keypair file; never overwrites one."""
-    from run_manager.wallet import WalletError, create_keypair_file
+    from psyche_common.wallet import WalletError, create_keypair_file
 
     try:
         pubkey = create_keypair_file(path)
@@ -193,7 +194,7 @@ def wallet_new(
 @wallet_app.command("show")
 def wallet_show(wallet: WalletOption) -> None:
     """Print the wallet's public key (base58)."""
-    from run_manager.wallet import WalletError, public_key
+    from psyche_common.wallet import WalletError, public_key
 
     try:
         typer.echo(public_key(wallet))
@@ -211,7 +212,7 @@ def wallet_balance(
     address: Annotated[str | None, typer.Option("--address", help="Any public key.")] = None,
 ) -> None:
     """Print the SOL balance of the wallet (or --address), asked over RPC."""
-    from run_manager.wallet import WalletError, format_sol, get_balance, public_key
+    from psyche_common.wallet import WalletError, format_sol, get_balance, public_key
 
     if (wallet is None) == (address is None):
         raise _fail("give exactly one of --wallet and --address", EXIT_CONFIG_ERROR)

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Literal, Protocol
 
+from psyche_common.metrics_schema import ClientMetrics
 from run_manager.sources.coordinator import CoordinatorSource
-from run_manager.sources.metrics import ClientMetrics
 from run_manager.view import Dashboard
 
 Part = Literal["run", "training", "wallet"]
@@ -49,7 +49,7 @@ class Monitor:
             self.dashboard.container.message = f"coordinator: {error}"
         self._on_change("run")
         if self._metrics is not None:
-            from run_manager.sources.http_metrics import MetricsUnavailable
+            from psyche_common.metrics_source import MetricsUnavailable
 
             try:
                 self.dashboard.apply_metrics(await self._metrics.fetch())
@@ -67,7 +67,7 @@ class Monitor:
         return time.monotonic() - self._balance_checked_at >= self._balance_interval_s
 
     async def _refresh_balance(self) -> None:
-        from run_manager.wallet import WalletError, get_balance
+        from psyche_common.wallet import WalletError, get_balance
 
         assert self._rpc_url is not None and self.dashboard.wallet.address is not None
         self._balance_checked_at = time.monotonic()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from psyche_common.ui.view import describe_run, describe_training, describe_witnesses
 from run_manager import engine
 from run_manager.docker_supervisor import (
     ContainerStarted,
@@ -21,14 +22,7 @@ from run_manager.docker_supervisor import (
 from run_manager.monitor import Monitor, Part
 from run_manager.settings import RunManagerSettings
 from run_manager.sources.coordinator import CoordinatorSource, PinnedVersionSource
-from run_manager.view import (
-    Dashboard,
-    describe_container,
-    describe_run,
-    describe_training,
-    describe_wallet,
-    describe_witnesses,
-)
+from run_manager.view import Dashboard, describe_container, describe_wallet
 
 
 class SourceUnavailable(Exception):
@@ -47,7 +41,7 @@ def _tcp_source(settings: RunManagerSettings) -> CoordinatorSource:
 
 def _solana_source(settings: RunManagerSettings) -> CoordinatorSource:
     # Imported here: solders and the account decoders are not needed by --help.
-    from run_manager.solana_commands import SolanaCoordinatorSource
+    from run_manager.sources.solana_coordinator import SolanaCoordinatorSource
 
     return SolanaCoordinatorSource([settings.RPC, settings.RPC_2], settings.RUN_ID)
 
@@ -88,7 +82,7 @@ def supervisor_config(settings: RunManagerSettings, options: RunOptions) -> Supe
     gpus = settings.GPUS == "all" or (settings.GPUS == "auto" and engine.gpus_present())
     environment = settings.container_environment(options.env_file_variables)
     if settings.WALLET_PRIVATE_KEY_PATH is not None:
-        from run_manager.wallet import load_keypair_bytes
+        from psyche_common.wallet import load_keypair_bytes
 
         # Psyche hands the key to the container as RAW_WALLET_PRIVATE_KEY (a JSON array):
         # the container cannot see the host's wallet path.

@@ -197,7 +197,7 @@ def load_settings(env_file: Path | None, overrides: dict[str, Any] | None = None
     except ValidationError as error:
         raise SettingsError(describe_validation_error(error)) from None
     if settings.WALLET_PRIVATE_KEY_PATH is not None:
-        from run_manager.wallet import WalletError, load_keypair_bytes
+        from psyche_common.wallet import WalletError, load_keypair_bytes
 
         try:
             load_keypair_bytes(settings.WALLET_PRIVATE_KEY_PATH)

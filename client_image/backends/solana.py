@@ -36,7 +36,7 @@ from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from client_image.runtime.tcp_backend import (
+from client_image.backends.base import (
     BackendRejected,
     ErrorCallback,
     ServerState,

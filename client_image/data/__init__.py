@@ -1,4 +1,5 @@
-"""Data providers: the token samples a client trains on (reference §7).
+"""Data providers: the token samples a client trains on
+(docs/data-and-checkpoints.md, "Data providers").
 
 Public surface:
 
@@ -16,7 +17,7 @@ Public surface:
                                       the coordinator's TCP data server (Server location)
 
 A batch id [start, end] is inclusive; sample i is exactly max_seq_len tokens (see
-client_image.data.sequences for the offset rules).
+psyche_common.token_files.sequences for the offset rules).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Protocol
 
 import torch
 
-from client_image.data.chacha import ChaChaRng, shuffle_in_place
 from client_image.data.http import HttpDataProvider, location_urls
-from client_image.data.local import LocalDataProvider
-from client_image.data.sequences import DataProviderError
 from client_image.data.tcp_provider import DataServerMismatch, TcpDataProvider
 from coordinator.config import HttpDataLocation, LocalDataLocation, TokenSize
+from psyche_common.token_files.chacha import ChaChaRng, shuffle_in_place
+from psyche_common.token_files.local import LocalDataProvider
+from psyche_common.token_files.sequences import DataProviderError
 
 
 class DataProvider(Protocol):

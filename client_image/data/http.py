@@ -16,14 +16,14 @@ from collections.abc import Sequence
 import httpx
 import torch
 
-from client_image.data.sequences import (
+from coordinator.config import HttpDataLocation, NumberedFiles, SingleUrl, UrlList
+from psyche_common.token_files.sequences import (
     DataProviderError,
     SequenceRef,
     build_sequence_index,
     check_batch,
     tokens_to_tensor,
 )
-from coordinator.config import HttpDataLocation, NumberedFiles, SingleUrl, UrlList
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,6 @@ from typing import TypeVar
 
 import torch
 
-from client_image.data.sequences import DataProviderError
-from client_image.p2p.identity import Identity
-from coordinator_tcp.client import JoinRefused, ProtocolConnection
 from coordinator_tcp.data_protocol import (
     DataRejected,
     DataRequest,
@@ -30,39 +27,43 @@ from coordinator_tcp.data_protocol import (
     DataWelcome,
     decode_data_server_message,
 )
-from coordinator_tcp.framing import FrameError
-from coordinator_tcp.protocol import ErrorReply, ProtocolError
+from psyche_common.identity import Identity
+from psyche_common.tcp.connection import (
+    CONNECTION_ERRORS,
+    Connection,
+    JoinRefused,
+    parse_host_port,
+)
+from psyche_common.tcp.messages import PERMANENT_JOIN_ERRORS, ErrorReply, ProtocolError
+from psyche_common.token_files.sequences import DataProviderError
 
 log = logging.getLogger(__name__)
 
 FETCH_ATTEMPTS = 7
 RETRY_DELAY_S = 2.0
 T = TypeVar("T")
+_RETRIED: tuple[type[BaseException], ...] = (DataProviderError, *CONNECTION_ERRORS)
 
 
 class DataServerMismatch(DataProviderError):
     """The data server is for another run or serves another sequence length: not retried."""
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise DataProviderError(f'data server address must be "host:port", got {address!r}')
-    return host.strip("[]"), int(port)
-
-
 class TcpDataProvider:
     def __init__(self, address: str, identity: Identity, run_id: str, max_seq_len: int, *,
                  attempts: int = FETCH_ATTEMPTS, retry_delay_s: float = RETRY_DELAY_S,
                  timeout_s: float = 30.0):
-        self.host, self.port = parse_address(address)
+        try:
+            self.host, self.port = parse_host_port(address, "the data server address")
+        except ValueError as exc:
+            raise DataProviderError(str(exc)) from None
         self.identity = identity
         self.run_id = run_id
         self.max_seq_len = max_seq_len
         self.attempts = attempts
         self.retry_delay_s = retry_delay_s
         self.timeout_s = timeout_s
-        self._connection: ProtocolConnection | None = None
+        self._connection: Connection | None = None
         self._num_sequences = 0
         self._lock = asyncio.Lock()  # one request in flight per connection
 
@@ -91,7 +92,7 @@ class TcpDataProvider:
 
     # ------------------------------------------------------------------ internals
     async def _with_retries(self, what: str, action: Callable[[], Awaitable[T]]) -> T:
-        last_error: Exception | None = None
+        last_error: BaseException | None = None
         for attempt in range(1, self.attempts + 1):
             if attempt > 1:
                 await asyncio.sleep(self.retry_delay_s * (attempt - 1))
@@ -101,11 +102,10 @@ class TcpDataProvider:
                 await self.aclose()
                 raise
             except JoinRefused as exc:
-                if exc.error in ("WrongRunId", "BadSignature"):  # retrying cannot help
+                if exc.error in PERMANENT_JOIN_ERRORS:  # retrying cannot help
                     raise DataServerMismatch(f"data server refused the join: {exc}") from None
                 last_error = exc
-            except (DataProviderError, OSError, TimeoutError, asyncio.IncompleteReadError,
-                    FrameError, ProtocolError) as exc:
+            except _RETRIED as exc:
                 last_error = exc
                 log.warning("data server %s:%d: %s failed (attempt %d/%d): %s", self.host,
                             self.port, what, attempt, self.attempts, exc)
@@ -115,10 +115,10 @@ class TcpDataProvider:
             f"data server {self.host}:{self.port}: {what} failed after {self.attempts} "
             f"attempts: {last_error}")
 
-    async def _ensure_connected(self) -> ProtocolConnection:
+    async def _ensure_connected(self) -> Connection:
         if self._connection is not None:
             return self._connection
-        connection, welcome = await ProtocolConnection.connect(
+        connection, welcome = await Connection.connect(
             self.host, self.port, self.identity, self.run_id, timeout_s=self.timeout_s,
             decode=decode_data_server_message, expect_welcome=DataWelcome)
         if welcome.seq_len != self.max_seq_len:

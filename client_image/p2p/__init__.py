@@ -45,17 +45,18 @@ from client_image.p2p.blobs import (
     RateLimiter,
 )
 from client_image.p2p.diagnostics import PeerDiagnostics
-from client_image.p2p.gossip import GossipTopic
-from client_image.p2p.gossip_service import Gossip
-from client_image.p2p.gossip_types import GossipConfig, GossipMessage, GossipStats
-from client_image.p2p.gossip_wire import (
+from client_image.p2p.gossip import (
     GOSSIP_ALPN,
     MAX_MESSAGE_BYTES,
     MAX_PAYLOAD_BYTES,
+    Gossip,
+    GossipConfig,
+    GossipMessage,
+    GossipStats,
+    GossipTopic,
     SignedMessage,
     topic_for_run,
 )
-from client_image.p2p.identity import Identity, IdentityError, sign, verify
 from client_image.p2p.messages import (
     BatchId,
     BroadcastDecodeError,
@@ -74,6 +75,7 @@ from client_image.p2p.model_sharing import (
 )
 from client_image.p2p.node import P2PNode
 from client_image.p2p.transport import NodeConfig, TransportError
+from psyche_common.identity import Identity, IdentityError, sign, verify
 
 apply_bulk_write_patch()
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from client_image.p2p.gossip_wire import MAX_PAYLOAD_BYTES
+from client_image.p2p.gossip.wire import MAX_PAYLOAD_BYTES
 
 BROADCAST_VERSION = 1
 U32 = Annotated[int, Field(ge=0, lt=2**32)]

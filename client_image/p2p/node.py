@@ -9,12 +9,10 @@ from client_image.p2p.address import PeerAddress
 from client_image.p2p.blob_store import BlobStore
 from client_image.p2p.blobs import BlobService, DownloadConfig
 from client_image.p2p.diagnostics import PeerDiagnostics
-from client_image.p2p.gossip import GossipTopic
-from client_image.p2p.gossip_service import Gossip
-from client_image.p2p.gossip_types import GossipConfig
-from client_image.p2p.identity import Identity
+from client_image.p2p.gossip import Gossip, GossipConfig, GossipTopic
 from client_image.p2p.model_sharing import ModelSharing
 from client_image.p2p.transport import NodeConfig, Transport
+from psyche_common.identity import Identity
 
 
 class P2PNode:

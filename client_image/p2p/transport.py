@@ -25,7 +25,7 @@ from iroh import iroh_ffi
 
 from client_image.p2p.address import PeerAddress
 from client_image.p2p.diagnostics import PeerDiagnostics, snapshot_connection
-from client_image.p2p.identity import Identity
+from psyche_common.identity import Identity
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ class Transport:
     async def start(self) -> None:
         if self._endpoint is not None:
             return
-        # Async binding calls resume on the loop registered here (see design/iroh.md).
+        # The uniffi binding runs its async calls on the asyncio loop registered here; it
+        # must be registered before the first async iroh call.
         iroh_ffi.uniffi_set_event_loop(asyncio.get_running_loop())  # type: ignore[arg-type]
         ip = (
             interface_ipv4(self.config.bind_interface)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from client_image.backends.base import CoordinatorBackend, ServerState
+from client_image.backends.tcp import TcpBackend
 from client_image.p2p import (
     Finished,
     GossipMessage,
@@ -35,19 +37,17 @@ from client_image.p2p import (
     decode_broadcast,
     encode_broadcast,
 )
-from client_image.p2p.identity import Identity
 from client_image.p2p.messages import BatchId as WireBatchId
 from client_image.runtime import round_actions
 from client_image.runtime.observability import Counters, EventLog, MetricsServer, snapshot
 from client_image.runtime.rounds import StepRecord, my_witness_proof
-from client_image.runtime.tcp_backend import ServerState, TcpBackend
 from client_image.runtime.worker import TrainingWorker
 from client_image.telemetry import ClientTelemetry
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator_tcp.protocol import ErrorReply
+from psyche_common.identity import Identity
 
 if TYPE_CHECKING:
-    from client_image.backends.solana import SolanaBackend
     from client_image.data import DataProvider
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class PsycheClient:
         self.round_task: asyncio.Task[None] | None = None
         self.data_provider: DataProvider | None = None
         self.topic: GossipTopic | None = None
-        self.backend: TcpBackend | SolanaBackend | None = None
+        self.backend: CoordinatorBackend | None = None
         self.metrics_server: MetricsServer | None = None
         self.telemetry: ClientTelemetry | None = None  # set by the CLI when exporting
 
@@ -141,7 +141,7 @@ class PsycheClient:
             self.worker.close()
         return self.exit_code or 0
 
-    def _make_backend(self) -> TcpBackend | SolanaBackend:
+    def _make_backend(self) -> CoordinatorBackend:
         options, p2p_address = self.options, self.node.address.to_string()
         if options.rpc:
             from solders.keypair import Keypair

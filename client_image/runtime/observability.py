@@ -2,7 +2,7 @@
 
 `--logs json` prints one JSON object per event (`{"event": "trained", "step": 3, ...}`),
 `console` a readable line, `none` nothing; library logging goes to stderr.
-`--metrics-local-port P` serves the `ClientMetrics` JSON (run_manager.sources.metrics)
+`--metrics-local-port P` serves the `ClientMetrics` JSON (psyche_common.metrics_schema)
 to any HTTP GET on 127.0.0.1:P, as Psyche's client does.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from run_manager.sources.metrics import ClientMetrics, ConnectedPeer, RoundTripTime, SelectedPath
+from psyche_common.metrics_schema import ClientMetrics, ConnectedPeer, RoundTripTime, SelectedPath
 
 LogMode = Literal["tui", "console", "json", "none"]
 log = logging.getLogger(__name__)
@@ -64,7 +64,8 @@ def configure_logging(mode: LogMode, level: int = logging.INFO) -> None:
 
 @dataclass
 class Counters:
-    """Psyche's client counters (reference §11), updated by the runtime."""
+    """Psyche's client counters (docs/metrics.md, "Local metrics endpoint"), updated by the
+    runtime."""
 
     broadcasts_seen: int = 0
     apply_message_success: int = 0

@@ -7,11 +7,11 @@ verified, the `Finished` broadcasts heard, and the two witness bloom filters:
     participant_bloom  <- SHA-256(signer) of every trainer whose payload verified
     broadcast_bloom    <- commitment of the first verified payload of each batch
 
-Consensus for applying step s at round h+2 (reference §2.6): for each batch of step s,
-a commitment's score is the number of round-h+1 witnesses whose broadcast bloom
-contains it; the best score wins if it reaches quorum(len(witnesses)), else the batch
-is skipped. Every honest client computes the same winners from the same coordinator
-state, so every client applies the same update.
+Consensus for applying step s at round h+2 (docs/coordinator.md, "Consensus for apply"):
+for each batch of step s, a commitment's score is the number of round-h+1 witnesses
+whose broadcast bloom contains it; the best score wins if it reaches
+quorum(len(witnesses)), else the batch is skipped. Every honest client computes the same
+winners from the same coordinator state, so every client applies the same update.
 """
 
 from __future__ import annotations
@@ -43,12 +43,14 @@ BatchKey = tuple[int, int]
 
 
 def random_bloom() -> Bloom:
-    """Witness blooms use random keys (§2.3): the coordinator only reads them."""
+    """Witness blooms use random keys: the coordinator only reads them (docs/coordinator.md,
+    "Bloom filters")."""
     return Bloom(keys=tuple(int.from_bytes(os.urandom(8), "little") for _ in range(BLOOM_KEYS)))
 
 
 def commitment_of(step: int, batch: BatchKey, payload: bytes) -> bytes:
-    """The hash a trainer commits to for its result (§2.4 over our wire bytes)."""
+    """The hash a trainer commits to for its result: `data_hash` over our wire bytes
+    (docs/coordinator.md, "Commitments and Merkle roots")."""
     return data_hash(step, batch[0], batch[1], [(payload, b"")])
 
 
@@ -157,7 +159,8 @@ def my_witness_proof(state: CoordinatorState, me: NodeIdentity) -> tuple[int, in
 
 def unhealthy_trainers(state: CoordinatorState,
                        expected_senders: set[bytes]) -> list[tuple[NodeIdentity, CommitteeProof]]:
-    """§2.7 at round start: previous-round trainers the previous witnesses did not confirm.
+    """Health checks at round start (docs/coordinator.md, "Health checks"): previous-round
+    trainers the previous witnesses did not confirm.
 
     Only trainers that actually had a batch to send are judged (a trainer with an empty
     share never appears in a participant bloom)."""

@@ -1,6 +1,6 @@
 """`psyche-client train --logs tui`: the client's own live view.
 
-It reuses the run-manager's panels (run, witnesses, training) and adds the client's event
+It uses the shared panels (psyche_common.ui: run, witnesses, training) and adds the client's event
 stream and its library log; the client runs as a worker on the app's event loop, and q
 stops it cleanly (the app's exit code is the client's).
 """
@@ -17,9 +17,11 @@ from textual.containers import Grid
 from textual.widgets import Footer, Header, RichLog
 
 from client_image.runtime.client import PsycheClient
-from run_manager.sources.tcp_coordinator import ObservedState, build_snapshot
-from run_manager.tui.widgets import RunPanel, TrainingPanel, WitnessPanel
-from run_manager.view import Dashboard
+from psyche_common.run_view import ObservedState, build_snapshot
+from psyche_common.ui.run_panel import RunPanel
+from psyche_common.ui.training_panel import TrainingPanel
+from psyche_common.ui.view import RunView
+from psyche_common.ui.witness_panel import WitnessPanel
 
 
 class _ToLog(logging.Handler):
@@ -48,7 +50,7 @@ class ClientApp(App[int]):
     def __init__(self, client: PsycheClient, refresh_s: float = 0.5):
         super().__init__()
         self.client = client
-        self.dashboard = Dashboard()
+        self.dashboard = RunView()
         self.refresh_s = refresh_s
         client.events.listeners.append(self._on_event)
         self._log_handler = _ToLog(self)

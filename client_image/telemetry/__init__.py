@@ -1,15 +1,9 @@
-"""OpenTelemetry for every program: metrics, traces and logs, Prometheus and OTLP/HTTP.
+"""The client's telemetry adapter: its metrics and per-phase spans (psyche_common.telemetry
+holds the providers and exporters).
 
-Public surface:
-    TelemetryOptions, telemetry_options   export options and the Typer helper adding them
-    Telemetry, ServiceIdentity            providers, exporters and the instruments
-    ClientTelemetry, traced_phase         the client's metrics and per-phase spans
-    CoordinatorTelemetry                  the TCP coordinator's metrics
-    RunManagerTelemetry                   the run-manager's container metrics
-    names                                 the registry of every exported metric
+    ClientTelemetry, traced_phase
 
-Loaded lazily: a CLI that only declares the options (`--help`) does not import the
-OpenTelemetry SDK.
+Loaded lazily: importing the runtime does not import the OpenTelemetry SDK.
 """
 
 from __future__ import annotations
@@ -17,33 +11,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-_WHERE = {
-    "ClientTelemetry": "client_metrics", "traced_phase": "client_metrics",
-    "CoordinatorTelemetry": "coordinator_metrics", "ServiceIdentity": "core",
-    "Telemetry": "core", "TelemetryOptions": "options", "telemetry_options": "options",
-    "RunManagerTelemetry": "run_manager_metrics", "names": "names",
-}
-
 if TYPE_CHECKING:
-    from client_image.telemetry import names
-    from client_image.telemetry.client_metrics import ClientTelemetry, traced_phase
-    from client_image.telemetry.coordinator_metrics import CoordinatorTelemetry
-    from client_image.telemetry.core import ServiceIdentity, Telemetry
-    from client_image.telemetry.options import TelemetryOptions, telemetry_options
-    from client_image.telemetry.run_manager_metrics import RunManagerTelemetry
+    from client_image.telemetry.client import ClientTelemetry, traced_phase
+
+_NAMES = {"ClientTelemetry", "traced_phase"}
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
+    if name not in _NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    loaded = importlib.import_module(f"{__name__}.{module}")
-    return loaded if name == "names" else getattr(loaded, name)
+    return getattr(importlib.import_module(f"{__name__}.client"), name)
 
 
-__all__ = [
-    "ClientTelemetry", "CoordinatorTelemetry", "RunManagerTelemetry", "ServiceIdentity",
-    "Telemetry", "TelemetryOptions", "names", "telemetry_options", "traced_phase",
-]
+__all__ = ["ClientTelemetry", "traced_phase"]

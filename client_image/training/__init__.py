@@ -1,4 +1,5 @@
-"""The training core: models, DisTrO, its wire format, checkpoints (reference §5, §8).
+"""The training core: models, DisTrO, its wire format, checkpoints (docs/distro.md;
+docs/data-and-checkpoints.md, "Checkpoints").
 
 Public surface (typed; see each module for the equations and details):
 

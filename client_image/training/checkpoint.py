@@ -1,4 +1,5 @@
-"""Checkpoints (reference §8): `{checkpoint_dir}/{run_id}-step{step}/`, transformers-loadable.
+"""Checkpoints (docs/data-and-checkpoints.md, "Checkpoints"):
+`{checkpoint_dir}/{run_id}-step{step}/`, transformers-loadable.
 
 A checkpoint directory holds config.json, generation_config.json, safetensors weights (in
 the model's dtype, so that it loads back bit-identically) and the tokenizer files copied

@@ -1,4 +1,5 @@
-"""Learning-rate schedules of the run config (reference §3.2), evaluated at a step.
+"""Learning-rate schedules of the run config (docs/run-config.md,
+"Learning-rate schedules"), evaluated at a step.
 
 Every schedule first warms up linearly over w = warmup_steps:
 
@@ -11,8 +12,9 @@ then
     WSD:       base for stable_steps; cosine from base to cosine_final over cosine_decay_steps;
                linear from cosine_final to linear_final over linear_decay_steps; then constant.
 
-Cold start (after a pause, reference §5): inside [start, start + cold_start_warmup_steps]
-the schedule is multiplied by f = (s - start) / cold_start_warmup_steps.
+Cold start (after a pause; docs/distro.md, "Learning rate and cold start"): inside
+[start, start + cold_start_warmup_steps] the schedule is multiplied by
+f = (s - start) / cold_start_warmup_steps.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from typing import Literal
 
 import torch
 
-from client_image.data.local import LocalDataProvider
 from client_image.training.model import load_causal_lm
 from client_image.training.trainer import AdamWTrainer, DistroTrainer, Timings
 from coordinator.config import (
@@ -28,6 +27,7 @@ from coordinator.config import (
     LRSchedule,
     SeededShuffle,
 )
+from psyche_common.token_files.local import LocalDataProvider
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""One client's DisTrO trainer: the per-step pipeline of reference §5, overlapped.
+"""One client's DisTrO trainer: the per-step pipeline, overlapped
+(docs/distro.md, "Per-step pipeline").
 
 Per step s (delta: a persistent buffer per parameter, zero at the start):
 
@@ -128,7 +129,7 @@ class DistroTrainer:
         # delta lives in the block layout: one (N, a, b) buffer per block shape.
         self.layout = BlockLayout(self.plans)
         self.delta = self.layout.zeros(self.params[0].dtype, self.params[0].device)
-        self.trainer_nonce = 0  # train() calls since this process started (reference §2.6)
+        self.trainer_nonce = 0  # train() calls since this process started
         self.timings = Timings()
         self._pending: _PendingOwnResult | None = None
 

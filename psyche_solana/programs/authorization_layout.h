@@ -1,5 +1,5 @@
-/* An authorization account of the authorizer program (reference §9), at the PDA
- *   ["Authorization", grantor, grantee, scope] of the authorizer.
+/* An authorization account of the authorizer program (docs/solana.md, "Authorizer"), at
+ * the PDA ["Authorization", grantor, grantee, scope] of the authorizer.
  * Valid for user U iff active and (grantee = zero key (permissionless) or grantee = U or
  * U in delegates). */
 #ifndef PSYCHE_AUTHORIZATION_LAYOUT_H

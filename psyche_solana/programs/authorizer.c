@@ -1,4 +1,4 @@
-/* The authorizer program: join authorizations (reference §9).
+/* The authorizer program: join authorizations (docs/solana.md, "Authorizer").
  *   0 authorization_create  [payer s w, grantor s, authorization w, system]
  *                           grantee[32] scope_len u8 scope  (created inactive)
  *   1 grantor_update        [grantor s, authorization w]  active u8

@@ -18,7 +18,8 @@
  *                       the client's P2P address, in the PDA ["p2p", account, client]
  *                       (a directory beside the state; it does not touch the state)
  * now = the Clock's unix_timestamp; seed = u64_le(SHA-256(unix_timestamp_i64_le ||
- * slot_u64_le)[0:8]) (reference §1.4). Events do not tick: clients send tick transactions.
+ * slot_u64_le)[0:8]) (docs/coordinator.md, "Seeds"). Events do not tick: clients send
+ * tick transactions.
  */
 #include "coordinator_machine.h"
 #include "errors.h"

@@ -1,4 +1,5 @@
-/* The coordinator account: the Python CoordinatorState in fixed arrays (reference §1.1).
+/* The coordinator account: the Python CoordinatorState in fixed arrays (docs/coordinator.md,
+ * "State layout").
  * Little-endian, naturally aligned, no implicit padding (every pad is named), so that
  * psyche_solana/accounts.py decodes it with plain struct formats. The offsets are
  * checked at compile time below and mirrored in accounts.py.

@@ -1,5 +1,6 @@
 /* The coordinator state machine: tick and the events, as coordinator/machine.py and
- * coordinator/core.py (reference §1.2-1.3, §2.7-2.8). Every check runs before the first
+ * coordinator/core.py (docs/coordinator.md: "Tick", "Events", "Health checks",
+ * "Rewards"). Every check runs before the first
  * write, and a failing instruction is rolled back by the runtime anyway. Errors 1-13
  * carry the names of coordinator.CoordinatorError, in that enum's order. */
 #ifndef PSYCHE_COORDINATOR_MACHINE_H
@@ -71,7 +72,8 @@ static RewardEntry *reward_entry(State *s, const Pubkey *id) {
   return e;
 }
 
-/* §2.8: each Healthy client gets earning_rate_total_shared // len(clients). */
+/* Each Healthy client gets earning_rate_total_shared // len(clients) (docs/coordinator.md,
+ * "Rewards"). */
 static void credit_epoch(State *s) {
   if (s->clients_len) {
     u64 share = s->current_earning_rate_total_shared / s->clients_len;

@@ -1,4 +1,5 @@
-/* Elections, bloom filters and batch sizes, bit for bit as coordinator/ (§2.1-2.3).
+/* Elections, bloom filters and batch sizes, bit for bit as coordinator/ (docs/coordinator.md:
+ * "Committees and witness election", "Data assignment", "Bloom filters").
  *
  *   S = SHA-256(seed_u64_le);  K = SHA-256(S || salt)   salt "committee" | "witness"
  *   swap_or_not(i, n, K), r = 0..89:

@@ -1,5 +1,5 @@
 /* The treasurer program: runs whose main authority is a treasurer PDA, and rewards in
- * an SPL token at 1 base unit per earned point (reference §9).
+ * an SPL token at 1 base unit per earned point (docs/solana.md, "Treasurer").
  *
  *   Run PDA ["Run", index u64 LE]            (RunAccount below)
  *   Participant PDA ["Participant", run, user] (ParticipantAccount)

@@ -2,26 +2,21 @@
 
 from typing import TYPE_CHECKING
 
+from psyche_common.run_view import RunClient, RunPhase, RunSnapshot, WitnessProgress
 from run_manager.sources.coordinator import (
     CoordinatorSource,
     CoordinatorUnavailable,
     PinnedVersionSource,
-    RunClient,
-    RunPhase,
-    RunSnapshot,
-    WitnessProgress,
 )
-from run_manager.sources.metrics import ClientMetrics, ConnectedPeer
 
 if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
-    from run_manager.sources.http_metrics import HttpClientMetricsSource, MetricsUnavailable
+    from run_manager.sources.solana_coordinator import SolanaCoordinatorSource
     from run_manager.sources.tcp_coordinator import TcpCoordinatorSource
 
-# The client imports `run_manager.sources.metrics`, which runs this file: the HTTP
-# source (httpx) and the TCP source (the coordinator packages) load only when asked for.
+# The TCP source (the coordinator packages) and the Solana source (solders, the account
+# decoders) load only when asked for.
 _LAZY = {
-    "HttpClientMetricsSource": "http_metrics",
-    "MetricsUnavailable": "http_metrics",
+    "SolanaCoordinatorSource": "solana_coordinator",
     "TcpCoordinatorSource": "tcp_coordinator",
 }
 
@@ -36,16 +31,13 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "ClientMetrics",
-    "ConnectedPeer",
     "CoordinatorSource",
     "CoordinatorUnavailable",
-    "HttpClientMetricsSource",
-    "MetricsUnavailable",
     "PinnedVersionSource",
     "RunClient",
     "RunPhase",
     "RunSnapshot",
+    "SolanaCoordinatorSource",
     "TcpCoordinatorSource",
     "WitnessProgress",
 ]

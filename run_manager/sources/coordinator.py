@@ -9,66 +9,9 @@ each a class with these methods.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
-
-RunPhase = Literal[
-    "Uninitialized",
-    "WaitingForMembers",
-    "Warmup",
-    "RoundTrain",
-    "RoundWitness",
-    "Cooldown",
-    "Finished",
-    "Paused",
-]
-ClientHealth = Literal["Healthy", "Dropped", "Withdrawn", "Ejected"]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RunClient(_Frozen):
-    """One client of the current epoch, as the coordinator lists it."""
-
-    id: str
-    """The client's public key (base58 on Solana, hex on TCP runs)."""
-    state: ClientHealth = "Healthy"
-    points: int | None = None
-    """Reward points earned so far, where the backend keeps them."""
-
-
-class WitnessProgress(_Frozen):
-    """This round's elected witnesses and how far the round is from quorum."""
-
-    elected: list[str] = Field(default_factory=list)
-    """Client ids elected as witnesses of this round."""
-    received: list[str] = Field(default_factory=list)
-    """Elected witnesses whose witness message the coordinator has."""
-    quorum: int = Field(default=0, ge=0)
-    """Witness messages needed: {1->1, 2->2, 3->2, n>=4 -> floor(2n/3)}."""
-
-    @property
-    def fraction(self) -> float:
-        return 0.0 if self.quorum == 0 else min(1.0, len(self.received) / self.quorum)
-
-
-class RunSnapshot(_Frozen):
-    """What the run looks like at one instant."""
-
-    run_id: str
-    phase: RunPhase
-    phase_elapsed_s: float = Field(default=0.0, ge=0)
-    """Seconds since the coordinator entered `phase`."""
-    phase_timeout_s: float | None = None
-    """Seconds the phase lasts at most (None: no time limit, e.g. WaitingForMembers)."""
-    epoch: int = Field(default=0, ge=0)
-    step: int = Field(default=0, ge=0)
-    clients: list[RunClient] = Field(default_factory=list)
-    witnesses: WitnessProgress = Field(default_factory=WitnessProgress)
-    client_version: str = ""
+from psyche_common.run_view import RunSnapshot
 
 
 class CoordinatorUnavailable(Exception):

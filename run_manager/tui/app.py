@@ -16,16 +16,13 @@ from textual.binding import Binding
 from textual.containers import Grid
 from textual.widgets import Footer, Header
 
+from psyche_common.ui.run_panel import RunPanel
+from psyche_common.ui.training_panel import TrainingPanel
+from psyche_common.ui.witness_panel import WitnessPanel
 from run_manager.docker_supervisor import LogLine, Supervisor, SupervisorEvent, SupervisorFinished
 from run_manager.monitor import Monitor, Part
 from run_manager.tui.messages import DashboardChanged, SupervisorEventPosted
-from run_manager.tui.widgets import (
-    ContainerPanel,
-    RunPanel,
-    TrainingPanel,
-    WalletPanel,
-    WitnessPanel,
-)
+from run_manager.tui.widgets import ContainerPanel, WalletPanel
 from run_manager.tui.widgets.log_screen import LogScreen
 from run_manager.view import Dashboard
 

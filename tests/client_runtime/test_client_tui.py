@@ -8,14 +8,14 @@ import asyncio
 from textual.widgets import RichLog
 
 from client_image.p2p import NodeConfig
-from client_image.p2p.identity import Identity
 from client_image.runtime.client import ClientOptions, PsycheClient
 from client_image.runtime.observability import EventLog
 from client_image.runtime.tui import ClientApp
 from coordinator import Coordinator, load_state_file
 from coordinator_tcp.server import CoordinatorServer
 from coordinator_tcp.server_parts import ServerOptions
-from run_manager.tui.widgets import RunPanel
+from psyche_common.identity import Identity
+from psyche_common.ui.run_panel import RunPanel
 
 STATE = "config/local-testnet/state.toml"  # init_min_clients = 3: one client waits
 

@@ -6,11 +6,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from client_image.p2p.identity import Identity
 from coordinator.config import StateFile, state_file_from_dict
 from coordinator_tcp.client import ProtocolConnection
 from coordinator_tcp.protocol import StateUpdate
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
+from psyche_common.identity import Identity
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTNET = ROOT / "config" / "local-testnet"

@@ -19,7 +19,6 @@ from coordinator_tcp.data_protocol import (
     decode_data_client_message,
     decode_data_server_message,
 )
-from coordinator_tcp.framing import FrameError, encode_frame, read_frame
 from coordinator_tcp.protocol import (
     Challenge,
     CheckpointReport,
@@ -40,6 +39,7 @@ from coordinator_tcp.protocol import (
     decode_server_message,
     encode,
 )
+from psyche_common.tcp.framing import FrameError, encode_frame, read_frame
 
 
 def _witness() -> WitnessModel:

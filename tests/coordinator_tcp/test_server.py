@@ -7,7 +7,6 @@ import asyncio
 import pytest
 from tcp_helpers import RUN_ID, identity, join, make_state_file, next_state, server_options
 
-from client_image.p2p.identity import Identity
 from coordinator import (
     Client,
     ClientState,
@@ -18,8 +17,7 @@ from coordinator import (
     WitnessProof,
     decode_state,
 )
-from coordinator_tcp.client import JoinRefused, ProtocolConnection, signed_join
-from coordinator_tcp.framing import encode_frame, read_frame
+from coordinator_tcp.client import JoinRefused, ProtocolConnection
 from coordinator_tcp.protocol import (
     Challenge,
     ErrorReply,
@@ -33,6 +31,9 @@ from coordinator_tcp.protocol import (
     encode,
 )
 from coordinator_tcp.server import CoordinatorServer
+from psyche_common.identity import Identity
+from psyche_common.tcp.framing import encode_frame, read_frame
+from psyche_common.tcp.messages import signed_join
 
 
 class Clock:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client_image.data.chacha import ChaChaRng, chacha_blocks, shuffle_in_place
+from psyche_common.token_files.chacha import ChaChaRng, chacha_blocks, shuffle_in_place
 
 
 def test_chacha20_matches_rand_chacha_true_values():

@@ -1,5 +1,5 @@
 """Whole runs on this machine: a real coordinator process, real client processes, real
-iroh on loopback. Built on `client_image.testnet.Testnet` (what `psyche-testnet` runs)."""
+iroh on loopback. Built on `local_testnet.testnet.Testnet` (what `psyche-testnet` runs)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from loopback import free_port
 
-from client_image.testnet import Testnet, TestnetOptions
 from coordinator import CoordinatorState, load_data_config, load_state_file
 from coordinator.config import ServerDataLocation
+from local_testnet.testnet import Testnet, TestnetOptions
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "config" / "local-testnet"

@@ -10,10 +10,10 @@ import os
 import pytest
 from e2e_helpers import checkpoint_digests, events, make_testnet
 
-from client_image.p2p.identity import Identity
-from client_image.testnet import client_key, run_headless
 from coordinator_tcp.client import JoinRefused, ProtocolConnection
-from coordinator_tcp.framing import encode_frame
+from local_testnet.testnet import client_key, run_headless
+from psyche_common.identity import Identity
+from psyche_common.tcp.framing import encode_frame
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,8 @@ async def _attack(port: int, run_id: str, report: dict[str, int]) -> None:
     # Forged identity: claims client 1's key but signs with another key.
     forger = Identity.generate()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    from coordinator_tcp.framing import read_frame
     from coordinator_tcp.protocol import Join, decode_server_message, encode, join_signing_bytes
+    from psyche_common.tcp.framing import read_frame
 
     challenge = decode_server_message(await read_frame(reader, 1 << 20))
     signature = forger.sign(join_signing_bytes(challenge.nonce, run_id, ""))  # type: ignore[union-attr]

@@ -11,8 +11,8 @@ import signal
 import pytest
 from e2e_helpers import checkpoint_digests, events, make_testnet, wait_for
 
-from client_image.testnet import client_key, run_headless
 from coordinator import ClientState, RunState
+from local_testnet.testnet import client_key, run_headless
 
 pytestmark = pytest.mark.slow
 

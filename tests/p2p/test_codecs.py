@@ -19,7 +19,7 @@ from client_image.p2p import (
     encode_broadcast,
     topic_for_run,
 )
-from client_image.p2p.gossip_wire import GossipWireError
+from client_image.p2p.gossip.wire import GossipWireError
 
 TOPIC = topic_for_run("run")
 

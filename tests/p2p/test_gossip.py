@@ -20,7 +20,7 @@ from client_image.p2p import (
     encode_broadcast,
     framing,
 )
-from client_image.p2p.gossip_wire import (
+from client_image.p2p.gossip.wire import (
     FrameKind,
     decode_control,
     encode_control,

@@ -2,8 +2,8 @@
 
 import asyncio
 
-from client_image.p2p.gossip_tree import BroadcastTree, TreeConfig, decode_ids, encode_ids
-from client_image.p2p.gossip_wire import FrameKind
+from client_image.p2p.gossip.tree import BroadcastTree, TreeConfig, decode_ids, encode_ids
+from client_image.p2p.gossip.wire import FrameKind
 
 A, B, C = b"A" * 32, b"B" * 32, b"C" * 32
 

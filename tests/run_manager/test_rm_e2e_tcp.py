@@ -29,8 +29,9 @@ import pytest
 from loopback import free_port
 from tcp_run import write_run_files
 
+from psyche_common.metrics_source import HttpClientMetricsSource, MetricsUnavailable
 from run_manager import engine
-from run_manager.sources import HttpClientMetricsSource, MetricsUnavailable, TcpCoordinatorSource
+from run_manager.sources import TcpCoordinatorSource
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from run_manager.sources import ClientMetrics
-from run_manager.sources.http_metrics import HttpClientMetricsSource, MetricsUnavailable
+from psyche_common.metrics_schema import ClientMetrics
+from psyche_common.metrics_source import HttpClientMetricsSource, MetricsUnavailable
 
 PSYCHE_PAYLOAD = {
     "connected_peers": [
@@ -103,7 +103,7 @@ def test_the_metrics_module_stays_light() -> None:
     import sys
 
     probe = (
-        "import sys\nfrom run_manager.sources.metrics import ClientMetrics\n"
+        "import sys\nfrom psyche_common.metrics_schema import ClientMetrics\n"
         "print(sorted(m for m in ('httpx', 'docker', 'textual', 'pydantic_settings', 'torch') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)

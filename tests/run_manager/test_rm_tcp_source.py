@@ -14,12 +14,12 @@ from tcp_run import RUN_ID, state_file
 from coordinator import Coordinator, RunState, Witness, encode_state, selection_for_round
 from coordinator.state import NodeIdentity
 from coordinator_tcp import CoordinatorServer, ServerOptions
-from coordinator_tcp.framing import encode_frame, read_frame
 from coordinator_tcp.protocol import Challenge, StateUpdate, Welcome, encode
+from psyche_common.run_view import ObservedState, build_snapshot
+from psyche_common.tcp.framing import encode_frame, read_frame
 from run_manager.runner import COORDINATOR_SOURCES, make_coordinator_source
 from run_manager.settings import load_settings
 from run_manager.sources import CoordinatorSource, CoordinatorUnavailable, TcpCoordinatorSource
-from run_manager.sources.tcp_coordinator import ObservedState, build_snapshot
 
 
 def options(port: int = 0) -> ServerOptions:
@@ -166,8 +166,8 @@ async def test_the_tui_run_panel_shows_a_real_tcp_coordinator() -> None:
     """The monitor polls TcpCoordinatorSource into the TUI (no container: no supervisor)."""
     from textual.widgets import DataTable, Static
 
-    from client_image.p2p.identity import Identity
     from coordinator_tcp.client import ProtocolConnection
+    from psyche_common.identity import Identity
     from run_manager.monitor import Monitor
     from run_manager.tui.app import RunManagerApp
     from run_manager.view import Dashboard

@@ -11,17 +11,17 @@ from typing import Any
 
 from textual.widgets import DataTable, ProgressBar, RichLog, Static
 
+from psyche_common.metrics_schema import ClientMetrics
+from psyche_common.run_view import RunClient, RunSnapshot, WitnessProgress
+from psyche_common.ui.training_panel import TrainingPanel
 from run_manager.docker_supervisor import (
     ContainerExited,
     ContainerStarted,
     LogLine,
     RestartScheduled,
 )
-from run_manager.sources import ClientMetrics, RunSnapshot
-from run_manager.sources.coordinator import RunClient, WitnessProgress
 from run_manager.tui.app import RunManagerApp
 from run_manager.tui.messages import DashboardChanged, SupervisorEventPosted
-from run_manager.tui.widgets import TrainingPanel
 from run_manager.tui.widgets.log_screen import LogScreen
 from run_manager.view import Dashboard
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from solders.keypair import Keypair
 
+from client_image.backends.base import BackendRejected
 from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
-from client_image.runtime.tcp_backend import BackendRejected
 from coordinator import load_state_file
 from coordinator.config import HubCheckpoint
 from coordinator_tcp.protocol import CheckpointReport, Withdraw

@@ -138,8 +138,11 @@ def test_delegates_and_bad_arguments(localnet, tmp_path):
 async def test_the_run_manager_reads_the_client_version_and_state_on_chain(localnet, tmp_path):
     from coordinator import load_state_file
     from psyche_solana.runs import admin, create_run, find_run, update_instructions
-    from run_manager.solana_commands import SolanaCoordinatorSource
-    from run_manager.sources import CoordinatorSource, CoordinatorUnavailable
+    from run_manager.sources import (
+        CoordinatorSource,
+        CoordinatorUnavailable,
+        SolanaCoordinatorSource,
+    )
 
     async with SolanaRpc([localnet.url]) as rpc:
         owner = Keypair()

@@ -15,12 +15,12 @@ from solders.keypair import Keypair
 
 from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
 from client_image.p2p import NodeConfig
-from client_image.p2p.identity import Identity
 from client_image.runtime import client as client_module
 from client_image.runtime.client import ClientOptions, PsycheClient
 from client_image.runtime.observability import EventLog
 from coordinator import RunState
 from coordinator.config import parse_state_toml
+from psyche_common.identity import Identity
 from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import ProgramError, SolanaRpc

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from client_image.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
-from client_image.telemetry.names import METRICS_BY_SERVICE, RESOURCE_LABELS, prometheus_names
+from psyche_common.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
+from psyche_common.telemetry.names import METRICS_BY_SERVICE, RESOURCE_LABELS, prometheus_names
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "dashboards"

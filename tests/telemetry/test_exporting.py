@@ -18,21 +18,17 @@ from loopback import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import OtlpReceiver, attributes
 
-from client_image.telemetry import (
-    CoordinatorTelemetry,
-    RunManagerTelemetry,
-    ServiceIdentity,
-    Telemetry,
-    TelemetryOptions,
-)
 from coordinator import Coordinator, RunState, load_state_file
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
+from coordinator_tcp.telemetry import CoordinatorTelemetry
+from psyche_common.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
 from run_manager.docker_supervisor import (
     ContainerExited,
     ContainerStarted,
     RestartScheduled,
     SupervisorFinished,
 )
+from run_manager.telemetry import RunManagerTelemetry
 
 TESTNET_STATE = Path(__file__).resolve().parents[2] / "config" / "local-testnet" / "state.toml"
 
@@ -76,7 +72,7 @@ def test_undeliverable_telemetry_is_dropped_with_one_warning(
     options = TelemetryOptions(metrics_url=f"{base}/v1/metrics", tracing_url=f"{base}/v1/traces",
                                logs_url=f"{base}/v1/logs", report_interval_s=0.2,
                                export_timeout_s=2.0)
-    caplog.set_level(logging.WARNING, logger="client_image.telemetry")
+    caplog.set_level(logging.WARNING, logger="psyche_common.telemetry")
     telemetry = Telemetry.start(options, ServiceIdentity("client", "ab" * 32, "run"))
     try:
         slowest = exercise(telemetry, 100)
@@ -103,7 +99,7 @@ def test_otlp_export_carries_resource_and_header_and_recovers(
                                tracing_url=f"http://127.0.0.1:{port}/v1/traces",
                                auth_header="X-Scope-OrgID=ops", report_interval_s=0.2,
                                export_timeout_s=0.5)
-    caplog.set_level(logging.WARNING, logger="client_image.telemetry")
+    caplog.set_level(logging.WARNING, logger="psyche_common.telemetry")
     telemetry = Telemetry.start(options, ServiceIdentity("coordinator", "server", "run-7", "v9"))
     try:
         telemetry.gauge("psyche_coordinator_step").set(3)
@@ -147,7 +143,7 @@ def test_a_failing_or_non_finite_reading_is_skipped_not_fatal(
         telemetry.observe("psyche_gossip_neighbors", broken)
         telemetry.observe("psyche_training_loss", lambda: [(math.nan, {})])
         telemetry.observe("psyche_round_step", lambda: [(7.0, {})])
-        with caplog.at_level(logging.WARNING, logger="client_image.telemetry.core"):
+        with caplog.at_level(logging.WARNING, logger="psyche_common.telemetry.core"):
             series = scrape(telemetry)
         assert series[("psyche_round_step", frozenset())] == 7.0
         assert not any(name == "psyche_training_loss" for name, _ in series)

@@ -9,9 +9,9 @@ import typer
 from typer.testing import CliRunner
 
 from client_image.cli import app as client_app
-from client_image.telemetry import TelemetryOptions, telemetry_options
-from client_image.telemetry.options import auth_header_pair
 from coordinator_tcp.cli import app as coordinator_app
+from psyche_common.telemetry import TelemetryOptions, telemetry_options
+from psyche_common.telemetry.options import auth_header_pair
 from run_manager.cli import app as run_manager_app
 
 runner = CliRunner()

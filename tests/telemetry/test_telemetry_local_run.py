@@ -33,8 +33,8 @@ from telemetry_helpers import (
     metric_names_by_service,
 )
 
-from client_image.p2p.identity import Identity
-from client_image.telemetry.names import CLIENT_METRICS, COORDINATOR_METRICS
+from psyche_common.identity import Identity
+from psyche_common.telemetry.names import CLIENT_METRICS, COORDINATOR_METRICS
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""DistroTrainer: the §5 pipeline on the real tiny model and bundled data."""
+"""DistroTrainer: the per-step pipeline (docs/distro.md) on the real tiny model and data."""
 
 import json
 import os
@@ -8,12 +8,12 @@ import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA, VALIDATION_DATA
 
-from client_image.data.local import LocalDataProvider
 from client_image.training.model import load_causal_lm
 from client_image.training.simulate import Simulation, SimulationConfig, validation_loss
 from client_image.training.trainer import DistroTrainer
 from client_image.training.wire import ResultDecodeError
 from coordinator.config import ConstantLR, DistroOptimizer
+from psyche_common.token_files.local import LocalDataProvider
 
 GOLDEN = Path(__file__).parent / "golden" / "distro_tiny_llama.json"
 DISTRO = DistroOptimizer(

@@ -1,4 +1,4 @@
-"""Learning-rate schedules of reference §3.2."""
+"""Learning-rate schedules (docs/run-config.md, "Learning-rate schedules")."""
 
 import pytest
 

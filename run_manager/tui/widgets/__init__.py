@@ -1,9 +1,7 @@
-"""One widget per panel; each redraws itself from the shared Dashboard."""
+"""The run-manager's own panels (container, wallet); the run, witness and training panels
+are the shared UI kit's (psyche_common.ui). Each redraws itself from the Dashboard."""
 
 from run_manager.tui.widgets.container_panel import ContainerPanel
-from run_manager.tui.widgets.run_panel import RunPanel
-from run_manager.tui.widgets.training_panel import TrainingPanel
 from run_manager.tui.widgets.wallet_panel import WalletPanel
-from run_manager.tui.widgets.witness_panel import WitnessPanel
 
-__all__ = ["ContainerPanel", "RunPanel", "TrainingPanel", "WalletPanel", "WitnessPanel"]
+__all__ = ["ContainerPanel", "WalletPanel"]

@@ -1,0 +1,108 @@
+"""The client's TCP backend: join a `psyche-coordinator` server and follow its states.
+
+The connection is the shared `psyche_common.tcp.Connection`, kept up by
+`keep_connected` (capped, jittered backoff) when it drops (a restarted server, a network
+blip); each new connection re-joins with a fresh signed challenge. A refusal retrying
+cannot fix (wrong run id, bad signature) is raised as `BackendRejected` so the client
+exits with a clear message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pydantic import BaseModel
+
+from client_image.backends.base import (
+    BackendRejected,
+    ErrorCallback,
+    ServerState,
+    StateCallback,
+)
+from coordinator import StateDecodeError, decode_state
+from coordinator_tcp.client import ProtocolConnection
+from coordinator_tcp.protocol import PERMANENT_JOIN_ERRORS, ErrorReply, StateUpdate
+from psyche_common.identity import Identity
+from psyche_common.tcp.connection import (
+    CONNECTION_ERRORS,
+    Backoff,
+    Connection,
+    JoinRefused,
+    keep_connected,
+    parse_host_port,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TcpBackend:
+    def __init__(self, server_addr: str, identity: Identity, run_id: str, p2p_address: str,
+                 client_version: str = "", *, max_backoff_s: float = 5.0,
+                 connect_timeout_s: float = 5.0):
+        self.host, self.port = parse_host_port(server_addr, "--server-addr")
+        self.identity = identity
+        self.run_id = run_id
+        self.p2p_address = p2p_address
+        self.client_version = client_version
+        self.backoff = Backoff(first_s=0.25, max_s=max_backoff_s)
+        self.connect_timeout_s = connect_timeout_s
+        self._connection: Connection | None = None
+        self.connected = asyncio.Event()
+        self.reconnects = 0
+
+    async def run(self, on_state: StateCallback, on_error: ErrorCallback,
+                  stop: asyncio.Event) -> None:
+        """Stay connected until `stop` is set; reconnect with jittered backoff."""
+
+        async def session() -> None:
+            await self._session(on_state, on_error)
+
+        def lost(error: BaseException | None) -> None:
+            self.reconnects += 1
+            if error is not None:
+                log.warning("coordinator connection lost: %r", error)
+
+        await keep_connected(session, stop=stop, backoff=self.backoff, on_lost=lost)
+
+    async def _session(self, on_state: StateCallback, on_error: ErrorCallback) -> None:
+        try:
+            connection, _welcome = await ProtocolConnection.connect(
+                self.host, self.port, self.identity, self.run_id, self.p2p_address,
+                client_version=self.client_version, timeout_s=self.connect_timeout_s)
+        except JoinRefused as refused:
+            if refused.error in PERMANENT_JOIN_ERRORS:
+                raise BackendRejected(str(refused)) from None
+            raise
+        self._connection = connection
+        self.connected.set()
+        try:
+            while True:
+                message = await connection.receive()
+                if isinstance(message, StateUpdate):
+                    try:
+                        state = decode_state(message.state_bytes)
+                    except (StateDecodeError, ValueError) as exc:
+                        log.error("undecodable coordinator state: %s", exc)
+                        continue
+                    await on_state(ServerState(state, message.p2p_addresses, message.server_time))
+                elif isinstance(message, ErrorReply):
+                    if message.fatal and message.error in PERMANENT_JOIN_ERRORS:
+                        raise BackendRejected(f"{message.error}: {message.detail}")
+                    on_error(message)
+                # Heartbeats only keep the connection alive.
+        finally:
+            self.connected.clear()
+            self._connection = None
+            await connection.close()
+
+    async def send(self, message: BaseModel) -> bool:
+        """Send one message; False if not connected (the caller decides whether it matters)."""
+        connection = self._connection
+        if connection is None:
+            return False
+        try:
+            await connection.send(message)
+        except CONNECTION_ERRORS:
+            return False
+        return True

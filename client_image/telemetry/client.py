@@ -1,0 +1,167 @@
+"""The client's telemetry: what `psyche-client train` exports, read from the runtime.
+
+Three sources, so the runtime needs almost no telemetry code of its own:
+  * observed on each collection (export or scrape): the runtime's `Counters`, the p2p
+    node's blob download stats, gossip neighbours and connection diagnostics;
+  * the runtime's events (`EventLog.listeners`): trained, witness, state changes…;
+  * spans: `@traced_phase("train")` on the round actions (warmup, apply, train,
+    witness, cooldown), attributes psyche.step and psyche.epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from client_image.p2p.diagnostics import PeerDiagnostics
+from psyche_common.telemetry.core import Telemetry
+
+if TYPE_CHECKING:
+    from client_image.runtime.client import PsycheClient
+
+RUN_STATES = {"Uninitialized": 0, "WaitingForMembers": 1, "Warmup": 2, "RoundTrain": 3,
+              "RoundWitness": 4, "Cooldown": 5, "Finished": 6, "Paused": 7}
+ROLES = {"NotInRound": "not_in_round", "Trainer": "trainer", "Witness": "witness"}
+Point = tuple[float, dict[str, str]]
+
+
+class ClientTelemetry:
+    def __init__(self, telemetry: Telemetry, client: PsycheClient):
+        self.telemetry = telemetry
+        self.client = client
+        self._last_round_start: float | None = None
+        self._diagnostics_cache: list[PeerDiagnostics] = []
+        self._diagnostics_at = -1.0
+        counters = client.counters
+
+        def one(read: Callable[[], float | None]) -> Callable[[], Iterable[Point]]:
+            return lambda: [] if (value := read()) is None else [(float(value), {})]
+
+        observe = telemetry.observe
+        observe("psyche_run_state", one(lambda: RUN_STATES.get(counters.phase)))
+        observe("psyche_epoch", one(lambda: counters.epoch if counters.phase else None))
+        observe("psyche_round_step", one(lambda: counters.round_step))
+        observe("psyche_participating_in_round", lambda: [
+            (1.0 if counters.role == role else 0.0, {"role": label})
+            for role, label in ROLES.items()])
+        observe("psyche_training_loss", one(lambda: counters.loss))
+        observe("psyche_training_perplexity", one(
+            lambda: math.exp(min(counters.loss, 80.0)) if counters.loss is not None else None))
+        observe("psyche_tokens_per_second", one(lambda: counters.tokens_per_sec))
+        observe("psyche_broadcasts_seen_total", one(lambda: counters.broadcasts_seen))
+        observe("psyche_apply_message_success", one(lambda: counters.apply_message_success))
+        observe("psyche_apply_message_failure", one(lambda: counters.apply_message_failure))
+        observe("psyche_apply_message_ignored", one(lambda: counters.apply_message_ignored))
+        observe("psyche_finishes_received_this_round", one(lambda: counters.finishes_current))
+        observe("psyche_result_announcements_received_current_round",
+                one(lambda: counters.announcements_current))
+        observe("psyche_results_downloaded_current_round",
+                one(lambda: counters.downloaded_current))
+        observe("psyche_result_bytes_received", one(lambda: counters.result_bytes_received))
+        stats = lambda: client.node.blobs.stats  # noqa: E731
+        observe("psyche_downloads_started", one(lambda: stats().started))
+        observe("psyche_downloads_finished", one(lambda: stats().finished))
+        observe("psyche_downloads_retry", one(lambda: stats().retries))
+        observe("psyche_downloads_failed_total", one(lambda: stats().failed))
+        observe("psyche_download_bytes", one(lambda: stats().bytes_received))
+        observe("psyche_gossip_neighbors", one(self._neighbours))
+        observe("psyche_peer_connections", self._peer_connections)
+        observe("psyche_p2p_bytes_sent", one(lambda: sum(
+            d.bytes_sent for d in self._diagnostics())))
+        observe("psyche_p2p_bytes_received", one(lambda: sum(
+            d.bytes_received for d in self._diagnostics())))
+        observe("psyche_connection_latency_seconds", lambda: [
+            (d.rtt_ms / 1000.0, {"peer": d.peer_hex[:16]})
+            for d in self._diagnostics() if d.rtt_ms is not None])
+        client.events.listeners.append(self.on_event)
+
+    def _neighbours(self) -> float | None:
+        topic = self.client.topic
+        for _ in range(3):  # the set may change under us (see _diagnostics)
+            try:
+                return None if topic is None else float(len(topic.neighbours()))
+            except RuntimeError:
+                continue
+        return None
+
+    def _diagnostics(self) -> list[PeerDiagnostics]:
+        """One snapshot of the connections per collection (four metrics read it).
+
+        Collection runs on an exporter or scrape thread while the event loop opens and
+        closes connections; a snapshot taken mid-change raises RuntimeError, so retry.
+        """
+        now = time.monotonic()
+        if now - self._diagnostics_at < 0.5:
+            return self._diagnostics_cache
+        for _ in range(3):
+            try:
+                self._diagnostics_cache = self.client.node.diagnostics()
+                break
+            except RuntimeError:
+                continue
+        self._diagnostics_at = now
+        return self._diagnostics_cache
+
+    def _peer_connections(self) -> list[Point]:
+        counts = {"direct": 0, "relay": 0}
+        for diag in self._diagnostics():
+            if diag.connection_type in counts:
+                counts[diag.connection_type] += 1
+        return [(float(n), {"connection_type": kind}) for kind, n in counts.items()]
+
+    # ------------------------------------------------------------------ events
+    def on_event(self, event: str, fields: dict[str, Any]) -> None:
+        t = self.telemetry
+        t.log_event(event, fields)
+        if event == "trained":
+            seconds = float(fields.get("seconds", 0.0))
+            t.gauge("psyche_last_train_time_seconds").set(seconds)
+            t.counter("psyche_trained_steps").add(1)
+            t.counter("psyche_result_bytes_sent").add(int(fields.get("payload_bytes", 0)))
+            t.counter("psyche_total_tokens").add(max(0, int(fields.get("tokens", 0))))
+        elif event == "witness":
+            t.counter("psyche_witnesses_sent_total").add(1, {"type": "witness"})
+        elif event == "warmup_witness":
+            t.counter("psyche_witnesses_sent_total").add(1, {"type": "warmup"})
+        elif event == "state" and fields.get("phase") == "RoundTrain":
+            now = time.monotonic()
+            if self._last_round_start is not None:
+                t.gauge("psyche_round_duration_seconds").set(now - self._last_round_start)
+            self._last_round_start = now
+        elif event == "model_loaded" and fields.get("source") == "p2p":
+            t.gauge("psyche_p2p_model_params_downloaded").set(100.0)
+        elif event == "error" and "ModelSharingError" in str(fields.get("error", "")):
+            t.counter("psyche_p2p_params_download_failed_counter").add(1)
+
+    def model_progress(self, downloaded: int, total: int) -> None:
+        """`fetch_model(progress=...)`: percent of the parameters fetched from peers."""
+        if total > 0:
+            self.telemetry.gauge("psyche_p2p_model_params_downloaded").set(
+                100.0 * downloaded / total)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def traced_phase(name: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """A span around a round action `async def action(client, ...)` when telemetry is on."""
+
+    def decorate(action: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(action)
+        async def traced(*args: P.args, **kwargs: P.kwargs) -> R:
+            client_telemetry = getattr(args[0] if args else None, "telemetry", None)
+            if not isinstance(client_telemetry, ClientTelemetry):
+                return await action(*args, **kwargs)
+            state = client_telemetry.client.state
+            attributes = {"step": state.progress.step, "epoch": state.progress.epoch} \
+                if state is not None else {}
+            with client_telemetry.telemetry.span(name, **attributes):
+                return await action(*args, **kwargs)
+
+        return traced
+
+    return decorate

@@ -1,0 +1,61 @@
+"""The TCP coordinator server's telemetry, taken from each state it publishes.
+
+`CoordinatorTelemetry(telemetry, server)` subscribes to `server.on_change` (called by
+`_publish_if_changed` after every broadcast) and sets the gauges from the new state:
+phase, epoch, step, clients by state, witnesses and quorum of the current round.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from coordinator import ClientState, CoordinatorState, RunState, witness_quorum
+from psyche_common.telemetry.core import Telemetry
+
+if TYPE_CHECKING:
+    from coordinator_tcp.server import CoordinatorServer
+
+
+class CoordinatorTelemetry:
+    def __init__(self, telemetry: Telemetry, server: CoordinatorServer):
+        self.telemetry = telemetry
+        self.server = server
+        self._previous: CoordinatorState | None = None
+        self._phase: RunState | None = None
+        self._step: int | None = None
+        self._last_round_start: float | None = None
+        server.on_change.append(self.on_state)
+        self.on_state(server.state, count_change=False)
+
+    def on_state(self, state: CoordinatorState, count_change: bool = True) -> None:
+        t = self.telemetry
+        if count_change:
+            t.counter("psyche_coordinator_state_changes").add(1)
+        t.gauge("psyche_coordinator_run_state").set(int(state.run_state))
+        t.gauge("psyche_coordinator_epoch").set(state.progress.epoch)
+        t.gauge("psyche_coordinator_step").set(state.progress.step)
+        clients = state.epoch_state.clients
+        for client_state in ClientState:
+            count = sum(1 for c in clients if c.state is client_state)
+            t.gauge("psyche_coordinator_clients").set(count, {"state": client_state.name})
+        t.gauge("psyche_coordinator_connected_clients").set(len(self.server.peers))
+        t.gauge("psyche_coordinator_witnesses").set(len(state.current_round.witnesses))
+        target = state.config.witness_count(len(clients)) if clients else 0
+        t.gauge("psyche_coordinator_witness_quorum").set(witness_quorum(target))
+
+        entering = state.run_state is not self._phase
+        new_round = state.run_state is RunState.RoundTrain and (
+            entering or state.progress.step != self._step)
+        if new_round:
+            # A round lasts from its RoundTrain to the next one; after Warmup or
+            # Cooldown there was no previous round in this epoch to time.
+            now = time.monotonic()
+            came_from_round = self._phase in (RunState.RoundTrain, RunState.RoundWitness)
+            if self._last_round_start is not None and came_from_round:
+                t.gauge("psyche_coordinator_round_duration_seconds").set(
+                    now - self._last_round_start)
+            self._last_round_start = now
+        if entering and state.run_state is RunState.Cooldown:
+            t.counter("psyche_coordinator_epochs_finished").add(1)
+        self._phase, self._step = state.run_state, state.progress.step

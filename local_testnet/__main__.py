@@ -1,0 +1,3 @@
+from local_testnet.cli import main
+
+main()

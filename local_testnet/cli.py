@@ -1,0 +1,84 @@
+"""`psyche-testnet`: a whole local run on this machine (see `local_testnet.testnet`).
+
+    psyche-testnet --num-clients 3 --config-path config/local-testnet --headless
+
+`--headless` waits for Finished (or `--timeout`) and prints ONE JSON line; `--tui` shows
+the server and each client's metrics instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from coordinator.config import ConfigError
+from local_testnet.testnet import Testnet, TestnetOptions, run_headless
+
+app = typer.Typer(add_completion=False)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected client numbers like 1,2 got {text!r}") from None
+
+
+@app.command()
+def testnet(
+    num_clients: Annotated[int, typer.Option("--num-clients", min=1, max=64)],
+    config_path: Annotated[Path, typer.Option("--config-path", help="dir with state.toml "
+                                              "[+ data.toml]")],
+    server_port: Annotated[int, typer.Option("--server-port", min=1, max=65535)] = 20000,
+    random_kill_num: Annotated[int, typer.Option("--random-kill-num", min=0)] = 0,
+    random_kill_interval: Annotated[float, typer.Option("--random-kill-interval",
+                                                        min=1.0)] = 120.0,
+    allowed_to_kill: Annotated[str, typer.Option("--allowed-to-kill",
+                                                 help="client numbers, e.g. 1,2")] = "",
+    late_join_client_delay: Annotated[float, typer.Option(
+        "--late-join-client-delay", min=0.0, help="start the last client this late")] = 0.0,
+    tui: Annotated[bool, typer.Option("--tui/--headless",
+                                      help="TUI, or one JSON line at the end")] = False,
+    work_dir: Annotated[Path | None, typer.Option("--work-dir")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0)] = 1800.0,
+    data_port: Annotated[int | None, typer.Option(
+        "--data-port", min=1, max=65535, help="serve the data on this port instead of the "
+        "one in the config's Server data location")] = None,
+) -> None:
+    """Start a coordinator and N clients on this machine and follow the run."""
+    import tempfile
+
+    options = TestnetOptions(
+        num_clients=num_clients, config_path=config_path.resolve(), server_port=server_port,
+        work_dir=(work_dir or Path(tempfile.mkdtemp(prefix="psyche-testnet-"))).resolve(),
+        random_kill_num=random_kill_num, random_kill_interval_s=random_kill_interval,
+        allowed_to_kill=_int_list(allowed_to_kill),
+        late_join_client_delay_s=late_join_client_delay, timeout_s=timeout, data_port=data_port)
+    try:
+        net = Testnet(options)
+    except ConfigError as exc:
+        for line in exc.errors:
+            typer.echo(line, err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(f"testnet work dir: {options.work_dir}", err=True)
+    if tui:
+        from local_testnet.tui import run_testnet_tui
+
+        asyncio.run(run_testnet_tui(net))
+        return
+    result = asyncio.run(run_headless(net))
+    typer.echo(json.dumps(result))
+    if result["error"] is not None:
+        raise typer.Exit(code=1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

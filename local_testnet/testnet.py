@@ -1,0 +1,358 @@
+"""`psyche-testnet`: a whole local run on this machine, the coordinator and N clients as processes.
+
+    psyche-testnet --num-clients 3 --config-path config/local-testnet --headless
+
+starts `psyche-coordinator run` (with the config's data.toml when present) and N
+`psyche-client train` processes (client i: `RAW_IDENTITY_SECRET_KEY` = i in 64 hex
+digits, metrics on 127.0.0.1:6269+i, checkpoints in WORK/client-i/checkpoints, JSON logs
+in WORK/client-i.log). Every process runs from the repository root, so a relative Hub
+`repo_id` such as `assets/tiny-llama` resolves there.
+
+The run is watched through a read-only *observer* connection (`Join.observe`): it gets
+every state broadcast but is never offered to the coordinator as a client. Random kills
+SIGKILL `--random-kill-num` of the `--allowed-to-kill` clients every
+`--random-kill-interval` seconds and restart them at once. `--headless` waits for
+Finished (or `--timeout`) and prints ONE JSON line: first_loss, last_loss, steps,
+epochs, clients_identical (SHA-256 of the final checkpoints' safetensors of the clients
+that reached the last one), killed, rejoined, wall_s (+ finished, final_step, error).
+`--tui` shows the server and each client's metrics instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator import ClientState, CoordinatorState, RunState, decode_state
+from coordinator.config import ConfigError, ServerDataLocation, load_data_config, load_state_file
+from psyche_common.identity import Identity
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+METRICS_BASE_PORT = 6269
+
+
+def client_secret_hex(i: int) -> str:
+    return f"{i:064x}"
+
+
+def client_key(i: int) -> bytes:
+    return Identity.from_hex(client_secret_hex(i)).public_key
+
+
+def _script(name: str, module: str) -> list[str]:
+    """The console script next to this interpreter, else the module through it."""
+    candidate = Path(sys.executable).with_name(name)
+    if candidate.exists():
+        return [str(candidate)]
+    return [sys.executable, "-c", f"import sys; sys.argv[0] = {name!r}; "
+            f"from {module} import main; main()"]
+
+
+@dataclass
+class TestnetOptions:
+    __test__ = False  # not a pytest test class, despite the name
+    num_clients: int
+    config_path: Path
+    work_dir: Path
+    server_port: int = 20000
+    random_kill_num: int = 0
+    random_kill_interval_s: float = 120.0
+    allowed_to_kill: list[int] = field(default_factory=list)
+    late_join_client_delay_s: float = 0.0
+    timeout_s: float = 1800.0
+    root: Path = REPO_ROOT
+    data_port: int | None = None  # rewrite the Server data location's port
+    metrics_base_port: int = METRICS_BASE_PORT  # client i serves metrics on base + i
+    server_args: list[str] = field(default_factory=list)  # extra `psyche-coordinator run` flags
+    client_args: list[str] = field(default_factory=list)  # extra `psyche-client train` flags
+
+
+@dataclass
+class ClientProcess:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    losses: dict[int, float] = field(default_factory=dict)
+    awaiting_rejoin: str | None = None  # None | "killed" | "out"
+    last_line: str = ""
+
+
+class Testnet:
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, options: TestnetOptions):
+        self.options = options
+        options.work_dir.mkdir(parents=True, exist_ok=True)
+        self.state_path = options.config_path / "state.toml"
+        self.state_file = load_state_file(self.state_path)
+        location = self.state_file.model.data_location
+        if options.data_port is not None and isinstance(location, ServerDataLocation):
+            host = location.address.rpartition(":")[0]
+            model = self.state_file.model.model_copy(update={
+                "data_location": ServerDataLocation(address=f"{host}:{options.data_port}")})
+            self.state_file = self.state_file.model_copy(update={"model": model})
+            self.state_path = options.work_dir / "state.toml"
+            self.state_path.write_text(self.state_file.to_toml())
+        data_toml = options.config_path / "data.toml"
+        self.data_config_path = data_toml if data_toml.exists() else None
+        if self.data_config_path is not None:
+            load_data_config(self.data_config_path)  # fail early, with the config's messages
+        location = self.state_file.model.data_location
+        if isinstance(location, ServerDataLocation) and \
+                location.address.endswith(f":{options.server_port}"):
+            raise ConfigError([f"--server-port {options.server_port} is also the data "
+                               f"server's port ({location.address})"])
+        self.run_id = self.state_file.run_id
+        self.server: asyncio.subprocess.Process | None = None
+        self.clients = {i: ClientProcess(i) for i in range(1, options.num_clients + 1)}
+        self.state: CoordinatorState | None = None
+        self.killed = 0
+        self.rejoined = 0
+        self.started = time.monotonic()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # ------------------------------------------------------------------ processes
+    async def _spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None,
+                     on_line: Any = None) -> asyncio.subprocess.Process:
+        process = await asyncio.create_subprocess_exec(
+            *argv, cwd=self.options.root, env={**os.environ, **(env or {})},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True, limit=2**22)
+        self._tasks.append(asyncio.create_task(self._pump(process, log_name, on_line)))
+        return process
+
+    async def _pump(self, process: asyncio.subprocess.Process, log_name: str,
+                    on_line: Any) -> None:
+        assert process.stdout is not None
+        with open(self.options.work_dir / log_name, "ab") as log:
+            async for raw in process.stdout:
+                log.write(raw)
+                log.flush()
+                if on_line is not None:
+                    on_line(raw.decode(errors="replace").rstrip())
+
+    async def start_server(self) -> None:
+        argv = [*_script("psyche-coordinator", "coordinator_tcp.cli"), "run",
+                "--state", str(self.state_path.resolve()),
+                "--server-port", str(self.options.server_port), "--bind-host", "127.0.0.1",
+                "--save-state-dir", str(self.options.work_dir / "server-state")]
+        if self.data_config_path is not None:
+            argv += ["--data-config", str(self.data_config_path.resolve())]
+        self.server = await self._spawn([*argv, *self.options.server_args], "server.log")
+
+    async def start_client(self, i: int) -> None:
+        client = self.clients[i]
+        checkpoints = self.options.work_dir / f"client-{i}" / "checkpoints"
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        argv = [*_script("psyche-client", "client_image.cli"), "train",
+                "--run-id", self.run_id, "--server-addr", f"127.0.0.1:{self.options.server_port}",
+                "--bind-p2p-port", "0", "--iroh-relay", "disabled", "--device", "cpu",
+                "--checkpoint-dir", str(checkpoints), "--logs", "json",
+                "--metrics-local-port", str(self.options.metrics_base_port + i),
+                # N clients share this machine's cores: one torch thread each avoids
+                # oversubscription (a client's own --torch-threads in client_args wins).
+                "--torch-threads", "1", *self.options.client_args]
+        client.process = await self._spawn(argv, f"client-{i}.log",
+                                           {"RAW_IDENTITY_SECRET_KEY": client_secret_hex(i)},
+                                           lambda line: self._client_line(client, line))
+
+    def _client_line(self, client: ClientProcess, line: str) -> None:
+        client.last_line = line[-200:]
+        if not line.startswith("{"):
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(event, dict) and event.get("event") == "trained":
+            step, loss = event.get("step"), event.get("loss")
+            if isinstance(step, int) and isinstance(loss, int | float):
+                client.losses[step] = float(loss)
+
+    @staticmethod
+    async def _terminate(process: asyncio.subprocess.Process | None, grace_s: float = 10) -> None:
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), grace_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(self._terminate(c.process) for c in self.clients.values()))
+        await self._terminate(self.server)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ watching
+    async def watch(self) -> None:
+        """Keep `self.state` current through an observer connection (reconnecting)."""
+        from coordinator_tcp.client import ProtocolConnection
+        from coordinator_tcp.protocol import StateUpdate
+
+        observer = Identity.generate()
+        while True:
+            try:
+                connection, _ = await ProtocolConnection.connect(
+                    "127.0.0.1", self.options.server_port, observer, self.run_id,
+                    observe=True, timeout_s=5)
+            except Exception:  # not listening yet, or restarting
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                while True:
+                    message = await connection.receive()
+                    if isinstance(message, StateUpdate):
+                        self.state = decode_state(message.state_bytes)
+                        self._track_rejoins(self.state)
+            except Exception:
+                await asyncio.sleep(0.5)
+            finally:
+                await connection.close()
+
+    def _track_rejoins(self, state: CoordinatorState) -> None:
+        healthy = {c.id.key for c in state.epoch_state.clients if c.state is ClientState.Healthy}
+        for i, client in self.clients.items():
+            if client.awaiting_rejoin is None:
+                continue
+            if client_key(i) not in healthy:
+                client.awaiting_rejoin = "out"
+            elif client.awaiting_rejoin == "out":
+                client.awaiting_rejoin = None
+                self.rejoined += 1
+
+    async def random_kills(self) -> None:
+        options = self.options
+        allowed = [i for i in options.allowed_to_kill if i in self.clients] or list(self.clients)
+        rng = random.Random()
+        while True:
+            await asyncio.sleep(options.random_kill_interval_s)
+            for i in rng.sample(allowed, min(options.random_kill_num, len(allowed))):
+                client = self.clients[i]
+                if client.process is not None and client.process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(client.process.pid, signal.SIGKILL)
+                    await client.process.wait()
+                self.killed += 1
+                client.awaiting_rejoin = "killed"
+                await self.start_client(i)
+
+    async def start(self) -> None:
+        await self.start_server()
+        self._tasks.append(asyncio.create_task(self.watch()))
+        late = self.options.late_join_client_delay_s > 0 and len(self.clients) > 1
+        for i in self.clients:
+            if not (late and i == len(self.clients)):
+                await self.start_client(i)
+        if late:
+            async def late_join() -> None:
+                await asyncio.sleep(self.options.late_join_client_delay_s)
+                await self.start_client(len(self.clients))
+            self._tasks.append(asyncio.create_task(late_join()))
+        if self.options.random_kill_num > 0:
+            self._tasks.append(asyncio.create_task(self.random_kills()))
+
+    @property
+    def finished(self) -> bool:
+        return self.state is not None and self.state.run_state is RunState.Finished
+
+    # ------------------------------------------------------------------ results
+    def summary(self, error: str | None = None) -> dict[str, Any]:
+        by_step: dict[int, list[float]] = {}
+        for client in self.clients.values():
+            for step, loss in client.losses.items():
+                by_step.setdefault(step, []).append(loss)
+        steps = sorted(by_step)
+
+        def mean(step: int) -> float:
+            return sum(by_step[step]) / len(by_step[step])
+
+        identical, checked = checkpoints_identical(self.options.work_dir, self.run_id,
+                                                   list(self.clients))
+        return {
+            "first_loss": mean(steps[0]) if steps else None,
+            "last_loss": mean(steps[-1]) if steps else None,
+            "steps": len(steps),
+            "epochs": self.state.progress.epoch if self.state else 0,
+            "clients_identical": identical,
+            "killed": self.killed,
+            "rejoined": self.rejoined,
+            "wall_s": round(time.monotonic() - self.started, 1),
+            "finished": self.finished,
+            "final_step": self.state.progress.step if self.state else 0,
+            "checkpoints_compared": checked,
+            "error": error,
+        }
+
+
+_STEP_DIR = re.compile(r"-step(\d+)$")
+
+
+def checkpoints_identical(work_dir: Path, run_id: str, clients: list[int]) -> tuple[bool, int]:
+    """(all equal, how many compared): SHA-256 over each client's newest checkpoint's
+    safetensors files, among the clients whose newest step is the overall newest."""
+    newest: dict[int, tuple[int, Path]] = {}
+    for i in clients:
+        root = work_dir / f"client-{i}" / "checkpoints"
+        found = [(int(m.group(1)), d) for d in root.glob(f"{run_id}-step*")
+                 if d.is_dir() and (m := _STEP_DIR.search(d.name))] if root.exists() else []
+        if found:
+            newest[i] = max(found)
+    if not newest:
+        return False, 0
+    last = max(step for step, _ in newest.values())
+    digests = set()
+    compared = 0
+    for _step, directory in (v for v in newest.values() if v[0] == last):
+        digest = hashlib.sha256()
+        files = sorted(directory.glob("*.safetensors"))
+        for file in files:
+            digest.update(file.name.encode() + file.read_bytes())
+        if files:
+            digests.add(digest.hexdigest())
+            compared += 1
+    return compared > 0 and len(digests) == 1, compared
+
+
+async def run_headless(testnet: Testnet) -> dict[str, Any]:
+    error = None
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # still stop everything and print the line
+        loop.add_signal_handler(sig, interrupted.set)
+    try:
+        await testnet.start()
+        deadline = time.monotonic() + testnet.options.timeout_s
+        while not testnet.finished:
+            if interrupted.is_set():
+                error = "interrupted"
+                break
+            if time.monotonic() > deadline:
+                error = f"timeout after {testnet.options.timeout_s:.0f} s"
+                break
+            if testnet.server is not None and testnet.server.returncode is not None:
+                error = f"the coordinator exited with code {testnet.server.returncode}"
+                break
+            await asyncio.sleep(0.5)
+        if error is None:  # let clients finish writing their last checkpoint
+            clients = [c.process for c in testnet.clients.values() if c.process is not None]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in clients)), 15)
+    finally:
+        await testnet.stop()
+    return testnet.summary(error)

@@ -1,0 +1,85 @@
+"""The client's local metrics endpoint: the JSON a client serves on 127.0.0.1:PORT.
+
+`psyche-client train --metrics-local-port PORT` answers each HTTP GET with one
+`ClientMetrics` object. The fields are Psyche's (docs/metrics.md, "Local metrics
+endpoint") plus what the run-manager's TUI shows (phase, epoch, step, loss, tokens/s,
+the sizes of the last results). The client imports this model, so this module imports
+nothing but pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NonNegativeInt = int
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RoundTripTime(_Strict):
+    """A duration as Rust's serde writes `std::time::Duration`."""
+
+    secs: int = Field(ge=0)
+    nanos: int = Field(ge=0, lt=1_000_000_000)
+
+    @property
+    def seconds(self) -> float:
+        return self.secs + self.nanos / 1e9
+
+
+class SelectedPath(_Strict):
+    addr: str
+    rtt: RoundTripTime
+
+
+class ConnectedPeer(_Strict):
+    endpoint_id: str
+    selected_path: SelectedPath | None = None
+
+
+class ClientMetrics(_Strict):
+    """One snapshot of a client's counters, as served on its local metrics port."""
+
+    version: Literal[1] = 1
+    """Format version of this object; bumped on incompatible changes."""
+
+    # Psyche's fields (docs/metrics.md, "Local metrics endpoint"), same names and meaning.
+    connected_peers: list[ConnectedPeer] = Field(default_factory=list)
+    bandwidth: float = Field(default=0.0, ge=0)
+    """Bytes per second, all P2P traffic."""
+    round_step: int = Field(default=0, ge=0)
+    role: Literal["NotInRound", "Trainer", "Witness"] = "NotInRound"
+    broadcasts_seen: int = Field(default=0, ge=0)
+    apply_message_success: int = Field(default=0, ge=0)
+    apply_message_failure: int = Field(default=0, ge=0)
+    apply_message_ignored: int = Field(default=0, ge=0)
+    finishes_received_current_round: int = Field(default=0, ge=0)
+    finishes_received_previous_round: int = Field(default=0, ge=0)
+    result_announcements_received_current_round: int = Field(default=0, ge=0)
+    result_announcements_received_previous_round: int = Field(default=0, ge=0)
+    results_downloaded_current_round: int = Field(default=0, ge=0)
+    results_downloaded_previous_round: int = Field(default=0, ge=0)
+    witnesses_sent: int = Field(default=0, ge=0)
+    gossip_neighbors: list[str] = Field(default_factory=list)
+    downloads_started: int = Field(default=0, ge=0)
+    downloads_finished: int = Field(default=0, ge=0)
+    downloads_retry: int = Field(default=0, ge=0)
+    downloads_failed: int = Field(default=0, ge=0)
+    downloads_perma_failed: int = Field(default=0, ge=0)
+    downloads_bytes: int = Field(default=0, ge=0)
+
+    # What the run-manager's training panel shows.
+    client_version: str = ""
+    phase: str = ""
+    """The coordinator phase as the client sees it (e.g. "RoundTrain")."""
+    epoch: int = Field(default=0, ge=0)
+    step: int = Field(default=0, ge=0)
+    loss: float | None = None
+    """Training loss of the client's last batch; None before the first step."""
+    tokens_per_sec: float = Field(default=0.0, ge=0)
+    last_result_sizes: list[int] = Field(default_factory=list)
+    """Serialized sizes in bytes of the DisTrO results applied at the last step."""

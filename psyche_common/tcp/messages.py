@@ -1,0 +1,167 @@
+"""The envelope and handshake messages every TCP connection of a run speaks.
+
+One connection = one identity:
+
+    server -> client   Challenge{nonce}
+    client -> server   Join{run_id, identity, p2p_address, client_version,
+                            signature = Ed25519(identity, JOIN_DOMAIN || nonce || run_id || 0 || p2p_address)}
+    server -> client   Welcome (or a protocol-specific welcome) | ErrorReply(fatal) and close
+
+The coordinator protocol (`coordinator_tcp.protocol`) and the data-server protocol
+(`coordinator_tcp.data_protocol`) add their own messages on top of these. Every message
+is a JSON object with `type` and `version`; anything else is a `ProtocolError` naming
+what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+
+from psyche_common.identity import Identity
+
+PROTOCOL_VERSION = 1
+JOIN_DOMAIN = b"psyche-tcp-join/1"
+
+
+def _hex_parser(length: int) -> Callable[[object], bytes]:
+    def parse(value: object) -> bytes:
+        if isinstance(value, bytes):
+            raw = value
+        elif isinstance(value, str):
+            try:
+                raw = bytes.fromhex(value)
+            except ValueError as exc:
+                raise ValueError(f"not a hex string: {exc}") from exc
+        else:
+            raise ValueError("expected a hex string")
+        if len(raw) != length:
+            raise ValueError(f"expected {length} bytes, got {len(raw)}")
+        return raw
+
+    return parse
+
+
+_AS_HEX = PlainSerializer(lambda b: b.hex(), return_type=str)
+Bytes32 = Annotated[bytes, BeforeValidator(_hex_parser(32)), _AS_HEX]
+Bytes64 = Annotated[bytes, BeforeValidator(_hex_parser(64)), _AS_HEX]
+
+
+class Message(BaseModel):
+    """Every frame is one JSON object with `type` and `version`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: Literal[1] = 1  # PROTOCOL_VERSION
+
+
+# ------------------------------------------------------------------ server -> client
+class Challenge(Message):
+    type: Literal["challenge"] = "challenge"
+    nonce: Bytes32
+
+
+class Welcome(Message):
+    type: Literal["welcome"] = "welcome"
+    identity: Bytes32
+
+
+class Heartbeat(Message):
+    type: Literal["heartbeat"] = "heartbeat"
+    server_time: int
+
+
+class ErrorReply(Message):
+    type: Literal["error"] = "error"
+    error: str
+    detail: str = ""
+    fatal: bool = False
+
+
+# ------------------------------------------------------------------ client -> server
+class Join(Message):
+    type: Literal["join"] = "join"
+    run_id: str = Field(max_length=32)
+    identity: Bytes32
+    p2p_address: str = Field(max_length=1024)
+    client_version: str = Field(default="", max_length=96)
+    signature: Bytes64
+    observe: bool = False
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_bytes(cls, value: str) -> str:
+        if len(value.encode()) > 32:
+            raise ValueError("run_id is at most 32 bytes")
+        return value
+
+
+# Refusals of a join that retrying cannot fix: clients stop instead of reconnecting.
+PERMANENT_JOIN_ERRORS = frozenset({"WrongRunId", "BadSignature"})
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message of this protocol version."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error["loc"]) or "message"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def encode(message: BaseModel) -> bytes:
+    return message.model_dump_json().encode()
+
+
+def parse_envelope(frame: bytes, kind: str) -> dict[str, Any]:
+    """JSON object with a supported `version` and a `type`, or a ProtocolError saying
+    which of those is wrong (checked before the per-type validation so that a peer
+    speaking another version is told so, not shown a list of field errors)."""
+    try:
+        data = json.loads(frame)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"invalid {kind} message: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(
+            f"invalid {kind} message: expected a JSON object, got {type(data).__name__}")
+    version = data.get("version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"unsupported protocol version {version!r}: this side speaks {PROTOCOL_VERSION}")
+    if not isinstance(data.get("type"), str):
+        raise ProtocolError(f"invalid {kind} message: no `type` field")
+    return data
+
+
+def validate_frame(adapter: TypeAdapter[Any], frame: bytes, kind: str) -> Any:
+    data = parse_envelope(frame, kind)
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise ProtocolError(f"invalid {kind} message: {_describe(exc)}") from None
+
+
+def join_signing_bytes(nonce: bytes, run_id: str, p2p_address: str) -> bytes:
+    return JOIN_DOMAIN + nonce + run_id.encode() + b"\x00" + p2p_address.encode()
+
+
+def signed_join(identity: Identity, nonce: bytes, run_id: str, p2p_address: str = "",
+                *, observe: bool = False, client_version: str = "") -> Join:
+    """The Join answering `nonce`, signed by `identity`."""
+    signature = identity.sign(join_signing_bytes(nonce, run_id, p2p_address))
+    return Join(run_id=run_id, identity=identity.public_key, p2p_address=p2p_address,
+                client_version=client_version, signature=signature, observe=observe)

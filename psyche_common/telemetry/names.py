@@ -1,0 +1,182 @@
+"""Every metric our programs export, in one registry the instruments are created from.
+
+Names are Psyche's (`shared/metrics/src/lib.rs`; docs/metrics.md, "Metric names") where
+Psyche has the metric, so dashboards written for Psyche keep working; new metrics use
+the same `psyche_` prefix. The dashboards test reads this registry (and a real scrape)
+to check that every dashboard query names a series that really exists.
+
+Prometheus spelling: the OpenTelemetry Prometheus exporter (and Prometheus' own OTLP
+translation) appends `_total` to counters that do not already end with it, so the
+counter `psyche_downloads_started` is scraped as `psyche_downloads_started_total`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["counter", "gauge", "observable_gauge", "observable_counter", "histogram"]
+Service = Literal["client", "coordinator", "run-manager"]
+
+SERVICE_NAMES: dict[Service, str] = {
+    "client": "psyche-client",
+    "coordinator": "psyche-coordinator",
+    "run-manager": "psyche-run-manager",
+}
+METER_NAMES: dict[Service, str] = {
+    "client": "psyche_client",
+    "coordinator": "psyche_coordinator",
+    "run-manager": "psyche_run_manager",
+}
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    service: Service
+    description: str
+    unit: str = ""
+    labels: tuple[str, ...] = ()
+
+    @property
+    def otel_unit(self) -> str:
+        """The unit given to the SDK: only where the name already ends with it, because
+        the Prometheus exporter appends a missing unit suffix and would rename Psyche's
+        metrics (`psyche_p2p_model_params_downloaded` must not become `..._percent`)."""
+        suffixes = {"s": "_seconds", "By": "_bytes"}
+        suffix = suffixes.get(self.unit)
+        return self.unit if suffix is not None and self.name.endswith(suffix) else ""
+
+    @property
+    def prometheus_name(self) -> str:
+        counting = self.kind in ("counter", "observable_counter")
+        if counting and not self.name.endswith("_total"):
+            return self.name + "_total"
+        return self.name
+
+    @property
+    def prometheus_series(self) -> tuple[str, ...]:
+        """Names a PromQL query may use for this metric (histograms have three)."""
+        if self.kind == "histogram":
+            return tuple(f"{self.name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+        return (self.prometheus_name,)
+
+
+def _client(name: str, kind: Kind, description: str, unit: str = "",
+            labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, kind, "client", description, unit, labels)
+
+
+def _server(name: str, kind: Kind, description: str, unit: str = "",
+            labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, kind, "coordinator", description, unit, labels)
+
+
+def _manager(name: str, kind: Kind, description: str, unit: str = "",
+             labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, kind, "run-manager", description, unit, labels)
+
+
+CLIENT_METRICS: tuple[MetricSpec, ...] = (
+    # --- where the run is, as this client sees it
+    _client("psyche_run_state", "observable_gauge",
+            "coordinator phase (RunState: 1 WaitingForMembers, 2 Warmup, 3 RoundTrain, "
+            "4 RoundWitness, 5 Cooldown, 6 Finished, 7 Paused)"),
+    _client("psyche_epoch", "observable_gauge", "current epoch"),
+    _client("psyche_round_step", "observable_gauge", "step of the round this client is in"),
+    _client("psyche_participating_in_round", "observable_gauge",
+            "1 for this client's role in the current round", labels=("role",)),
+    # --- training
+    _client("psyche_training_loss", "observable_gauge", "loss of the last trained batch"),
+    _client("psyche_training_perplexity", "observable_gauge", "exp(loss) of the last batch"),
+    _client("psyche_tokens_per_second", "observable_gauge", "tokens/s of the last train step"),
+    _client("psyche_total_tokens", "counter", "tokens this client has trained on", "{token}"),
+    _client("psyche_last_train_time_seconds", "gauge", "seconds the last train step took", "s"),
+    _client("psyche_round_duration_seconds", "gauge",
+            "seconds between the starts of the last two training rounds", "s"),
+    _client("psyche_trained_steps", "counter", "train steps this client completed"),
+    # --- results
+    _client("psyche_result_bytes_sent", "counter",
+            "bytes of this client's own results published to its peers", "By"),
+    _client("psyche_result_bytes_received", "observable_counter",
+            "bytes of peers' results downloaded and verified", "By"),
+    _client("psyche_broadcasts_seen_total", "observable_counter", "gossip broadcasts received"),
+    _client("psyche_apply_message_success", "observable_counter", "results applied"),
+    _client("psyche_apply_message_failure", "observable_counter",
+            "results that failed (download, commitment or decode)"),
+    _client("psyche_apply_message_ignored", "observable_counter",
+            "broadcasts ignored (unexpected step, batch or sender)"),
+    _client("psyche_finishes_received_this_round", "observable_gauge",
+            "Finished broadcasts received for the current step"),
+    _client("psyche_result_announcements_received_current_round", "observable_gauge",
+            "result announcements received for the current step"),
+    _client("psyche_results_downloaded_current_round", "observable_gauge",
+            "results downloaded and verified for the current step"),
+    _client("psyche_witnesses_sent_total", "counter", "witness messages sent",
+            labels=("type",)),
+    # --- blob downloads (results and model parameters)
+    _client("psyche_downloads_started", "observable_counter", "blob downloads started"),
+    _client("psyche_downloads_finished", "observable_counter", "blob downloads finished"),
+    _client("psyche_downloads_retry", "observable_counter", "blob download retries"),
+    _client("psyche_downloads_failed_total", "observable_counter", "blob downloads failed"),
+    _client("psyche_download_bytes", "observable_counter", "blob bytes downloaded", "By"),
+    # --- model sharing
+    _client("psyche_p2p_model_params_downloaded", "gauge",
+            "percent of the model's parameters downloaded from peers", "%"),
+    _client("psyche_p2p_params_download_failed_counter", "counter",
+            "model downloads from peers that failed"),
+    # --- peers
+    _client("psyche_gossip_neighbors", "observable_gauge", "gossip neighbours of the run topic"),
+    _client("psyche_peer_connections", "observable_gauge", "connected peers by path",
+            labels=("connection_type",)),
+    _client("psyche_p2p_bytes_sent", "observable_gauge",
+            "UDP bytes sent on the current peer connections", "By"),
+    _client("psyche_p2p_bytes_received", "observable_gauge",
+            "UDP bytes received on the current peer connections", "By"),
+    _client("psyche_connection_latency_seconds", "observable_gauge",
+            "round-trip time of the best connection to each peer", "s", labels=("peer",)),
+)
+
+COORDINATOR_METRICS: tuple[MetricSpec, ...] = (
+    _server("psyche_coordinator_run_state", "gauge", "phase (RunState integer)"),
+    _server("psyche_coordinator_epoch", "gauge", "current epoch"),
+    _server("psyche_coordinator_step", "gauge", "current step"),
+    _server("psyche_coordinator_clients", "gauge", "clients of the epoch by state",
+            labels=("state",)),
+    _server("psyche_coordinator_connected_clients", "gauge", "clients connected to the server"),
+    _server("psyche_coordinator_witnesses", "gauge", "witnesses received in the current round"),
+    _server("psyche_coordinator_witness_quorum", "gauge",
+            "agreeing witnesses needed for the round to count"),
+    _server("psyche_coordinator_round_duration_seconds", "gauge",
+            "seconds between the starts of the last two training rounds", "s"),
+    _server("psyche_coordinator_state_changes", "counter", "state broadcasts sent"),
+    _server("psyche_coordinator_epochs_finished", "counter", "epochs that reached Cooldown"),
+)
+
+RUN_MANAGER_METRICS: tuple[MetricSpec, ...] = (
+    _manager("psyche_run_manager_container_starts", "counter", "client containers started"),
+    _manager("psyche_run_manager_container_restarts", "counter",
+             "client container restarts by reason", labels=("reason",)),
+    _manager("psyche_run_manager_container_exits", "counter",
+             "client container exits by exit code", labels=("exit_code",)),
+    _manager("psyche_run_manager_container_running", "gauge", "1 while a client container runs"),
+    _manager("psyche_run_manager_container_uptime_seconds", "gauge",
+             "how long the last container ran before it exited", "s"),
+)
+
+ALL_METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + COORDINATOR_METRICS + RUN_MANAGER_METRICS
+METRICS_BY_SERVICE: dict[Service, tuple[MetricSpec, ...]] = {
+    "client": CLIENT_METRICS,
+    "coordinator": COORDINATOR_METRICS,
+    "run-manager": RUN_MANAGER_METRICS,
+}
+
+# Labels every series carries (resource attributes copied onto each point, see
+# prometheus.py; the collector config does the same with resource_to_telemetry_conversion).
+RESOURCE_LABELS: tuple[str, ...] = ("service_name", "service_instance_id", "run_id")
+
+
+def prometheus_names() -> set[str]:
+    """Every series name a PromQL query may use, for dashboards and their test."""
+    return {series for spec in ALL_METRICS for series in spec.prometheus_series}

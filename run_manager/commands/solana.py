@@ -1,0 +1,74 @@
+"""The run-manager's Solana subcommands (Psyche's names; docs/solana.md,
+"Run-manager subcommands"), over JSON-RPC
+to any cluster running our programs — by default the embedded `psyche-localnet`.
+
+Common options: `--rpc` (env RPC; default the local validator, `psyche-localnet`, on
+127.0.0.1:8899), `--rpc-2` (env RPC_2, the fallback endpoint), and for
+signing commands `--wallet-private-key-path` (env WALLET_PRIVATE_KEY_PATH) or
+RAW_WALLET_PRIVATE_KEY (a JSON array of 64 bytes). Every on-chain failure is printed as
+its error's name and meaning (e.g. `NotAuthorized: no active join authorization ...`)
+and the command exits 1; bad arguments exit 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import typer
+
+from run_manager.commands.solana_authorizations import (
+    can_join,
+    join_authorization_create,
+    join_authorization_delegate,
+    join_authorization_delete,
+)
+from run_manager.commands.solana_common import EXIT_BAD_ARGUMENT, SOLANA_PANEL
+from run_manager.commands.solana_rewards import treasurer_claim_rewards, treasurer_top_up_rewards
+from run_manager.commands.solana_runs import (
+    create_run,
+    json_dump_run,
+    json_dump_user,
+    list_runs,
+    set_future_epoch_rates,
+    set_paused,
+    tick,
+    update_config,
+)
+
+
+def _unsupported(name: str, why: str) -> Callable[[typer.Context], None]:
+    def command(ctx: typer.Context) -> None:
+        typer.echo(f"run-manager {name}: {why}", err=True)
+        raise typer.Exit(EXIT_BAD_ARGUMENT)
+
+    command.__name__ = name.replace("-", "_")
+    return command
+
+
+COMMANDS: dict[str, Callable[..., None]] = {
+    "create-run": create_run, "update-config": update_config, "set-paused": set_paused,
+    "set-future-epoch-rates": set_future_epoch_rates,
+    "join-authorization-create": join_authorization_create,
+    "join-authorization-delegate": join_authorization_delegate,
+    "join-authorization-delete": join_authorization_delete, "can-join": can_join,
+    "treasurer-top-up-rewards": treasurer_top_up_rewards,
+    "treasurer-claim-rewards": treasurer_claim_rewards, "json-dump-run": json_dump_run,
+    "json-dump-user": json_dump_user, "list-runs": list_runs, "tick": tick,
+}
+# Kept for the command tree's shape; not part of this backend yet.
+UNSUPPORTED = {
+    "close-run": "closing runs is not supported by our coordinator program yet",
+    "checkpoint": "checkpoints are reported by the run's clients (the coordinator requires "
+                  "the sender to be a client of the epoch)",
+    "join-authorization-read": "use can-join, or json-dump-user, to inspect authorizations",
+}
+SOLANA_COMMANDS = {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in COMMANDS.items()}
+
+
+def register(app: typer.Typer) -> None:
+    for name, function in COMMANDS.items():
+        app.command(name, rich_help_panel=SOLANA_PANEL)(function)
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True}
+    for name, why in UNSUPPORTED.items():
+        app.command(name, help=why, rich_help_panel=SOLANA_PANEL,
+                    context_settings=settings)(_unsupported(name, why))

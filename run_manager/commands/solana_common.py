@@ -1,0 +1,76 @@
+"""Shared by the Solana subcommands (`run_manager.commands.solana`): the common options,
+wallet and public-key parsing, and `_run`, which runs one piece of JSON-RPC work and
+turns every failure into a message and an exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+SOLANA_PANEL = "Solana runs"
+EXIT_FAILED = 1
+EXIT_BAD_ARGUMENT = 2
+T = TypeVar("T")
+
+LOCALNET_URL = "http://127.0.0.1:8899"  # psyche-localnet's default address
+Rpc = Annotated[str, typer.Option("--rpc", envvar="RPC", help="Solana JSON-RPC URL.")]
+Rpc2 = Annotated[str | None, typer.Option("--rpc-2", envvar="RPC_2", help="Fallback RPC URL.")]
+RunId = Annotated[str, typer.Option("--run-id", "-r", envvar="RUN_ID", help="The run id.")]
+Wallet = Annotated[Path | None, typer.Option(
+    "--wallet-private-key-path", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
+    help="Keypair file (or set RAW_WALLET_PRIVATE_KEY).")]
+TreasurerIndex = Annotated[int | None, typer.Option(
+    "--treasurer-index", help="Treasurer run index (default: from the run id).")]
+
+
+def _fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
+    typer.echo(f"run-manager: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _keypair(path: Path | None) -> Any:
+    from solders.keypair import Keypair
+
+    from psyche_common.wallet import WalletError, load_keypair_bytes
+
+    raw = os.environ.get("RAW_WALLET_PRIVATE_KEY")
+    try:
+        if path is not None:
+            return Keypair.from_bytes(load_keypair_bytes(path))
+        if raw:
+            return Keypair.from_json(raw.strip())
+    except (WalletError, ValueError) as error:
+        raise _fail(f"wallet: {error}", EXIT_BAD_ARGUMENT) from None
+    raise _fail("a wallet is needed: --wallet-private-key-path or RAW_WALLET_PRIVATE_KEY",
+                EXIT_BAD_ARGUMENT)
+
+
+def _pubkey(text: str, what: str) -> Any:
+    from solders.pubkey import Pubkey
+
+    try:
+        return Pubkey.from_string(text)
+    except ValueError:
+        raise _fail(f"{what} is not a base-58 public key: {text!r}", EXIT_BAD_ARGUMENT) from None
+
+
+def _run(rpc: str, rpc_2: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run `work(SolanaRpc)`, turning every failure into a clear message."""
+    from psyche_solana.accounts import AccountDecodeError
+    from psyche_solana.rpc import RpcError, SolanaRpc
+    from psyche_solana.runs import RunNotFound
+
+    async def main() -> T:
+        async with SolanaRpc([rpc, rpc_2]) as client:
+            return await work(client)
+
+    try:
+        return asyncio.run(main())
+    except (RpcError, RunNotFound, AccountDecodeError, ValueError) as error:
+        raise _fail(str(error)) from None

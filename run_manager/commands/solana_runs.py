@@ -1,0 +1,194 @@
+"""The Solana subcommands that create, configure, pause, inspect and tick a run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from run_manager.commands.solana_common import (
+    EXIT_BAD_ARGUMENT,
+    LOCALNET_URL,
+    Rpc,
+    Rpc2,
+    RunId,
+    TreasurerIndex,
+    Wallet,
+    _fail,
+    _keypair,
+    _pubkey,
+    _run,
+)
+
+
+def _find(run_id: str, index: int | None) -> Callable[[Any], Awaitable[Any]]:
+    from psyche_solana.runs import find_run
+
+    return lambda client: find_run(client, run_id, index)
+
+
+def create_run(run_id: RunId,
+               client_version: Annotated[str, typer.Option("--client-version", "-c")],
+               wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None,
+               treasurer_collateral_mint: Annotated[str | None, typer.Option(
+                   help="Reward token mint: creates the run through the treasurer.")] = None,
+               join_authority: Annotated[str | None, typer.Option(
+                   help="Who grants join authorizations (default: the wallet).")] = None) -> None:
+    """Create a run (paused until update-config and set-paused --resume)."""
+    from psyche_solana.runs import create_run as create
+
+    payer = _keypair(wallet)
+    mint = _pubkey(treasurer_collateral_mint, "--treasurer-collateral-mint") \
+        if treasurer_collateral_mint else None
+    join = _pubkey(join_authority, "--join-authority") if join_authority else None
+    address = _run(rpc, rpc_2, lambda c: create(c, payer, run_id, client_version, join,
+                                                 treasurer_index, mint))
+    typer.echo(f"created run {run_id!r}: coordinator account {address}")
+
+
+def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                  treasurer_index: TreasurerIndex = None,
+                  config_path: Annotated[Path | None, typer.Option(
+                      help="state.toml with [config] and [model.LLM].")] = None,
+                  client_version: Annotated[str | None, typer.Option()] = None) -> None:
+    """Set a paused run's config and model (from a state.toml) and/or client version."""
+    from coordinator import ConfigError, load_state_file
+    from psyche_solana.runs import admin, find_run, update_instructions
+
+    authority = _keypair(wallet)
+    try:
+        state_file = load_state_file(config_path) if config_path else None
+    except ConfigError as error:
+        raise _fail(f"invalid config:\n{error}", EXIT_BAD_ARGUMENT) from None
+    if state_file is None and client_version is None:
+        raise _fail("nothing to update: give --config-path and/or --client-version",
+                    EXIT_BAD_ARGUMENT)
+
+    async def work(client: Any) -> None:
+        run = await find_run(client, run_id, treasurer_index)
+        await admin(client, run, authority, update_instructions(
+            run, _authority_of(run, authority), state_file, client_version))
+
+    _run(rpc, rpc_2, work)
+    typer.echo(f"updated run {run_id!r}")
+
+
+def _authority_of(run: Any, authority: Any) -> Any:
+    """The key the coordinator sees as signer: the treasurer's Run PDA for treasurer runs."""
+    from psyche_solana import instructions as ix
+
+    if run.treasurer_index is not None:
+        return ix.treasurer_run_address(run.treasurer_index)
+    return authority.pubkey()
+
+
+def set_paused(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+               treasurer_index: TreasurerIndex = None,
+               resume: Annotated[bool, typer.Option("--resume", help="Resume instead.")] = False) -> None:
+    """Pause a run (after the current epoch if one is running), or resume it."""
+    from psyche_solana import instructions as ix
+    from psyche_solana.runs import admin, find_run
+
+    authority = _keypair(wallet)
+
+    async def work(client: Any) -> None:
+        run = await find_run(client, run_id, treasurer_index)
+        await admin(client, run, authority, [
+            ix.set_paused(run.address, _authority_of(run, authority), not resume)])
+
+    _run(rpc, rpc_2, work)
+    typer.echo(f"run {run_id!r} {'resumed' if resume else 'paused'}")
+
+
+def set_future_epoch_rates(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                           treasurer_index: TreasurerIndex = None,
+                           earning_rate_total_shared: Annotated[int | None, typer.Option()] = None,
+                           slashing_rate_per_client: Annotated[int | None, typer.Option()] = None) -> None:
+    """Set the points shared per epoch (and slashing) from the next epoch on."""
+    from psyche_solana import instructions as ix
+    from psyche_solana.runs import admin, find_run
+
+    authority = _keypair(wallet)
+
+    async def work(client: Any) -> None:
+        run = await find_run(client, run_id, treasurer_index)
+        await admin(client, run, authority, [ix.set_future_epoch_rates(
+            run.address, _authority_of(run, authority), earning_rate_total_shared,
+            slashing_rate_per_client)])
+
+    _run(rpc, rpc_2, work)
+    typer.echo(f"future epoch rates of {run_id!r} set")
+
+
+def json_dump_run(run_id: RunId, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                  treasurer_index: TreasurerIndex = None) -> None:
+    """Print a run's on-chain state as JSON."""
+    from psyche_solana.dump import run_json
+
+    run = _run(rpc, rpc_2, _find(run_id, treasurer_index))
+    typer.echo(json.dumps(run_json(run), indent=2))
+
+
+def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
+                   rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None) -> None:
+    """Print one user's state in a run as JSON."""
+    from psyche_solana import instructions as ix
+    from psyche_solana.accounts import decode_participant
+    from psyche_solana.dump import user_json
+    from psyche_solana.runs import find_run
+
+    user = _pubkey(address, "--address")
+
+    async def work(client: Any) -> dict[str, Any]:
+        run = await find_run(client, run_id, treasurer_index)
+        participant = None
+        if run.treasurer_index is not None:
+            data = await client.account_data(ix.participant_address(
+                ix.treasurer_run_address(run.treasurer_index), user))
+            participant = decode_participant(data) if data else None
+        return user_json(run, user, await client.balance(user), participant)
+
+    typer.echo(json.dumps(_run(rpc, rpc_2, work), indent=2))
+
+
+def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None) -> None:
+    """List the runs of the coordinator program."""
+    from psyche_solana.runs import list_runs as runs
+
+    found = _run(rpc, rpc_2, runs)
+    for address, account in found:
+        step = account.state.progress.step if account.state else "-"
+        typer.echo(f"{account.run_id:<32} {account.run_state.name:<18} step {step:<6} "
+                   f"clients {len(account.registry):<4} {address}")
+    if not found:
+        typer.echo("no runs")
+
+
+def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+         ms_interval: Annotated[int, typer.Option()] = 1000,
+         count: Annotated[int | None, typer.Option(help="Default: until Ctrl+C.")] = None) -> None:
+    """Tick a run's coordinator periodically (anyone may)."""
+    from psyche_solana import instructions as ix
+    from psyche_solana.rpc import ProgramError
+    from psyche_solana.runs import find_run
+
+    payer = _keypair(wallet)
+
+    async def work(client: Any) -> int:
+        run = await find_run(client, run_id)
+        sent, started = 0, time.monotonic()
+        while count is None or sent < count:
+            try:
+                await client.send_instructions([ix.tick(run.address)], payer)
+            except ProgramError as error:
+                typer.echo(f"tick: {error}", err=True)
+            sent += 1
+            await asyncio.sleep(max(0.0, started + sent * ms_interval / 1000 - time.monotonic()))
+        return sent
+
+    typer.echo(f"sent {_run(rpc, rpc_2, work)} ticks")

@@ -1,0 +1,89 @@
+"""Wallets: new / show / balance, against a real JSON-RPC server backed by LiteSVM."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from rpc_server import litesvm_rpc
+from solders.keypair import Keypair
+from solders.litesvm import LiteSVM
+from typer.testing import CliRunner
+
+from psyche_common.wallet import WalletError, create_keypair_file, get_balance, public_key
+from run_manager.cli import app
+
+runner = CliRunner()
+
+
+def test_wallet_new_writes_a_solana_keygen_file_with_mode_600(tmp_path: Path) -> None:
+    path = tmp_path / "id.json"
+    result = runner.invoke(app, ["wallet", "new", str(path)])
+    assert result.exit_code == 0, result.output
+    values = json.loads(path.read_text())
+    assert len(values) == 64 and all(0 <= v <= 255 for v in values)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    keypair = Keypair.from_json(path.read_text())  # what solana-keygen files load with
+    assert str(keypair.pubkey()) in result.output
+
+
+def test_wallet_new_refuses_to_overwrite(tmp_path: Path) -> None:
+    path = tmp_path / "id.json"
+    path.write_text("precious")
+    result = runner.invoke(app, ["wallet", "new", str(path)])
+    assert result.exit_code != 0
+    assert "refusing to overwrite" in result.output
+    assert path.read_text() == "precious"
+
+
+def test_wallet_show_prints_the_base58_public_key(tmp_path: Path) -> None:
+    keypair = Keypair()
+    path = tmp_path / "k.json"
+    path.write_text(keypair.to_json())
+    result = runner.invoke(app, ["wallet", "show", "--wallet", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == str(keypair.pubkey())
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("not json", "is not JSON"),
+        ("[1, 2, 3]", "JSON array of 64 bytes"),
+        (json.dumps([300] * 64), "JSON array of 64 bytes"),
+        (json.dumps(list(bytes(Keypair())[:32]) + [0] * 32), "does not match"),
+    ],
+)
+def test_bad_wallet_files_are_named_and_explained(tmp_path: Path, content: str, expected: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(WalletError, match=expected):
+        public_key(path)
+    result = runner.invoke(app, ["wallet", "show", "--wallet", str(path)])
+    assert result.exit_code != 0 and expected in result.output
+
+
+def test_wallet_balance_asks_a_real_rpc_server(tmp_path: Path) -> None:
+    path = tmp_path / "id.json"
+    address = create_keypair_file(path)
+    svm = LiteSVM()
+    from solders.pubkey import Pubkey
+
+    svm.airdrop(Pubkey.from_string(address), 2_500_000_000)
+    with litesvm_rpc(svm) as url:
+        assert get_balance(url, address) == 2_500_000_000
+        result = runner.invoke(app, ["wallet", "balance", "--rpc", url, "--wallet", str(path)])
+        assert result.exit_code == 0, result.output
+        assert "2.500000000 SOL" in result.output
+        # An account the SVM never saw holds nothing.
+        other = str(Keypair().pubkey())
+        assert get_balance(url, other) == 0
+        with pytest.raises(WalletError, match="RPC error -32602"):
+            get_balance(url, "not-a-key")
+
+
+def test_wallet_balance_reports_an_unreachable_rpc() -> None:
+    with pytest.raises(WalletError, match="unreachable"):
+        get_balance("http://127.0.0.1:9", str(Keypair().pubkey()), timeout_s=2)

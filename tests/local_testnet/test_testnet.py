@@ -1,0 +1,108 @@
+"""psyche-testnet's own parts: checkpoint comparison, log parsing, config checks, process
+lifecycle (a run that cannot start times out cleanly), and the e2e bench smoke test."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from loopback import free_port
+from tcp_helpers import ROOT, TESTNET
+
+from coordinator.config import ConfigError, ServerDataLocation, load_state_file
+from local_testnet.testnet import (
+    ClientProcess,
+    Testnet,
+    TestnetOptions,
+    checkpoints_identical,
+    client_key,
+    client_secret_hex,
+)
+
+
+def _checkpoint(work: Path, client: int, step: int, payload: bytes) -> None:
+    directory = work / f"client-{client}" / "checkpoints" / f"run-step{step}"
+    directory.mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(payload)
+    (directory / "config.json").write_text(f"{client}")  # not compared
+
+
+def test_checkpoints_compare_the_newest_step_of_finishers(tmp_path: Path) -> None:
+    assert checkpoints_identical(tmp_path, "run", [1, 2]) == (False, 0)
+    _checkpoint(tmp_path, 1, 5, b"same")
+    _checkpoint(tmp_path, 2, 5, b"same")
+    _checkpoint(tmp_path, 1, 3, b"old and different")
+    assert checkpoints_identical(tmp_path, "run", [1, 2]) == (True, 2)
+    _checkpoint(tmp_path, 3, 4, b"killed client, stopped early")
+    assert checkpoints_identical(tmp_path, "run", [1, 2, 3]) == (True, 2)
+    _checkpoint(tmp_path, 2, 9, b"new")
+    _checkpoint(tmp_path, 1, 9, b"NEW")
+    assert checkpoints_identical(tmp_path, "run", [1, 2, 3]) == (False, 2)
+
+
+def test_identities_and_trained_events(tmp_path: Path) -> None:
+    assert client_secret_hex(2) == "0" * 63 + "2" and len(client_key(2)) == 32
+    assert client_key(1) != client_key(2)
+    net = Testnet(TestnetOptions(num_clients=2, config_path=TESTNET, work_dir=tmp_path,
+                                 server_port=free_port()))
+    client = ClientProcess(1)
+    for line in ['{"event": "trained", "step": 3, "loss": 7.5, "seconds": 0.1}',
+                 '{"event": "trained", "step": "x", "loss": 1}', "not json {", "{broken",
+                 '{"event": "state", "step": 4}', '{"event": "trained", "step": 4, "loss": 7}']:
+        net._client_line(client, line)
+    assert client.losses == {3: 7.5, 4: 7.0}
+    net.clients[1].losses = {3: 8.0, 4: 6.0}
+    net.clients[2].losses = {3: 7.0}
+    summary = net.summary()
+    assert summary["first_loss"] == 7.5 and summary["last_loss"] == 6.0
+    assert summary["steps"] == 2 and summary["finished"] is False
+
+
+def test_config_problems_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="also the data server's port"):
+        Testnet(TestnetOptions(num_clients=1, config_path=TESTNET, work_dir=tmp_path,
+                               server_port=20001))
+    net = Testnet(TestnetOptions(num_clients=1, config_path=TESTNET, work_dir=tmp_path,
+                                 data_port=23456))
+    rewritten = load_state_file(net.state_path)
+    assert rewritten.model.data_location == ServerDataLocation(address="127.0.0.1:23456")
+    assert net.state_path.parent == tmp_path
+    with pytest.raises(ConfigError, match="cannot read"):
+        Testnet(TestnetOptions(num_clients=1, config_path=tmp_path / "none", work_dir=tmp_path))
+
+
+def test_headless_run_that_cannot_start_times_out_and_stops_everything(tmp_path: Path) -> None:
+    # One client, but the config waits for three: the run never starts.
+    server_port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "local_testnet", "--num-clients", "1",
+         "--config-path", str(TESTNET), "--headless", "--work-dir", str(tmp_path),
+         "--server-port", str(server_port), "--data-port", str(free_port()),
+         "--timeout", "12"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["error"] == "timeout after 12 s" and summary["finished"] is False
+    assert summary["steps"] == 0 and summary["clients_identical"] is False
+    assert (tmp_path / "client-1.log").exists()
+    server_log = (tmp_path / "server.log").read_text()
+    if "listening" in server_log:  # on a very busy machine it may not have got that far
+        assert "stopping" in server_log  # it was stopped with SIGTERM, cleanly
+    with socket.socket() as sock:  # and it is gone: nothing listens on its port any more
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", server_port))
+
+
+def test_e2e_bench_smoke() -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/e2e.py", "--counts", "2", "--duration", "1",
+         "--skip-round-overhead"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["max_clients_p99_100ms"] in (0, 2)
+    row = figures["broadcast_latency"][0]
+    assert row["clients"] == 2 and row["samples"] > 0 and 0 < row["p50_ms"] < 5000
