@@ -24,6 +24,7 @@ HealthCheck (one transaction per entry), CheckpointReport; Withdraw has no on-ch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import random
@@ -157,10 +158,8 @@ class SolanaBackend:
                     await self._maybe_tick()
                 except (RpcError, AccountDecodeError) as exc:
                     log.warning("solana backend: %s", exc)
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.options.poll_interval_s)
-                except TimeoutError:
-                    pass
         finally:
             self.connected.clear()
             await self.rpc.close()
@@ -192,7 +191,7 @@ class SolanaBackend:
         if account is None or account.state is None or self.address is None:
             return
         mine = dict(account.registry).get(self.options.wallet.pubkey())
-        if mine == account.next_active or self._joined_for == account.next_active:
+        if account.next_active in (mine, self._joined_for):
             return
         if account.run_state.name == "Finished":
             return

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from client_image.runtime.events import RuntimeEvent
 from psyche_common.metrics_schema import ClientMetrics, ConnectedPeer, RoundTripTime, SelectedPath
 
 LogMode = Literal["tui", "console", "json", "none"]
@@ -25,26 +26,32 @@ log = logging.getLogger(__name__)
 
 
 class EventLog:
+    """Prints each runtime event (typed, see events.py) in the chosen mode and hands it to
+    every listener (telemetry, the TUI) whatever the mode."""
+
     def __init__(self, mode: LogMode = "console"):
         self.mode = mode
-        # Called with (event, fields) for every event, whatever the mode (telemetry).
-        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self.listeners: list[Callable[[RuntimeEvent], None]] = []
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: RuntimeEvent) -> None:
         for listener in self.listeners:
             try:
-                listener(event, fields)
+                listener(event)
             except Exception:  # an observer's bug must not stop the runtime
-                log.warning("event listener failed on %s", event, exc_info=True)
+                log.warning("event listener failed on %s", event.NAME, exc_info=True)
         if self.mode in ("none", "tui"):  # the TUI shows events through its listener
             return
-        if self.mode == "json":
-            line = json.dumps({"event": event, "time": round(time.time(), 3), **fields},
-                              default=str)
-        else:
-            details = " ".join(f"{k}={v}" for k, v in fields.items())
-            line = f"{time.strftime('%H:%M:%S')} {event} {details}"
-        print(line, file=sys.stdout, flush=True)
+        print(format_event(event, json_lines=self.mode == "json"), file=sys.stdout, flush=True)
+
+
+def format_event(event: RuntimeEvent, *, json_lines: bool) -> str:
+    """One line: `{"event": NAME, "time": ..., **fields}` or `HH:MM:SS NAME k=v ...`."""
+    fields = event.fields()
+    if json_lines:
+        return json.dumps({"event": event.NAME, "time": round(time.time(), 3), **fields},
+                          default=str)
+    details = " ".join(f"{k}={v}" for k, v in fields.items())
+    return f"{time.strftime('%H:%M:%S')} {event.NAME} {details}"
 
 
 def configure_logging(mode: LogMode, level: int = logging.INFO) -> None:

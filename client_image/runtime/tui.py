@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import ClassVar
 
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Grid
 from textual.widgets import Footer, Header, RichLog
 
 from client_image.runtime.client import PsycheClient
+from client_image.runtime.events import RuntimeEvent
 from psyche_common.run_view import ObservedState, build_snapshot
 from psyche_common.ui.run_panel import RunPanel
 from psyche_common.ui.training_panel import TrainingPanel
@@ -45,7 +46,7 @@ class ClientApp(App[int]):
     #run-summary, #witness-summary, #training-summary { height: auto; }
     #run-clients, #training-loss { height: 1fr; }
     """
-    BINDINGS = [Binding("q", "stop_client", "Stop & quit")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "stop_client", "Stop & quit")]
 
     def __init__(self, client: PsycheClient, refresh_s: float = 0.5):
         super().__init__()
@@ -82,9 +83,9 @@ class ClientApp(App[int]):
         if self.is_running:
             self.query_one("#client-events", RichLog).write(text)
 
-    def _on_event(self, event: str, fields: dict[str, Any]) -> None:
-        details = " ".join(f"{k}={v}" for k, v in fields.items())
-        self.add_line(f"{time.strftime('%H:%M:%S')} [b]{event}[/b] {details}")
+    def _on_event(self, event: RuntimeEvent) -> None:
+        details = " ".join(f"{k}={v}" for k, v in event.fields().items())
+        self.add_line(f"{time.strftime('%H:%M:%S')} [b]{event.NAME}[/b] {details}")
 
     def refresh_panels(self) -> None:
         received = self.client.last_server_state

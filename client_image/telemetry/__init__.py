@@ -1,7 +1,7 @@
-"""The client's telemetry adapter: its metrics and per-phase spans (psyche_common.telemetry
+"""The client's telemetry adapter: its metrics, its events and per-phase spans (psyche_common.telemetry
 holds the providers and exporters).
 
-    ClientTelemetry, traced_phase
+    ClientTelemetry
 
 Loaded lazily: importing the runtime does not import the OpenTelemetry SDK.
 """
@@ -12,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client_image.telemetry.client import ClientTelemetry, traced_phase
+    from client_image.telemetry.client import ClientTelemetry
 
-_NAMES = {"ClientTelemetry", "traced_phase"}
+_NAMES = {"ClientTelemetry"}
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +23,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.client"), name)
 
 
-__all__ = ["ClientTelemetry", "traced_phase"]
+__all__ = ["ClientTelemetry"]

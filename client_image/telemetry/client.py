@@ -3,20 +3,31 @@
 Three sources, so the runtime needs almost no telemetry code of its own:
   * observed on each collection (export or scrape): the runtime's `Counters`, the p2p
     node's blob download stats, gossip neighbours and connection diagnostics;
-  * the runtime's events (`EventLog.listeners`): trained, witness, state changes…;
-  * spans: `@traced_phase("train")` on the round actions (warmup, apply, train,
-    witness, cooldown), attributes psyche.step and psyche.epoch.
+  * the runtime's typed events (`EventLog.listeners`, client_image.runtime.events):
+    Trained, WitnessSent, StateChanged…;
+  * spans: the round runner's `tracer.phase(name, state)` around warm-up, apply, train,
+    witness and cooldown, attributes step and epoch.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 from client_image.p2p.diagnostics import PeerDiagnostics
+from client_image.runtime.events import (
+    ModelLoaded,
+    RuntimeEvent,
+    StateChanged,
+    TaskFailed,
+    Trained,
+    WarmupWitnessSent,
+    WitnessSent,
+)
+from coordinator import CoordinatorState
 from psyche_common.telemetry.core import Telemetry
 
 if TYPE_CHECKING:
@@ -113,55 +124,37 @@ class ClientTelemetry:
         return [(float(n), {"connection_type": kind}) for kind, n in counts.items()]
 
     # ------------------------------------------------------------------ events
-    def on_event(self, event: str, fields: dict[str, Any]) -> None:
+    def on_event(self, event: RuntimeEvent) -> None:
         t = self.telemetry
-        t.log_event(event, fields)
-        if event == "trained":
-            seconds = float(fields.get("seconds", 0.0))
-            t.gauge("psyche_last_train_time_seconds").set(seconds)
-            t.counter("psyche_trained_steps").add(1)
-            t.counter("psyche_result_bytes_sent").add(int(fields.get("payload_bytes", 0)))
-            t.counter("psyche_total_tokens").add(max(0, int(fields.get("tokens", 0))))
-        elif event == "witness":
-            t.counter("psyche_witnesses_sent_total").add(1, {"type": "witness"})
-        elif event == "warmup_witness":
-            t.counter("psyche_witnesses_sent_total").add(1, {"type": "warmup"})
-        elif event == "state" and fields.get("phase") == "RoundTrain":
-            now = time.monotonic()
-            if self._last_round_start is not None:
-                t.gauge("psyche_round_duration_seconds").set(now - self._last_round_start)
-            self._last_round_start = now
-        elif event == "model_loaded" and fields.get("source") == "p2p":
-            t.gauge("psyche_p2p_model_params_downloaded").set(100.0)
-        elif event == "error" and "ModelSharingError" in str(fields.get("error", "")):
-            t.counter("psyche_p2p_params_download_failed_counter").add(1)
+        t.log_event(event.NAME, event.fields())
+        match event:
+            case Trained(seconds=seconds, payload_bytes=payload_bytes, tokens=tokens):
+                t.gauge("psyche_last_train_time_seconds").set(seconds)
+                t.counter("psyche_trained_steps").add(1)
+                t.counter("psyche_result_bytes_sent").add(payload_bytes)
+                t.counter("psyche_total_tokens").add(max(0, tokens))
+            case WitnessSent():
+                t.counter("psyche_witnesses_sent_total").add(1, {"type": "witness"})
+            case WarmupWitnessSent():
+                t.counter("psyche_witnesses_sent_total").add(1, {"type": "warmup"})
+            case StateChanged(phase="RoundTrain"):
+                now = time.monotonic()
+                if self._last_round_start is not None:
+                    t.gauge("psyche_round_duration_seconds").set(now - self._last_round_start)
+                self._last_round_start = now
+            case ModelLoaded(source="p2p"):
+                t.gauge("psyche_p2p_model_params_downloaded").set(100.0)
+            case TaskFailed(error_type="ModelSharingError"):
+                t.counter("psyche_p2p_params_download_failed_counter").add(1)
+            case _:
+                pass
+
+    def phase(self, name: str, state: CoordinatorState) -> AbstractContextManager[object]:
+        """A span around one phase of the round runner (its `PhaseTracer`)."""
+        return self.telemetry.span(name, step=state.progress.step, epoch=state.progress.epoch)
 
     def model_progress(self, downloaded: int, total: int) -> None:
         """`fetch_model(progress=...)`: percent of the parameters fetched from peers."""
         if total > 0:
             self.telemetry.gauge("psyche_p2p_model_params_downloaded").set(
                 100.0 * downloaded / total)
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def traced_phase(name: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
-    """A span around a round action `async def action(client, ...)` when telemetry is on."""
-
-    def decorate(action: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-        @functools.wraps(action)
-        async def traced(*args: P.args, **kwargs: P.kwargs) -> R:
-            client_telemetry = getattr(args[0] if args else None, "telemetry", None)
-            if not isinstance(client_telemetry, ClientTelemetry):
-                return await action(*args, **kwargs)
-            state = client_telemetry.client.state
-            attributes = {"step": state.progress.step, "epoch": state.progress.epoch} \
-                if state is not None else {}
-            with client_telemetry.telemetry.span(name, **attributes):
-                return await action(*args, **kwargs)
-
-        return traced
-
-    return decorate

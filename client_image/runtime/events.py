@@ -1,0 +1,180 @@
+"""What the client runtime reports, as typed messages.
+
+Every event is a frozen dataclass; observers (the event log, telemetry, the client's TUI)
+match them by type, never by text. `NAME` is the stable name a `--logs json` line carries
+in its `"event"` field (`{"event": "trained", "step": 3, ...}`), which the local testnet
+and the e2e tests read; `fields()` gives the rest of the line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class RuntimeEvent:
+    NAME: ClassVar[str] = "event"
+
+    def fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# ------------------------------------------------------------------ lifecycle
+@dataclass(frozen=True)
+class Started(RuntimeEvent):
+    NAME: ClassVar[str] = "started"
+    identity: str
+    p2p_address: str
+
+
+@dataclass(frozen=True)
+class StateChanged(RuntimeEvent):
+    """The coordinator's phase, epoch or step changed."""
+
+    NAME: ClassVar[str] = "state"
+    phase: str
+    epoch: int
+    step: int
+    clients: int
+
+
+@dataclass(frozen=True)
+class VersionMismatch(RuntimeEvent):
+    NAME: ClassVar[str] = "version_mismatch"
+    wanted: str
+    running: str
+
+
+@dataclass(frozen=True)
+class CoordinatorRefused(RuntimeEvent):
+    """The coordinator refused one of our messages (not fatal)."""
+
+    NAME: ClassVar[str] = "coordinator_error"
+    error: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class TaskFailed(RuntimeEvent):
+    """A runtime task raised: the client desyncs and rejoins at the next epoch."""
+
+    NAME: ClassVar[str] = "error"
+    task: str
+    error: str
+    error_type: str
+
+
+@dataclass(frozen=True)
+class Desynced(RuntimeEvent):
+    NAME: ClassVar[str] = "desync"
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunFinished(RuntimeEvent):
+    NAME: ClassVar[str] = "finished"
+    step: int
+
+
+# ------------------------------------------------------------------ warm-up
+@dataclass(frozen=True)
+class ModelLoaded(RuntimeEvent):
+    NAME: ClassVar[str] = "model_loaded"
+    source: str  # "p2p" | "hub"
+    seconds: float
+    peers: int = 0
+    bytes: int = 0
+    repo: str = ""
+
+
+@dataclass(frozen=True)
+class Ready(RuntimeEvent):
+    NAME: ClassVar[str] = "ready"
+    epoch: int
+
+
+@dataclass(frozen=True)
+class WarmupWitnessSent(RuntimeEvent):
+    NAME: ClassVar[str] = "warmup_witness"
+    epoch: int
+
+
+# ------------------------------------------------------------------ rounds
+@dataclass(frozen=True)
+class Trained(RuntimeEvent):
+    NAME: ClassVar[str] = "trained"
+    step: int
+    epoch: int
+    loss: float
+    batch: tuple[int, int]
+    payload_bytes: int
+    seconds: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Applied(RuntimeEvent):
+    NAME: ClassVar[str] = "applied"
+    step: int
+    of_step: int
+    results: int
+    skipped: int
+
+
+@dataclass(frozen=True)
+class DownloadFailed(RuntimeEvent):
+    NAME: ClassVar[str] = "download_failed"
+    step: int
+    batch: tuple[int, int]
+    error: str
+
+
+@dataclass(frozen=True)
+class BadResult(RuntimeEvent):
+    """A peer's result that does not match its commitment or does not decode."""
+
+    NAME: ClassVar[str] = "bad_result"
+    step: int
+    batch: tuple[int, int]
+    reason: str
+
+
+@dataclass(frozen=True)
+class WitnessSent(RuntimeEvent):
+    NAME: ClassVar[str] = "witness"
+    step: int
+    vouched: int
+
+
+@dataclass(frozen=True)
+class HealthCheckSent(RuntimeEvent):
+    NAME: ClassVar[str] = "health_check"
+    step: int
+    unhealthy: tuple[str, ...]
+
+
+# ------------------------------------------------------------------ cooldown
+@dataclass(frozen=True)
+class Checkpointed(RuntimeEvent):
+    NAME: ClassVar[str] = "checkpoint"
+    step: int
+    epoch: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Uploaded(RuntimeEvent):
+    NAME: ClassVar[str] = "uploaded"
+    step: int
+    repo: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class UploadFailed(RuntimeEvent):
+    NAME: ClassVar[str] = "upload_failed"
+    step: int
+    repo: str
+    error: str

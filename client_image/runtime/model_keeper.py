@@ -1,0 +1,99 @@
+"""The model across epochs: load it at warm-up, checkpoint and share it at cooldown.
+
+    load(state, sources)   the run's current model: from `sources` (peers that went through
+                           the last cooldown) when the run's checkpoint is P2P and any are
+                           listed, else from the Hub (or a local directory) it names
+    save_and_share(state)  write the checkpoint (when a directory is set), upload it in the
+                           background (when a Hub repo is set) and report it to the
+                           coordinator, then serve the weights to the next joiners
+
+It holds no round state; the round runner decides when to call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from client_image.runtime.events import Checkpointed, ModelLoaded, Uploaded, UploadFailed
+from client_image.runtime.observability import EventLog
+from client_image.runtime.ports import CoordinatorLink, Peers, Worker
+from coordinator import CoordinatorState, NodeIdentity
+from coordinator.config import HubCheckpoint, P2PCheckpoint
+from coordinator_tcp.protocol import CheckpointReport
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], object]
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    checkpoint_dir: Path | None = None
+    keep_steps: int = 3
+    delete_old_steps: bool = True
+    hub_repo: str | None = None  # upload each epoch's checkpoint here, then report it
+    hub_token: str | None = None
+
+
+class ModelKeeper:
+    def __init__(self, me: NodeIdentity, worker: Worker, peers: Peers, backend: CoordinatorLink,
+                 events: EventLog, options: CheckpointOptions, spawn: Spawn):
+        self.me = me
+        self.worker = worker
+        self.peers = peers
+        self.backend = backend
+        self.events = events
+        self.options = options
+        self.spawn = spawn
+
+    async def load(self, state: CoordinatorState, sources: Sequence[bytes]) -> None:
+        llm, checkpoint = state.model, state.model.checkpoint
+        start_step = state.epoch_state.start_step
+        started = time.monotonic()
+        if isinstance(checkpoint, P2PCheckpoint) and sources:
+            fetched = await self.peers.fetch_model(sources)
+            await self.worker.load_from_peers(fetched.config_json, fetched.tokenizer_json,
+                                              fetched.state_dict, llm, start_step)
+            self.events.emit(ModelLoaded(source="p2p", peers=fetched.peers, bytes=fetched.bytes,
+                                         seconds=round(time.monotonic() - started, 2)))
+            return
+        if isinstance(checkpoint, HubCheckpoint | P2PCheckpoint):
+            await self.worker.load_from_hub(checkpoint.repo_id, checkpoint.revision, llm,
+                                            start_step)
+            self.events.emit(ModelLoaded(source="hub", repo=checkpoint.repo_id,
+                                         seconds=round(time.monotonic() - started, 2)))
+            return
+        raise RuntimeError(f"checkpoint {type(checkpoint).__name__} cannot be loaded by this client")
+
+    async def save_and_share(self, state: CoordinatorState) -> None:
+        step = state.progress.step - 1
+        options = self.options
+        if options.checkpoint_dir is not None:
+            keep = options.keep_steps if options.delete_old_steps else 1_000_000
+            path = await self.worker.save_checkpoint(options.checkpoint_dir, state.run_id, step,
+                                                     keep)
+            self.events.emit(Checkpointed(step=step, epoch=state.progress.epoch, path=str(path)))
+            if options.hub_repo:
+                self.spawn(self._upload(state, path, step, options.hub_repo), f"upload-{step}")
+        weights, config_json, tokenizer_json = await asyncio.to_thread(self.worker.sharing_payload)
+        self.peers.share_model(weights, config_json, tokenizer_json)
+
+    async def _upload(self, state: CoordinatorState, path: Path, step: int, repo: str) -> None:
+        """Upload the checkpoint to the hub in the background, then tell the coordinator where
+        it is (Psyche's Checkpoint::Hub), so the next epoch can start from it if no peer can."""
+        from client_image.training import upload_checkpoint
+
+        try:
+            revision = await asyncio.to_thread(upload_checkpoint, path, repo, step,
+                                               token=self.options.hub_token)
+        except Exception as exc:  # no hub, no token, no write access: the run goes on
+            self.events.emit(UploadFailed(step=step, repo=repo, error=str(exc)[:300]))
+            return
+        self.events.emit(Uploaded(step=step, repo=repo, revision=revision))
+        index = state.index_of(self.me)
+        if index is not None:
+            await self.backend.send(CheckpointReport(
+                index=index, hub=HubCheckpoint(repo_id=repo, revision=revision)))

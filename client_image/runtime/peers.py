@@ -1,0 +1,53 @@
+"""The round runner's `Peers` port over iroh: the run's gossip topic and the node's blobs.
+
+    peers = IrohPeers(node, topic, ModelFetchOptions(...), progress=telemetry.model_progress)
+    await peers.broadcast(Finished(step=3))          # encoded, signed, gossiped
+    blob_hash = peers.publish_result(3, payload)    # served to anyone who asks
+    data = await peers.download_result(blob_hash, size, sender)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from client_image.p2p import (
+    GossipTopic,
+    ModelFetchOptions,
+    P2PNode,
+    encode_broadcast,
+    step_tag,
+)
+from client_image.runtime.ports import Broadcast, FetchedModel
+
+
+class IrohPeers:
+    def __init__(self, node: P2PNode, topic: GossipTopic, fetch_options: ModelFetchOptions,
+                 progress: Callable[[int, int], None] | None = None):
+        self.node = node
+        self.topic = topic
+        self.fetch_options = fetch_options
+        self.progress = progress
+
+    async def broadcast(self, message: Broadcast) -> None:
+        await self.topic.broadcast(encode_broadcast(message))
+
+    def publish_result(self, step: int, payload: bytes) -> bytes:
+        return self.node.blob_store.add(payload, tag=step_tag("result", step))
+
+    async def download_result(self, blob_hash: bytes, size: int, sender: bytes) -> bytes:
+        return await self.node.blobs.download(blob_hash, size, [sender])
+
+    def forget_results_before(self, step: int) -> None:
+        self.node.blob_store.remove_steps_before(step)
+
+    async def fetch_model(self, sources: Sequence[bytes]) -> FetchedModel:
+        manifest, state_dict, report = await self.node.model_sharing.fetch_model(
+            sources, self.fetch_options, progress=self.progress)
+        return FetchedModel(manifest.config_json, manifest.tokenizer_json, state_dict,
+                            peers=len(report.served_by), bytes=report.total_bytes)
+
+    def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
+                    tokenizer_json: str | None) -> None:
+        self.node.model_sharing.share(weights, config_json, tokenizer_json)

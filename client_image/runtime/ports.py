@@ -1,0 +1,97 @@
+"""The small interfaces the round runner drives: nothing else reaches it.
+
+    CoordinatorLink   send a message to the coordinator (a backend: TCP or Solana)
+    Peers             the P2P side: gossip a broadcast, publish and download results,
+                      fetch and share the model (iroh in production: peers.IrohPeers)
+    Worker            the model and DisTrO trainer, off the event loop (worker.TrainingWorker)
+    DataSource        the run's training samples (client_image.data providers)
+    PhaseTracer       a span per phase when telemetry is on
+
+Unit tests drive the runner with in-memory fakes of all of them (tests/client_runtime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from pydantic import BaseModel
+
+from client_image.p2p import Finished, ResultAnnouncement
+from client_image.training import TrainStepOutput
+from coordinator import CoordinatorState
+from coordinator.config import LLMConfig
+
+Broadcast = Finished | ResultAnnouncement
+
+
+class CoordinatorLink(Protocol):
+    async def send(self, message: BaseModel) -> bool: ...
+
+
+@dataclass(frozen=True)
+class FetchedModel:
+    config_json: str
+    tokenizer_json: str | None
+    state_dict: dict[str, torch.Tensor]
+    peers: int
+    bytes: int
+
+
+class Peers(Protocol):
+    async def broadcast(self, message: Broadcast) -> None: ...
+
+    def publish_result(self, step: int, payload: bytes) -> bytes:
+        """Serve `payload` as a blob; returns its hash."""
+        ...
+
+    async def download_result(self, blob_hash: bytes, size: int, sender: bytes) -> bytes: ...
+
+    def forget_results_before(self, step: int) -> None: ...
+
+    async def fetch_model(self, sources: Sequence[bytes]) -> FetchedModel: ...
+
+    def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
+                    tokenizer_json: str | None) -> None: ...
+
+
+class Worker(Protocol):
+    @property
+    def loaded(self) -> bool: ...
+
+    async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
+                            start_step: int) -> None: ...
+
+    async def load_from_peers(self, config_json: str, tokenizer_json: str | None,
+                              state_dict: dict[str, torch.Tensor], llm: LLMConfig,
+                              start_step: int) -> None: ...
+
+    async def train(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],
+                    cold_start: bool) -> TrainStepOutput: ...
+
+    async def decode(self, payload: bytes) -> object:
+        """Validate a peer's payload against our model; raises on garbage."""
+        ...
+
+    async def apply(self, step: int, payloads: Sequence[bytes]) -> int: ...
+
+    async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
+                              keep_steps: int) -> Path: ...
+
+    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]: ...
+
+
+class DataSource(Protocol):
+    async def fetch(self, start: int, end: int) -> torch.Tensor: ...
+
+
+class DataOpener(Protocol):
+    async def __call__(self, state: CoordinatorState) -> DataSource: ...
+
+
+class PhaseTracer(Protocol):
+    def phase(self, name: str, state: CoordinatorState) -> AbstractContextManager[object]: ...

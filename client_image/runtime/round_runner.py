@@ -1,0 +1,419 @@
+"""One client's rounds: what it does in each coordinator phase, and all the state of it.
+
+    WaitingForMembers / Warmup   load the model (peers of the last epoch, or the Hub),
+                                 open the data, gossip Finished{warmup}; once every listed
+                                 client has, the first W clients send the warm-up witness
+    RoundTrain (step s, height h) an elected witness health-checks round h-2's trainers
+                                 (h >= 2); apply the consensus results of step s-2
+                                 (h >= 2); train the assigned batch; publish the result
+                                 and announce it; download everyone's results; gossip
+                                 Finished{s} once our own work and all of step s-1 are in;
+                                 an elected witness submits as soon as every client has
+                                 finished (opportunistic witnessing)
+    RoundWitness                 an elected witness that has not submitted does so now
+    Cooldown                     checkpoint; share the model with the next joiners
+
+Anything the runner cannot follow (missed rounds, a consensus payload it cannot get) is a
+desync: it stops training and rejoins cleanly at the next epoch. The per-step records and
+the consensus rules are in rounds.py; everything outside (coordinator, peers, model, data)
+is reached through the ports in ports.py, so tests drive the runner with fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from client_image.p2p import Finished, ResultAnnouncement
+from client_image.p2p.messages import BatchId as WireBatchId
+from client_image.runtime.events import (
+    Applied,
+    BadResult,
+    Desynced,
+    DownloadFailed,
+    HealthCheckSent,
+    Ready,
+    TaskFailed,
+    Trained,
+    WarmupWitnessSent,
+    WitnessSent,
+)
+from client_image.runtime.model_keeper import CheckpointOptions, ModelKeeper
+from client_image.runtime.observability import Counters, EventLog
+from client_image.runtime.ports import (
+    Broadcast,
+    CoordinatorLink,
+    DataOpener,
+    DataSource,
+    Peers,
+    PhaseTracer,
+    Worker,
+)
+from client_image.runtime.rounds import (
+    BatchKey,
+    StepRecord,
+    commitment_of,
+    consensus_winners,
+    make_witness,
+    my_witness_proof,
+    unhealthy_trainers,
+)
+from client_image.runtime.tasks import GuardedTasks
+from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
+from coordinator_tcp.protocol import (
+    HealthCheck,
+    HealthCheckEntry,
+    WarmupWitness,
+    WitnessMetadata,
+    WitnessModel,
+    WitnessSubmit,
+)
+
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+RECORDS_KEPT = 4  # steps of records behind the current one (apply needs s-2, health s-2)
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    checkpoints: CheckpointOptions = field(default_factory=CheckpointOptions)
+    write_gradients_dir: Path | None = None
+    apply_download_timeout_s: float = 20.0
+
+
+class RoundRunner:
+    def __init__(self, me: NodeIdentity, *, backend: CoordinatorLink, peers: Peers,
+                 worker: Worker, open_data: DataOpener, events: EventLog,
+                 counters: Counters | None = None, options: RunnerOptions | None = None,
+                 tracer: PhaseTracer | None = None):
+        self.me = me
+        self.backend = backend
+        self.peers = peers
+        self.worker = worker
+        self.open_data = open_data
+        self.events = events
+        self.counters = counters or Counters()
+        self.options = options or RunnerOptions()
+        self.tracer = tracer
+        self.tasks = GuardedTasks(self._task_failed)
+        self.model = ModelKeeper(me, worker, peers, backend, events, self.options.checkpoints,
+                                 self.tasks.spawn)
+        # ---- the state of the rounds, all of it
+        self.state: CoordinatorState | None = None
+        self.records: dict[int, StepRecord] = {}
+        self.early: dict[int, list[tuple[bytes, Broadcast]]] = {}  # gossip ahead of its round
+        self.previous_epoch_clients: list[bytes] = []  # who went through the last cooldown
+        self.warmup_finished: set[bytes] = set()
+        self.warmup_epoch: int | None = None
+        self.warmup_witness_epoch: int | None = None  # the epoch our warm-up witness went for
+        self.model_fresh = False  # the model in memory is the run's current model
+        self.desynced = False
+        self.round_task: asyncio.Task[None] | None = None
+        self.data: DataSource | None = None
+
+    # ------------------------------------------------------------------ driving
+    def on_state(self, state: CoordinatorState, previous: CoordinatorState | None) -> None:
+        """A new coordinator state whose phase, epoch or step changed."""
+        self.state = state
+        listed = state.index_of(self.me) is not None
+        if state.run_state is RunState.Warmup and listed:
+            if self.warmup_epoch != state.progress.epoch:
+                self.warmup_epoch = state.progress.epoch
+                self.warmup_finished = set()
+                self.tasks.spawn(self._warmup(state), "warmup")
+        elif state.run_state is RunState.RoundTrain and listed:
+            self._start_round(state)
+        elif state.run_state is RunState.RoundWitness and listed:
+            self.tasks.spawn(self._witness_now(state), "witness")
+        elif state.run_state is RunState.Cooldown:
+            self.previous_epoch_clients = [c.id.key for c in state.epoch_state.clients]
+            if listed:
+                self.tasks.spawn(self._cooldown(state), "cooldown")
+        if not listed:
+            self.counters.role = "NotInRound"
+
+    def on_broadcast(self, sender: bytes, broadcast: Broadcast) -> None:
+        """A decoded gossip message from `sender` (verified by the gossip layer)."""
+        if isinstance(broadcast, Finished) and broadcast.warmup:
+            self.warmup_finished.add(sender)
+            self.tasks.spawn(self._maybe_warmup_witness(), "warmup-witness")
+            return
+        record = self.records.get(broadcast.step)
+        if record is None:
+            current = self.state.progress.step if self.state else 0
+            if current <= broadcast.step <= current + 2:
+                self.early.setdefault(broadcast.step, []).append((sender, broadcast))
+            else:
+                self.counters.apply_message_ignored += 1
+            return
+        if isinstance(broadcast, Finished):
+            record.finished_from.add(sender)
+            self.counters.finishes_current += 1
+            self.tasks.spawn(self._maybe_witness(record.step), "witness")
+            return
+        self._on_announcement(record, sender, broadcast)
+
+    async def settle(self) -> None:
+        """Wait for the current round's work to end (before stopping at Finished)."""
+        if self.round_task is not None:
+            with contextlib.suppress(Exception):
+                await self.round_task
+
+    async def close(self) -> None:
+        await self.tasks.close()
+
+    def set_desynced(self, reason: str) -> None:
+        if not self.desynced:
+            self.events.emit(Desynced(reason=reason))
+        self.desynced = True
+        self.model_fresh = False
+
+    def _task_failed(self, name: str, exc: Exception) -> None:
+        self.events.emit(TaskFailed(task=name, error=repr(exc), error_type=type(exc).__name__))
+        self.set_desynced(f"{name} failed: {exc!r}")
+
+    def _phase(self, name: str, state: CoordinatorState) -> contextlib.AbstractContextManager[object]:
+        return self.tracer.phase(name, state) if self.tracer else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ warm-up
+    async def _warmup(self, state: CoordinatorState) -> None:
+        with self._phase("warmup", state):
+            if not (self.worker.loaded and self.model_fresh and not self.desynced):
+                listed = {c.id.key for c in state.epoch_state.clients}
+                # Only peers that went through the last Cooldown hold the current model.
+                sources = [key for key in self.previous_epoch_clients
+                           if key != self.me.key and key in listed]
+                await self.model.load(state, sources)
+            if self.data is None:
+                self.data = await self.open_data(state)
+            self.desynced = False
+            self.model_fresh = True
+            self.records.clear()
+            self.warmup_finished.add(self.me.key)
+            self.events.emit(Ready(epoch=state.progress.epoch))
+            await self.peers.broadcast(Finished(step=state.progress.step, warmup=True))
+            await self._maybe_warmup_witness()
+
+    async def _maybe_warmup_witness(self) -> None:
+        """Once every listed client has loaded, the first W clients report warm-up done."""
+        state = self.state
+        if state is None or state.run_state is not RunState.Warmup or not self.model_fresh:
+            return
+        index = state.index_of(self.me)
+        if index is None or index >= state.config.witness_count(len(state.epoch_state.clients)):
+            return
+        everyone = {c.id.key for c in state.epoch_state.clients if c.state is ClientState.Healthy}
+        if not everyone <= self.warmup_finished or self.warmup_epoch is None:
+            return
+        if self.warmup_witness_epoch == self.warmup_epoch:
+            return
+        self.warmup_witness_epoch = self.warmup_epoch
+        witness = make_witness(None, index, index, False)
+        await self.backend.send(WarmupWitness(witness=WitnessModel.of(witness)))
+        self.counters.witnesses_sent += 1
+        self.events.emit(WarmupWitnessSent(epoch=state.progress.epoch))
+
+    # ------------------------------------------------------------------ training round
+    def _start_round(self, state: CoordinatorState) -> None:
+        step, height = state.progress.step, state.current_round.height
+        if not self.worker.loaded or self.desynced or not self.model_fresh:
+            return  # we rejoin at the next epoch
+        if height > 0 and step - 1 not in self.records:
+            self.set_desynced(f"missed the round before step {step}")
+            return
+        record = StepRecord.for_state(state)
+        self.records[step] = record
+        for old in [s for s in self.records if s < step - RECORDS_KEPT]:
+            del self.records[old]
+        proof = my_witness_proof(state, self.me)
+        counters = self.counters
+        counters.round_step = step
+        counters.role = "Witness" if proof and proof[2] else (
+            "Trainer" if record.batch_of(self.me.key) else "NotInRound")
+        counters.finishes_previous = counters.finishes_current
+        counters.announcements_previous = counters.announcements_current
+        counters.downloaded_previous = counters.downloaded_current
+        counters.finishes_current = counters.announcements_current = 0
+        counters.downloaded_current = 0
+        self.peers.forget_results_before(step - 2)
+        for sender, broadcast in self.early.pop(step, []):
+            self.on_broadcast(sender, broadcast)
+        for stale in [s for s in self.early if s < step]:
+            del self.early[stale]
+        self.round_task = self.tasks.spawn(self._train_round(state, record), f"round-{step}")
+
+    async def _train_round(self, state: CoordinatorState, record: StepRecord) -> None:
+        step, height = record.step, record.height
+        proof = my_witness_proof(state, self.me)
+        if proof is not None and proof[2] and height >= 2 and step - 2 in self.records:
+            await self._health_check(state, self.records[step - 2])
+        if height >= 2:
+            with self._phase("apply", state):
+                await self._apply(state, step)
+        last_step = state.epoch_state.last_step
+        batch = record.batch_of(self.me.key)
+        if batch is not None and (last_step == 0 or step < last_step - 2):
+            with self._phase("train", state):
+                await self._train(state, record, batch)
+        record.trained = True
+        await self._maybe_finish(step)
+
+    async def _apply(self, state: CoordinatorState, step: int) -> None:
+        """Apply step s-2's consensus results (docs/coordinator.md, "Consensus for apply")."""
+        record = self.records.get(step - 2)
+        vouching = state.previous_round
+        if record is None or vouching is None:
+            self.set_desynced(f"no record of step {step - 2} to apply")
+            return
+        winners = consensus_winners(record, vouching)
+        deadline = time.monotonic() + self.options.apply_download_timeout_s
+        while any(c not in record.payloads for c in winners.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # downloads in flight finish; failures leave them missing
+        missing = [batch for batch, c in winners.items() if c not in record.payloads]
+        if missing:
+            self.set_desynced(f"step {step - 2}: consensus results {missing} not downloadable")
+            raise RuntimeError(f"missing consensus payloads for step {step - 2}")
+        payloads = [record.payloads[winners[batch]] for batch in sorted(winners)]
+        applied = await self.worker.apply(step, payloads)
+        self.counters.apply_message_success += applied
+        self.counters.last_result_sizes = [len(p) for p in payloads]
+        self.events.emit(Applied(step=step, of_step=step - 2, results=applied,
+                                 skipped=len(record.assignments) - len(winners)))
+
+    async def _health_check(self, state: CoordinatorState, judged: StepRecord) -> None:
+        expected = {node.key for node in judged.assignments.values()}
+        checks = unhealthy_trainers(state, expected)
+        if not checks:
+            return
+        entries = [HealthCheckEntry.model_validate(
+            {"node": node.key, "committee": proof.committee.name, "position": proof.position,
+             "index": proof.index}) for node, proof in checks]
+        await self.backend.send(HealthCheck(checks=entries))
+        self.events.emit(HealthCheckSent(step=state.progress.step,
+                                         unhealthy=tuple(node.key.hex()[:12] for node, _ in checks)))
+
+    async def _train(self, state: CoordinatorState, record: StepRecord, batch: BatchKey) -> None:
+        step = record.step
+        assert self.data is not None, "warm-up opens the data before any round"
+        tokens = await self.data.fetch(batch[0], batch[1])
+        cold_start = record.height == 0 and state.epoch_state.cold_start_epoch
+        started = time.monotonic()
+        out = await self.worker.train(step, tokens, batch, cold_start)
+        elapsed = time.monotonic() - started
+        payload = out.payload or b""
+        commitment = commitment_of(step, batch, payload)
+        blob_hash = self.peers.publish_result(step, payload)
+        if self.options.write_gradients_dir is not None:
+            directory = self.options.write_gradients_dir
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / f"result-{self.me.key.hex()[:16]}-step{step}-batch{batch[0]}.bin"
+             ).write_bytes(payload)
+        record.announce(batch, commitment, self.me.key, blob_hash, len(payload))
+        record.record_verified(batch, commitment, payload)
+        await self.peers.broadcast(ResultAnnouncement(
+            step=step, batch_id=WireBatchId(start=batch[0], end=batch[1]),
+            commitment=commitment, blob_hash=blob_hash, blob_size=len(payload)))
+        self.counters.loss = out.loss
+        self.counters.tokens_per_sec = tokens.numel() / max(elapsed, 1e-9)
+        self.events.emit(Trained(step=step, epoch=state.progress.epoch, loss=round(out.loss, 5),
+                                 batch=batch, payload_bytes=len(payload),
+                                 seconds=round(elapsed, 3), tokens=tokens.numel()))
+
+    # ------------------------------------------------------------------ peers' results
+    def _on_announcement(self, record: StepRecord, sender: bytes,
+                         announcement: ResultAnnouncement) -> None:
+        batch = (announcement.batch_id.start, announcement.batch_id.end)
+        if not record.expects(batch, sender) or announcement.blob_size > MAX_RESULT_BYTES:
+            self.counters.apply_message_ignored += 1
+            return
+        if not record.announce(batch, announcement.commitment, sender, announcement.blob_hash,
+                               announcement.blob_size):
+            return
+        self.counters.announcements_current += 1
+        self.tasks.spawn(self._download(record, batch, announcement.commitment),
+                         f"download-{record.step}")
+
+    async def _download(self, record: StepRecord, batch: BatchKey, commitment: bytes) -> None:
+        announced = record.announced[batch][commitment]
+        try:
+            data = await self.peers.download_result(announced.blob_hash, announced.blob_size,
+                                                    announced.sender)
+        except Exception as exc:
+            self.counters.apply_message_failure += 1
+            self.events.emit(DownloadFailed(step=record.step, batch=batch, error=str(exc)[:200]))
+            return
+        if commitment_of(record.step, batch, data) != commitment:
+            self.counters.apply_message_failure += 1
+            self.events.emit(BadResult(step=record.step, batch=batch,
+                                       reason="payload does not match its commitment"))
+            return
+        try:
+            await self.worker.decode(data)
+        except Exception as exc:  # ResultDecodeError: a peer's garbage never reaches the weights
+            self.counters.apply_message_failure += 1
+            self.events.emit(BadResult(step=record.step, batch=batch, reason=str(exc)))
+            return
+        record.record_verified(batch, commitment, data)
+        self.counters.downloaded_current += 1
+        self.counters.result_bytes_received += len(data)
+        await self._maybe_finish(record.step + 1)
+
+    # ------------------------------------------------------------------ witnessing
+    async def _maybe_finish(self, step: int) -> None:
+        """Gossip Finished{step} once our step is trained and all of step-1 is downloaded."""
+        record = self.records.get(step)
+        if record is None or not record.trained or record.finished_sent:
+            return
+        previous = self.records.get(step - 1)
+        if record.height > 0 and previous is not None and not previous.all_downloaded():
+            return
+        record.finished_sent = True
+        record.finished_from.add(self.me.key)
+        await self.peers.broadcast(Finished(step=step))
+        await self._maybe_witness(step)
+
+    async def _maybe_witness(self, step: int) -> None:
+        """Opportunistic witnessing: submit as soon as every client has finished the step."""
+        state, record = self.state, self.records.get(step)
+        if state is None or record is None or state.progress.step != step:
+            return
+        everyone = {c.id.key for c in state.epoch_state.clients if c.state is ClientState.Healthy}
+        if everyone <= record.finished_from:
+            await self._submit_witness(state, record)
+
+    async def _witness_now(self, state: CoordinatorState) -> None:
+        record = self.records.get(state.progress.step)
+        if record is None:
+            return
+        if self.round_task is not None and not self.round_task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self.round_task), 5)
+        await self._submit_witness(state, record)
+
+    async def _submit_witness(self, state: CoordinatorState, record: StepRecord) -> None:
+        proof = my_witness_proof(state, self.me)
+        if proof is None or not proof[2] or record.witness_sent:
+            return
+        record.witness_sent = True
+        index, position, _ = proof
+        with self._phase("witness", state):
+            previous = self.records.get(record.step - 1)
+            vouched = previous if record.height > 0 and previous is not None else None
+            witness = make_witness(vouched, index, position, True)
+            await self.backend.send(WitnessSubmit(
+                witness=WitnessModel.of(witness),
+                metadata=WitnessMetadata(step=record.step, loss=self.counters.loss,
+                                         tokens_per_sec=self.counters.tokens_per_sec)))
+            self.counters.witnesses_sent += 1
+            self.events.emit(WitnessSent(step=record.step,
+                                         vouched=len(vouched.accepted_order) if vouched else 0))
+
+    # ------------------------------------------------------------------ cooldown
+    async def _cooldown(self, state: CoordinatorState) -> None:
+        with self._phase("cooldown", state):
+            await self.settle()
+            if not self.worker.loaded or self.desynced:
+                return
+            await self.model.save_and_share(state)
