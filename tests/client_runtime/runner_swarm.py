@@ -1,0 +1,316 @@
+"""An in-memory swarm of round runners around a real `Coordinator`: no network, no torch model.
+
+What is real: the coordinator (state machine, elections, data assignment, witness and
+health-check rules), the state encoding each runner receives, the runners themselves,
+their records, blooms and consensus. What is fake (named so): the coordinator link
+(messages go straight to the coordinator, as the TCP server would apply them), the peers
+(gossip and blobs in dictionaries, with knobs to drop or corrupt), the worker (a payload
+per (trainer, step, batch), an apply log) and the data.
+
+    swarm = FakeSwarm(3)
+    await swarm.run_until(lambda s: s.coordinator.state.progress.step >= 6)
+    swarm.runners[0].worker.applied   # [(step, [payload, ...]), ...]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from client_image.p2p import Finished, ResultAnnouncement
+from client_image.runtime.events import RuntimeEvent
+from client_image.runtime.model_keeper import CheckpointOptions
+from client_image.runtime.observability import EventLog
+from client_image.runtime.ports import Broadcast, FetchedModel
+from client_image.runtime.round_runner import RoundRunner, RunnerOptions
+from client_image.training import TrainStepOutput
+from coordinator import (
+    ClientState,
+    Coordinator,
+    CoordinatorState,
+    NodeIdentity,
+    RunState,
+    decode_state,
+    encode_state,
+)
+from coordinator.config import LLMConfig, state_file_from_dict
+from coordinator_tcp.protocol import HealthCheck, WarmupWitness, WitnessSubmit
+
+LOCAL_TESTNET = Path(__file__).resolve().parents[2] / "config" / "local-testnet" / "state.toml"
+
+
+def node(i: int) -> NodeIdentity:
+    return NodeIdentity(hashlib.sha256(b"runner" + bytes([i])).digest())
+
+
+def payload_of(trainer: bytes, step: int, batch: tuple[int, int]) -> bytes:
+    return b"result:" + hashlib.sha256(trainer + repr((step, batch)).encode()).digest()
+
+
+class FakeWorker:
+    """Trains instantly: the result is a hash of (trainer, step, batch); logs every apply."""
+
+    def __init__(self, me: NodeIdentity):
+        self.me = me
+        self.loaded = False
+        self.loads: list[str] = []
+        self.trained: list[tuple[int, tuple[int, int]]] = []
+        self.applied: list[tuple[int, list[bytes]]] = []
+        self.saved: list[int] = []
+
+    async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
+                            start_step: int) -> None:
+        self.loaded = True
+        self.loads.append(f"hub:{repo_id}")
+
+    async def load_from_peers(self, config_json: str, tokenizer_json: str | None,
+                              state_dict: dict[str, torch.Tensor], llm: LLMConfig,
+                              start_step: int) -> None:
+        self.loaded = True
+        self.loads.append("p2p")
+
+    async def train(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],
+                    cold_start: bool) -> TrainStepOutput:
+        self.trained.append((step, batch_id))
+        return TrainStepOutput(step=step, loss=1.0 / step, payload=payload_of(
+            self.me.key, step, batch_id), grad_norm=0.0)
+
+    async def decode(self, payload: bytes) -> object:
+        if not payload.startswith(b"result:"):
+            raise ValueError("not a result")
+        return payload
+
+    async def apply(self, step: int, payloads: Sequence[bytes]) -> int:
+        self.applied.append((step, list(payloads)))
+        return len(payloads)
+
+    async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
+                              keep_steps: int) -> Path:
+        self.saved.append(step)
+        path = checkpoint_dir / f"{run_id}-step{step}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
+        return {"w": torch.zeros(2)}, "{}", None
+
+
+class FakeData:
+    async def fetch(self, start: int, end: int) -> torch.Tensor:
+        return torch.zeros((end - start + 1, 8), dtype=torch.int64)
+
+
+class FakePeers:
+    """Gossip and blobs of one runner inside the swarm's dictionaries."""
+
+    def __init__(self, swarm: FakeSwarm, me: NodeIdentity):
+        self.swarm = swarm
+        self.me = me
+        self.silent = False  # drop everything this runner gossips
+        self.shared: list[str] = []
+        self.fetched_from: list[bytes] = []
+
+    async def broadcast(self, message: Broadcast) -> None:
+        self.swarm.gossip.append((self.me.key, message))
+        if self.silent:
+            return
+        loop = asyncio.get_running_loop()
+        for runner in self.swarm.runners:
+            if runner.me != self.me:
+                loop.call_soon(runner.on_broadcast, self.me.key, message)
+
+    def publish_result(self, step: int, payload: bytes) -> bytes:
+        blob_hash = hashlib.sha256(payload).digest()
+        self.swarm.blobs[blob_hash] = payload
+        self.swarm.blob_steps[blob_hash] = step
+        return blob_hash
+
+    async def download_result(self, blob_hash: bytes, size: int, sender: bytes) -> bytes:
+        await asyncio.sleep(0)
+        data = self.swarm.blobs[blob_hash]
+        step = self.swarm.blob_steps[blob_hash]
+        return self.swarm.corrupt_results_of.get((sender, step), lambda same: same)(data)
+
+    def forget_results_before(self, step: int) -> None:
+        return None
+
+    async def fetch_model(self, sources: Sequence[bytes]) -> FetchedModel:
+        self.fetched_from = list(sources)
+        return FetchedModel("{}", None, {"w": torch.zeros(2)}, peers=len(sources), bytes=8)
+
+    def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
+                    tokenizer_json: str | None) -> None:
+        self.shared.append(config_json)
+
+
+class FakeCoordinatorLink:
+    """Queues a runner's messages for the swarm's coordinator (applied one per turn, as the
+    TCP server would apply them between ticks)."""
+
+    def __init__(self, swarm: FakeSwarm, me: NodeIdentity):
+        self.swarm = swarm
+        self.me = me
+
+    async def send(self, message: BaseModel) -> bool:
+        self.swarm.inbox.append((self.me, message))
+        return True
+
+
+class FakeSwarm:
+    def __init__(self, clients: int, *, apply_download_timeout_s: float = 0.3,
+                 checkpoint_dir: Path | None = None, model: dict[str, Any] | None = None,
+                 **config: Any):
+        data = tomllib.loads(LOCAL_TESTNET.read_text())
+        data["config"].update({"min_clients": clients, "init_min_clients": clients,
+                               "global_batch_size_start": 4 * clients,
+                               "global_batch_size_end": 4 * clients, **config})
+        data["model"]["LLM"].update(model or {})
+        self.coordinator = Coordinator.from_state_file(state_file_from_dict(data))
+        self.now = 1_000
+        self.gossip: list[tuple[bytes, Broadcast]] = []
+        self.blobs: dict[bytes, bytes] = {}
+        self.blob_steps: dict[bytes, int] = {}
+        # (trainer, step) -> what its result turns into on the way to everyone else
+        self.corrupt_results_of: dict[tuple[bytes, int], Callable[[bytes], bytes]] = {}
+        self.deaf: set[NodeIdentity] = set()  # runners that hear no coordinator state
+        self.inbox: list[tuple[NodeIdentity, BaseModel]] = []
+        self.sent: list[tuple[NodeIdentity, BaseModel, object]] = []  # with the coordinator's answer
+        self.events: list[tuple[NodeIdentity, RuntimeEvent]] = []
+        self.nodes = [node(i) for i in range(clients)]
+        self.runners = [self._runner(me, apply_download_timeout_s, checkpoint_dir)
+                        for me in self.nodes]
+        self._published: dict[NodeIdentity, bytes] = {}
+
+    def _runner(self, me: NodeIdentity, timeout_s: float, checkpoint_dir: Path | None
+                ) -> RoundRunner:
+        events = EventLog("none")
+        events.listeners.append(lambda event: self.events.append((me, event)))
+
+        async def open_data(state: CoordinatorState) -> FakeData:
+            return FakeData()
+
+        return RoundRunner(
+            me, backend=FakeCoordinatorLink(self, me), peers=FakePeers(self, me),
+            worker=FakeWorker(me), open_data=open_data, events=events,
+            options=RunnerOptions(apply_download_timeout_s=timeout_s,
+                                  checkpoints=CheckpointOptions(checkpoint_dir=checkpoint_dir)))
+
+    # ------------------------------------------------------------------ driving
+    def seed(self) -> int:
+        return int.from_bytes(hashlib.sha256(self.now.to_bytes(8, "little")).digest()[:8],
+                              "little")
+
+    def runner(self, who: NodeIdentity) -> RoundRunner:
+        return next(r for r in self.runners if r.me == who)
+
+    def worker(self, who: NodeIdentity) -> FakeWorker:
+        worker = self.runner(who).worker
+        assert isinstance(worker, FakeWorker)
+        return worker
+
+    def peers(self, who: NodeIdentity) -> FakePeers:
+        peers = self.runner(who).peers
+        assert isinstance(peers, FakePeers)
+        return peers
+
+    def publish(self) -> None:
+        """Deliver the coordinator's state to every runner whose phase/epoch/step changed
+        (the client's filter); each gets its own decoded copy, as over the wire."""
+        encoded = encode_state(self.coordinator.state)
+        for runner in self.runners:
+            if runner.me in self.deaf:
+                continue
+            previous = runner.state
+            state = decode_state(encoded)
+            if previous is not None and (previous.run_state, previous.progress.step,
+                                         previous.progress.epoch) == (
+                    state.run_state, state.progress.step, state.progress.epoch):
+                continue
+            runner.on_state(state, previous)
+
+    async def settle(self, rounds: int = 200) -> None:
+        """Let every task run until nothing is left to do (bounded)."""
+        for _ in range(rounds):
+            await asyncio.sleep(0)
+            if not any(r.tasks.tasks for r in self.runners):
+                for _ in range(5):  # call_soon deliveries may start new tasks
+                    await asyncio.sleep(0)
+                if not any(r.tasks.tasks for r in self.runners):
+                    return
+        await asyncio.sleep(0.01)
+
+    def apply(self, sender: NodeIdentity, message: BaseModel) -> None:
+        coordinator = self.coordinator
+        result: object = None
+        if isinstance(message, WarmupWitness):
+            result = coordinator.warmup_witness(sender, message.witness.to_witness(), self.now,
+                                                self.seed())
+        elif isinstance(message, WitnessSubmit):
+            result = coordinator.witness(sender, message.witness.to_witness(), self.now)
+        elif isinstance(message, HealthCheck):
+            result = coordinator.health_check(sender, [c.to_pair() for c in message.checks])
+        self.sent.append((sender, message, result))
+
+    def pending(self) -> list[NodeIdentity]:
+        """Every runner is connected and asks to take part; as the TCP server does, those
+        dropped or ejected this epoch sit the next one out unless the run needs them."""
+        state = self.coordinator.state
+        removed = {c.id for c in state.epoch_state.exited_clients
+                   if c.state in (ClientState.Dropped, ClientState.Ejected)}
+        preferred = [n for n in self.nodes if n not in removed]
+        if (state.run_state is RunState.WaitingForMembers
+                and len(preferred) < state.config.init_min_clients):
+            return list(self.nodes)
+        return preferred
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait (real time, bounded) for tasks that sleep, such as an apply's download wait."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while any(r.tasks.tasks for r in self.runners):
+            assert asyncio.get_running_loop().time() < deadline, "runner tasks never ended"
+            await asyncio.sleep(0.02)
+
+    async def tick(self, seconds: int = 1) -> None:
+        self.now += seconds
+        self.coordinator.tick(self.pending(), self.now, self.seed())
+        self.publish()
+        await self.settle()
+
+    async def turn(self) -> None:
+        """The server's next move: one queued message if any, else a one-second tick."""
+        if self.inbox:
+            self.apply(*self.inbox.pop(0))
+            self.publish()
+            await self.settle()
+        else:
+            await self.tick()
+
+    async def run_until(self, done: Callable[[FakeSwarm], bool], max_turns: int = 600) -> None:
+        """Take turns until `done` (checked after every message and tick)."""
+        await self.tick(0)
+        for _ in range(max_turns):
+            if done(self):
+                return
+            await self.turn()
+        raise AssertionError(f"not reached in {max_turns} turns: {self.coordinator.state.run_state}"
+                             f" step {self.coordinator.state.progress.step}")
+
+    # ------------------------------------------------------------------ reading
+    def events_of(self, kind: type[RuntimeEvent], who: NodeIdentity | None = None
+                  ) -> list[Any]:
+        return [e for n, e in self.events if isinstance(e, kind) and (who is None or n == who)]
+
+    def finished_steps(self, who: NodeIdentity) -> list[int]:
+        return [m.step for s, m in self.gossip
+                if s == who.key and isinstance(m, Finished) and not m.warmup]
+
+    def announcements(self, step: int) -> dict[tuple[int, int], ResultAnnouncement]:
+        return {(m.batch_id.start, m.batch_id.end): m for _, m in self.gossip
+                if isinstance(m, ResultAnnouncement) and m.step == step}

@@ -1,0 +1,224 @@
+"""The round runner driven by a real coordinator and fake ports (runner_swarm.py): the whole
+round logic of the client, from warm-up to cooldown, with no network and no model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from runner_swarm import FakeSwarm, payload_of
+
+from client_image.p2p import Finished, ResultAnnouncement
+from client_image.p2p.messages import BatchId
+from client_image.runtime.events import (
+    Applied,
+    BadResult,
+    Checkpointed,
+    Desynced,
+    HealthCheckSent,
+    ModelLoaded,
+    Trained,
+    WarmupWitnessSent,
+    WitnessSent,
+)
+from client_image.runtime.rounds import my_witness_proof
+from coordinator import ClientState, RunState
+from coordinator.config import P2PCheckpoint
+from coordinator_tcp.protocol import HealthCheck, WitnessSubmit
+
+
+def step_reached(step: int):  # type: ignore[no-untyped-def]
+    return lambda swarm: swarm.coordinator.state.progress.step >= step
+
+
+async def test_an_honest_swarm_applies_the_same_consensus_results_everywhere() -> None:
+    swarm = FakeSwarm(3)
+    await swarm.run_until(step_reached(7))
+    # Every runner loaded the model, one (the first W = 1) sent the warm-up witness.
+    assert len(swarm.events_of(ModelLoaded)) == 3
+    assert len(swarm.events_of(WarmupWitnessSent)) == 1
+    # Each step s >= 3 applies step s-2's results, in batch order, identically everywhere.
+    applied = [swarm.worker(n).applied for n in swarm.nodes]
+    assert applied[0] == applied[1] == applied[2]
+    steps = [step for step, _ in applied[0]]
+    assert steps == list(range(3, swarm.coordinator.state.progress.step + 1))[:len(steps)]
+    assert len(steps) >= 4
+    for step, payloads in applied[0]:
+        trained = sorted((batch, n.key) for n in swarm.nodes
+                         for s, batch in swarm.worker(n).trained if s == step - 2)
+        assert payloads == [payload_of(key, step - 2, batch) for batch, key in trained]
+    # Every runner gossiped Finished for each step it completed; no one desynced and every
+    # witness message the coordinator got was accepted.
+    for n in swarm.nodes:
+        assert swarm.finished_steps(n)[:4] == [1, 2, 3, 4]
+    assert swarm.events_of(Desynced) == []
+    assert all(result is None for _, _, result in swarm.sent)
+
+
+async def test_only_the_elected_witness_of_a_round_submits_it() -> None:
+    swarm = FakeSwarm(3)
+    await swarm.run_until(step_reached(5))
+    messages = [(who, message) for who, message, _ in swarm.sent] + swarm.inbox
+    submitted = [(who, message.metadata.step) for who, message in messages
+                 if isinstance(message, WitnessSubmit)]
+    assert submitted
+    assert len({step for _, step in submitted}) == len(submitted)  # one per round (W = 1)
+    assert len(swarm.events_of(WitnessSent)) == len(submitted)
+
+
+@pytest.mark.parametrize("cheat_index", [0, 1, 2])
+async def test_a_result_that_does_not_match_its_commitment_never_reaches_the_weights(
+        cheat_index: int) -> None:
+    """The cheat's step-T result reaches the others altered (it does not match the
+    commitment it announced). Consensus follows the round-T+1 witness's bloom: if that
+    witness is honest the batch is skipped everywhere; if the cheat vouches for itself,
+    honest runners cannot get the payload and desync rather than apply anything else."""
+    swarm = FakeSwarm(3)
+    cheat, target = swarm.nodes[cheat_index], 3
+    swarm.corrupt_results_of[(cheat.key, target)] = lambda data: data[:-1] + bytes([data[-1] ^ 1])
+    await swarm.run_until(step_reached(target + 3))
+    await swarm.drain()  # an apply may still wait for a payload it will never get
+    bad = swarm.events_of(BadResult)
+    assert {(e.step, e.reason) for e in bad} == {(target, "payload does not match its commitment")}
+    assert len(bad) == 2  # both honest runners refused it
+    state = swarm.coordinator.state
+    cheat_batch = next(batch for s, batch in swarm.worker(cheat).trained if s == target)
+    cheat_payload = payload_of(cheat.key, target, cheat_batch)
+    vouchers = [r for r in swarm.runners if r.records.get(target + 1) is not None
+                and r.records[target + 1].witness_sent]
+    assert len(vouchers) == 1 and state.progress.step >= target + 3
+    honest = [n for n in swarm.nodes if n != cheat]
+    if vouchers[0].me != cheat:
+        applied = [dict(swarm.worker(n).applied)[target + 2] for n in swarm.nodes]
+        assert applied[0] == applied[1] == applied[2] and len(applied[0]) == 2
+        assert cheat_payload not in applied[0]
+        assert [e.skipped for e in swarm.events_of(Applied) if e.of_step == target] == [1, 1, 1]
+    else:
+        for n in honest:
+            assert target + 2 not in dict(swarm.worker(n).applied)
+            assert any(f"step {target}: consensus results" in e.reason
+                       for e in swarm.events_of(Desynced, n))
+
+
+async def test_announcements_from_a_client_not_assigned_the_batch_are_ignored() -> None:
+    swarm = FakeSwarm(3)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain)
+    victim, intruder = swarm.runners[0], swarm.nodes[1]
+    step = swarm.coordinator.state.progress.step
+    record = victim.records[step]
+    foreign = next(b for b, n in record.assignments.items() if n != intruder)
+    before = victim.counters.apply_message_ignored
+    victim.on_broadcast(intruder.key, ResultAnnouncement(
+        step=step, batch_id=BatchId(start=foreign[0], end=foreign[1]),
+        commitment=b"\x01" * 32, blob_hash=b"\x02" * 32, blob_size=10))
+    assert victim.counters.apply_message_ignored == before + 1
+    assert b"\x01" * 32 not in record.announced.get(foreign, {})
+    # A gossip message for a step far outside the current window is dropped too.
+    victim.on_broadcast(intruder.key, Finished(step=step + 50))
+    assert victim.counters.apply_message_ignored == before + 2 and step + 50 not in victim.early
+
+
+async def test_gossip_ahead_of_its_round_waits_for_it() -> None:
+    swarm = FakeSwarm(3)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain)
+    runner, other = swarm.runners[0], swarm.nodes[1]
+    step = swarm.coordinator.state.progress.step
+    runner.on_broadcast(other.key, Finished(step=step + 1))
+    assert [m for _, m in runner.early[step + 1]] == [Finished(step=step + 1)]
+    await swarm.run_until(step_reached(step + 1))
+    assert other.key in runner.records[step + 1].finished_from
+    assert step + 1 not in runner.early
+
+
+async def test_a_runner_that_missed_a_round_desyncs_and_stops_training() -> None:
+    # Three witnesses (quorum 2) among four: the run goes on without the deaf runner.
+    swarm = FakeSwarm(4, min_clients=3, witness_nodes=3)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain)
+    start = swarm.coordinator.state.progress.step
+    deaf = swarm.nodes[2]
+    swarm.deaf.add(deaf)  # hears nothing of round start+1
+    await swarm.run_until(step_reached(start + 2))
+    swarm.deaf.clear()
+    swarm.publish()
+    await swarm.settle()
+    assert [e.reason for e in swarm.events_of(Desynced, deaf)] == [
+        f"missed the round before step {start + 2}"]
+    assert [s for s, _ in swarm.worker(deaf).trained if s > start] == []
+    assert swarm.runner(deaf).desynced and not swarm.runner(deaf).model_fresh
+
+
+async def test_a_silent_trainer_is_dropped_by_the_witness_health_check() -> None:
+    swarm = FakeSwarm(3, max_round_train_time=3)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain
+                          and s.coordinator.state.current_round.height >= 1)
+    state = swarm.coordinator.state
+    silent = next(n for n in swarm.nodes if not my_witness_proof(state, n)[2])  # type: ignore[index]
+    swarm.peers(silent).silent = True
+    await swarm.run_until(lambda s: s.coordinator.state.index_of(silent) is None
+                          or s.coordinator.state.epoch_state.clients[
+                              s.coordinator.state.index_of(silent)].state  # type: ignore[index]
+                          is not ClientState.Healthy, max_turns=300)
+    checks = [(who, message, result) for who, message, result in swarm.sent
+              if isinstance(message, HealthCheck)]
+    assert checks, "no health check was sent"
+    accepted = [message for _, message, result in checks if result is None]
+    assert accepted and all(entry.node == silent.key for m in accepted for entry in m.checks)
+    assert any(silent.key.hex()[:12] in e.unhealthy for e in swarm.events_of(HealthCheckSent))
+
+
+async def test_cooldown_checkpoints_and_shares_the_model(tmp_path: Path) -> None:
+    swarm = FakeSwarm(3, checkpoint_dir=tmp_path, epoch_time=12, warmup_time=5,
+                      max_round_train_time=5)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown)
+    await swarm.settle()
+    step = swarm.coordinator.state.progress.step - 1
+    for n in swarm.nodes:
+        assert swarm.worker(n).saved == [step]
+        assert swarm.peers(n).shared == ["{}"]
+    assert {e.path for e in swarm.events_of(Checkpointed)} == {str(tmp_path / f"local-testnet-step{step}")}
+    # Next epoch: a P2P checkpoint is fetched from the peers that went through cooldown.
+    assert all(r.previous_epoch_clients for r in swarm.runners)
+
+
+async def test_a_desynced_runner_reloads_the_model_from_the_last_epochs_peers() -> None:
+    # Three witnesses (quorum 2) among four: the run goes on while one runner is lost.
+    swarm = FakeSwarm(4, epoch_time=12, warmup_time=5, max_round_train_time=5, min_clients=3,
+                      witness_nodes=3)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain)
+    lost = swarm.runners[0]
+    worker = swarm.worker(lost.me)
+    train = worker.train
+
+    async def broken(*_args: object) -> object:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    worker.train = broken  # type: ignore[method-assign,assignment]
+    await swarm.run_until(lambda s: lost.desynced)
+    worker.train = train  # type: ignore[method-assign]
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain)
+    # Epoch 0 started from the Hub; the coordinator then names the epoch's clients as the
+    # source, and only the runner whose model went stale fetches it from them.
+    assert isinstance(swarm.coordinator.state.model.checkpoint, P2PCheckpoint)
+    assert worker.loads == ["hub:assets/tiny-llama", "p2p"]
+    assert sorted(swarm.peers(lost.me).fetched_from) == sorted(n.key for n in swarm.nodes[1:])
+    for other in swarm.nodes[1:]:
+        assert swarm.worker(other).loads == ["hub:assets/tiny-llama"]
+    assert not lost.desynced and lost.model_fresh
+    assert [e.source for e in swarm.events_of(ModelLoaded, lost.me)] == ["hub", "p2p"]
+
+
+async def test_a_failing_round_task_is_a_desync_not_a_crash() -> None:
+    swarm = FakeSwarm(3)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain)
+    runner = swarm.runners[0]
+    worker = swarm.worker(runner.me)
+
+    async def broken(*_args: object) -> object:
+        raise RuntimeError("out of memory")
+
+    worker.train = broken  # type: ignore[method-assign,assignment]
+    await swarm.run_until(step_reached(swarm.coordinator.state.progress.step + 2))
+    assert any("out of memory" in e.reason for e in swarm.events_of(Desynced, runner.me))
+    assert [e for e in swarm.events_of(Trained, runner.me)
+            if e.step > swarm.coordinator.state.progress.step] == []
