@@ -111,7 +111,7 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
-    adamw, val_adamw, _, adamw_s = run("adamw", args)
+    _adamw, val_adamw, _, adamw_s = run("adamw", args)
     distro, val_distro, payload, distro_s = run("distro", args)
     timings = distro.timings
     dense = distro.params * 4

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -249,7 +250,7 @@ def measure_round_overhead_ratio(timeout_s: float = 900) -> dict[str, Any]:
             [sys.executable, "-m", "local_testnet", "--num-clients", "4",
              "--config-path", str(config), "--headless", "--work-dir", str(work),
              "--server-port", str(free_port()), "--timeout", str(timeout_s)],
-            cwd=ROOT, capture_output=True, text=True, timeout=timeout_s + 120)
+            cwd=ROOT, capture_output=True, check=False, text=True, timeout=timeout_s + 120)
         compute, rounds = [], []
         for log in sorted(work.glob("client-*.log")):
             times = []
@@ -260,7 +261,7 @@ def measure_round_overhead_ratio(timeout_s: float = 900) -> dict[str, Any]:
                         compute.append(float(event["seconds"]))
                         times.append((int(event["step"]), float(event.get("time", 0))))
             times.sort()
-            rounds += [b[1] - a[1] for a, b in zip(times, times[1:], strict=False)
+            rounds += [b[1] - a[1] for a, b in itertools.pairwise(times)
                        if b[0] == a[0] + 1 and a[1] > 0]
         if not compute or not rounds:
             return {"round_overhead_ratio": None,

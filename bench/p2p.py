@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client_image.p2p import (  # noqa: E402
+from client_image.p2p import (
     DownloadConfig,
     GossipConfig,
     NodeConfig,
     P2PNode,
-    _iroh_patch,  # noqa: E402
+    _iroh_patch,
 )
 
 MB = 1e6

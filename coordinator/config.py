@@ -136,7 +136,7 @@ class CoordinatorConfig(BaseModel):
         if tokens_processed >= warmup:
             return end
         exact = start + (end - start) * (tokens_processed / warmup)
-        return int(math.floor(exact + 0.5))
+        return math.floor(exact + 0.5)
 
 
 class LLMConfig(BaseModel):
@@ -385,15 +385,52 @@ def load_data_config(path: str | Path) -> DataServerConfig:
 
 
 __all__ = [
-    "AdamWOptimizer", "Architecture", "Checkpoint", "ConfigError", "ConstantLR",
-    "CoordinatorConfig", "CosineLR", "DataLocation", "DataServerConfig", "DataType",
-    "DistroOptimizer", "DontShuffle", "DummyCheckpoint", "DummyDataLocation", "GcpBucket",
-    "GcsCheckpoint", "HttpDataLocation", "HttpLocation", "HubCheckpoint", "LLMConfig",
-    "LRSchedule", "LinearLR", "LocalDataLocation", "NumberedFiles", "OptimizerConfig",
-    "P2PCheckpoint", "P2PGcsCheckpoint", "PreprocessedDataLocation", "Progress",
-    "SeededShuffle", "ServerDataLocation", "Shuffle", "SingleUrl", "StateFile", "TokenSize",
-    "UrlList", "WarmupStableDecayLR", "WeightedHttpDataLocation", "coordinator_config_errors",
-    "llm_config_errors", "load_data_config", "load_state_file", "parse_data_config",
-    "parse_state_toml", "state_file_from_dict", "validation_messages",
-    "DEFAULT_CLIENT_VERSION", "STARTABLE_RUN_STATES",
+    "DEFAULT_CLIENT_VERSION",
+    "STARTABLE_RUN_STATES",
+    "AdamWOptimizer",
+    "Architecture",
+    "Checkpoint",
+    "ConfigError",
+    "ConstantLR",
+    "CoordinatorConfig",
+    "CosineLR",
+    "DataLocation",
+    "DataServerConfig",
+    "DataType",
+    "DistroOptimizer",
+    "DontShuffle",
+    "DummyCheckpoint",
+    "DummyDataLocation",
+    "GcpBucket",
+    "GcsCheckpoint",
+    "HttpDataLocation",
+    "HttpLocation",
+    "HubCheckpoint",
+    "LLMConfig",
+    "LRSchedule",
+    "LinearLR",
+    "LocalDataLocation",
+    "NumberedFiles",
+    "OptimizerConfig",
+    "P2PCheckpoint",
+    "P2PGcsCheckpoint",
+    "PreprocessedDataLocation",
+    "Progress",
+    "SeededShuffle",
+    "ServerDataLocation",
+    "Shuffle",
+    "SingleUrl",
+    "StateFile",
+    "TokenSize",
+    "UrlList",
+    "WarmupStableDecayLR",
+    "WeightedHttpDataLocation",
+    "coordinator_config_errors",
+    "llm_config_errors",
+    "load_data_config",
+    "load_state_file",
+    "parse_data_config",
+    "parse_state_toml",
+    "state_file_from_dict",
+    "validation_messages",
 ]

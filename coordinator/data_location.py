@@ -60,7 +60,7 @@ class SingleUrl(_Url):
     NEWTYPE: ClassVar[str | None] = "url"
     url: StrictStr
 
-    _url = field_validator("url")(lambda value: _Url.check_url(value))
+    _url = field_validator("url")(_Url.check_url)
 
 
 class UrlList(_Url):
@@ -124,10 +124,9 @@ class SeededShuffle(Variant):
 
 def seed_bytes(value: Any) -> bytes:
     """A 32-byte seed from TOML's list of 32 integers 0..255 (or bytes)."""
-    if isinstance(value, bytes | bytearray):
-        raw = bytes(value)
-    elif isinstance(value, list) and all(
-        isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 255 for x in value
+    if isinstance(value, bytes | bytearray) or (
+        isinstance(value, list)
+        and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 255 for x in value)
     ):
         raw = bytes(value)
     else:

@@ -99,10 +99,10 @@ class Coordinator(CoordinatorCore):
             self.withdraw_all()
             self.start_cooldown(now)
             return TickResult.Ticked
-        if now >= epoch.start_timestamp + config.epoch_time and epoch.last_step == 0:
-            # Two more rounds apply the last trained steps; the pipeline needs 4 rounds.
-            if state.progress.step + 2 >= 4:
-                epoch.last_step = state.progress.step + 2
+        # Two more rounds apply the last trained steps; the pipeline needs 4 rounds.
+        if (now >= epoch.start_timestamp + config.epoch_time and epoch.last_step == 0
+                and state.progress.step + 2 >= 4):
+            epoch.last_step = state.progress.step + 2
         if epoch.last_step != 0 and state.progress.step == epoch.last_step:
             self.start_cooldown(now)
             return TickResult.Ticked
@@ -236,11 +236,10 @@ class Coordinator(CoordinatorCore):
                 updated = P2PCheckpoint(repo_id=repo.repo_id, revision=repo.revision)
             elif isinstance(current, HubCheckpoint):
                 updated = repo
-        else:
-            if isinstance(current, P2PGcsCheckpoint | P2PCheckpoint):
-                updated = P2PGcsCheckpoint(bucket=repo.bucket, prefix=repo.prefix)
-            elif isinstance(current, GcsCheckpoint):
-                updated = repo
+        elif isinstance(current, P2PGcsCheckpoint | P2PCheckpoint):
+            updated = P2PGcsCheckpoint(bucket=repo.bucket, prefix=repo.prefix)
+        elif isinstance(current, GcsCheckpoint):
+            updated = repo
         if updated is not None:  # other pairs (e.g. Dummy) are ignored, as in Psyche
             state.model = _with_checkpoint(state.model, updated)
         return None
@@ -278,4 +277,4 @@ def coordinator_from_state(state: CoordinatorState) -> Coordinator:
     return Coordinator(state)
 
 
-__all__ = ["Coordinator", "MAX_CLIENTS", "coordinator_from_state"]
+__all__ = ["MAX_CLIENTS", "Coordinator", "coordinator_from_state"]

@@ -23,7 +23,15 @@ Public surface (import from the submodules; they are loaded lazily from here too
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
+    from coordinator_tcp.client import ProtocolConnection
+    from coordinator_tcp.data_server import DataServer, DataServerOptions
+    from coordinator_tcp.persistence import StateStore
+    from coordinator_tcp.runner import RunOptions, run_coordinator
+    from coordinator_tcp.server import CoordinatorServer
+    from coordinator_tcp.server_parts import ServerOptions
 
 _LAZY = {
     "CoordinatorServer": "coordinator_tcp.server",
@@ -43,4 +51,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = sorted(_LAZY)
+__all__ = [  # the keys of _LAZY
+    "CoordinatorServer",
+    "DataServer",
+    "DataServerOptions",
+    "ProtocolConnection",
+    "RunOptions",
+    "ServerOptions",
+    "StateStore",
+    "run_coordinator",
+]

@@ -39,7 +39,7 @@ class ServerStats:
     last_errors: list[str] = field(default_factory=list)
 
     def note(self, text: str) -> None:
-        self.last_errors = (self.last_errors + [text])[-20:]
+        self.last_errors = [*self.last_errors, text][-20:]
 
 
 class _Peer:

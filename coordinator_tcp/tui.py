@@ -9,10 +9,12 @@ as in Psyche's server dashboard. Refreshes twice a second from the live server o
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import ClassVar
 
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, RichLog, Static
 
@@ -29,16 +31,16 @@ class _TuiLogHandler(logging.Handler):
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the TUI may be gone while the server still logs
             self.app.add_log_line(self.format(record))
-        except Exception:  # the TUI may be gone while the server still logs
-            pass
 
 
 class CoordinatorApp(App[None]):
     TITLE = "psyche coordinator"
-    BINDINGS = [Binding("ctrl+p", "toggle_pause", "pause/resume", priority=True),
-                Binding("q", "quit", "quit")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+p", "toggle_pause", "pause/resume", priority=True),
+        Binding("q", "quit", "quit"),
+    ]
     CSS = """
     #status { height: auto; padding: 0 1; border: round $accent; }
     #clients { height: 1fr; border: round $accent; }

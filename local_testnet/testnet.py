@@ -134,7 +134,7 @@ class Testnet:
     async def _pump(self, process: asyncio.subprocess.Process, log_name: str,
                     on_line: Any) -> None:
         assert process.stdout is not None
-        with open(self.options.work_dir / log_name, "ab") as log:
+        with (self.options.work_dir / log_name).open("ab") as log:
             async for raw in process.stdout:
                 log.write(raw)
                 log.flush()

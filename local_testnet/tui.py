@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Static
 
 from coordinator_tcp.summary import summarize
@@ -27,7 +27,7 @@ class TestnetApp(App[None]):
     __test__ = False  # not a pytest test class, despite the name
 
     TITLE = "psyche testnet"
-    BINDINGS = [Binding("q", "quit", "stop the testnet")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "stop the testnet")]
     CSS = "#server { height: auto; padding: 0 1; border: round $accent; }"
 
     def __init__(self, testnet: Testnet):

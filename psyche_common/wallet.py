@@ -34,7 +34,7 @@ def create_keypair_file(path: Path) -> str:
         raise WalletError(f"cannot create {path}: {error.strerror}") from None
     with os.fdopen(descriptor, "w") as handle:
         json.dump(secret, handle)
-    os.chmod(path, 0o600)  # the umask may have narrowed it; make it exactly 600
+    path.chmod(0o600)  # the umask may have narrowed it; make it exactly 600
     return str(keypair.pubkey())
 
 

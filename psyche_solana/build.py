@@ -55,7 +55,7 @@ def _clang() -> str:
 
 def _fingerprint(ids: str) -> str:
     digest = hashlib.sha256(ids.encode())
-    for path in sorted(SOURCES.glob("*.[ch]")) + [PACKAGE / "linker.py"]:
+    for path in [*sorted(SOURCES.glob("*.[ch]")), PACKAGE / "linker.py"]:
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     return digest.hexdigest()

@@ -292,14 +292,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib name)
         log.debug(format, *args)
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib name)
+    def do_GET(self) -> None:
         body = b"ok" if self.path == "/health" else b"POST JSON-RPC requests to /"
         self.send_response(200 if self.path == "/health" else 405)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if length > self.max_body:
             response: Any = _error_body(None, -32600, "request too large")

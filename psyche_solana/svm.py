@@ -72,7 +72,7 @@ class ProgramSvm:
         self.slot = 1
         for name, path in build().items():
             if use_loader:
-                deploy(lambda ixs, signers: self.send(ixs, signers), self.payer.pubkey(),
+                deploy(self.send, self.payer.pubkey(),
                        program_keypair(name), path.read_bytes(), self.payer,
                        self.svm.minimum_balance_for_rent_exemption)
             else:

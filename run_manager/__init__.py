@@ -7,6 +7,18 @@ pydantic-settings. Textual is never imported here; the TUI lives in `run_manager
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
+    from psyche_common.run_view import RunSnapshot
+    from run_manager.docker_supervisor import Supervisor, SupervisorConfig
+    from run_manager.settings import RunManagerSettings, SettingsError, load_settings
+    from run_manager.sources.coordinator import (
+        CoordinatorSource,
+        CoordinatorUnavailable,
+        PinnedVersionSource,
+    )
+    from run_manager.sources.tcp_coordinator import TcpCoordinatorSource
 
 _EXPORTS = {
     "Supervisor": "run_manager.docker_supervisor",
@@ -20,7 +32,18 @@ _EXPORTS = {
     "RunSnapshot": "psyche_common.run_view",
     "TcpCoordinatorSource": "run_manager.sources.tcp_coordinator",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [  # the keys of _EXPORTS
+    "CoordinatorSource",
+    "CoordinatorUnavailable",
+    "PinnedVersionSource",
+    "RunManagerSettings",
+    "RunSnapshot",
+    "SettingsError",
+    "Supervisor",
+    "SupervisorConfig",
+    "TcpCoordinatorSource",
+    "load_settings",
+]
 
 
 def __getattr__(name: str) -> object:

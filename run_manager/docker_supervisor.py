@@ -16,6 +16,7 @@ Docker calls block, so they run in worker threads; events reach `on_event` on th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
@@ -253,10 +254,9 @@ class Supervisor:
     def _emit_threadsafe(self, event: SupervisorEvent) -> None:
         # Called from worker threads: hand the event to the loop's thread.
         if self._loop is not None and not self._loop.is_closed():
-            try:
+            # RuntimeError: the loop closed between the check and the call: nobody listens
+            with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._on_event, event)
-            except RuntimeError:
-                pass  # the loop closed between the check and the call: nobody listens
 
 
 def container_name(run_id: str) -> str:

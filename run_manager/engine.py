@@ -7,6 +7,7 @@ requested without the NVIDIA Container Toolkit.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -186,10 +187,8 @@ def find_managed_containers(client: docker.DockerClient, run_id: str) -> list[Co
 
 def stop_container(container: Container, timeout_s: int = 10) -> None:
     """SIGTERM, then SIGKILL after `timeout_s`; a container already gone is fine."""
-    try:
+    with contextlib.suppress(docker.errors.NotFound):
         container.stop(timeout=timeout_s)
-    except docker.errors.NotFound:
-        pass
 
 
 def remove_container(container: Container) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Literal, Protocol
@@ -84,7 +85,5 @@ class Monitor:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.poll_once()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
-            except TimeoutError:
-                pass

@@ -57,6 +57,14 @@ async def open_provider(
 
 
 __all__ = [
-    "ChaChaRng", "DataProvider", "DataProviderError", "DataServerMismatch", "TcpDataProvider", "HttpDataProvider", "LocalDataProvider",
-    "location_urls", "open_provider", "shuffle_in_place",
+    "ChaChaRng",
+    "DataProvider",
+    "DataProviderError",
+    "DataServerMismatch",
+    "HttpDataProvider",
+    "LocalDataProvider",
+    "TcpDataProvider",
+    "location_urls",
+    "open_provider",
+    "shuffle_in_place",
 ]

@@ -46,11 +46,10 @@ def snapshot_connection(peer: bytes, connections: Sequence[iroh.Connection]) -> 
         if rtt is not None:
             rtts.append(rtt)
         for path in connection.paths():
-            if path.is_selected:
-                # one direct path is enough to call the peer direct
-                if path.is_ip or connection_type == "none":
-                    connection_type = "direct" if path.is_ip else "relay"
-                    remote_address = path.remote_addr
+            # one direct path is enough to call the peer direct
+            if path.is_selected and (path.is_ip or connection_type == "none"):
+                connection_type = "direct" if path.is_ip else "relay"
+                remote_address = path.remote_addr
     return PeerDiagnostics(
         peer=peer,
         connection_type=connection_type,

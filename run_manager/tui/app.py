@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Grid
 from textual.widgets import Footer, Header
 
@@ -33,7 +34,7 @@ MonitorFactory = Callable[[Callable[[Part], None]], Monitor]
 class RunManagerApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "psyche run-manager"
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "stop", "Stop & quit"),
         Binding("r", "restart_client", "Restart client"),
         Binding("l", "show_logs", "Logs"),

@@ -34,9 +34,11 @@ from coordinator.config import (
 
 
 def make(clients: int = 4, **config: object) -> tuple[Coordinator, VirtualRun]:
-    defaults: dict[str, object] = dict(min_clients=2, init_min_clients=2, witness_nodes=2,
-                                       warmup_time=10, max_round_train_time=5,
-                                       round_witness_time=2, epoch_time=1000, cooldown_time=3)
+    defaults: dict[str, object] = {
+        "min_clients": 2, "init_min_clients": 2, "witness_nodes": 2, "warmup_time": 10,
+        "max_round_train_time": 5, "round_witness_time": 2, "epoch_time": 1000,
+        "cooldown_time": 3,
+    }
     defaults.update(config)
     coordinator = Coordinator.from_state_file(state_file(**defaults))
     return coordinator, VirtualRun(coordinator, clients)

@@ -93,7 +93,7 @@ def test_run_refuses_a_bad_config_with_validate_config_messages(tmp_path: Path) 
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "coordinator_tcp", "run", "--state", str(bad),
                              "--server-port", str(free_port())],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, check=False, text=True, timeout=60)
     assert result.returncode == 1
     assert "config.init_min_clients: must be >= config.min_clients (2), got 1" in result.stderr
     assert time.monotonic() - started < 60
@@ -101,9 +101,9 @@ def test_run_refuses_a_bad_config_with_validate_config_messages(tmp_path: Path) 
     state, _ = write_config(tmp_path, free_port())
     result = subprocess.run([sys.executable, "-m", "coordinator_tcp", "run", "--state",
                              str(state), "--server-port", str(free_port())],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, check=False, text=True, timeout=60)
     assert result.returncode == 1 and "pass --data-config data.toml" in result.stderr
     result = subprocess.run([sys.executable, "-m", "coordinator_tcp", "run", "--state",
-                             str(state), "--tui", "maybe"], capture_output=True, text=True,
-                            timeout=60)
+                             str(state), "--tui", "maybe"],
+                            capture_output=True, check=False, text=True, timeout=60)
     assert result.returncode != 0 and "expected true or false" in result.stderr

@@ -151,7 +151,7 @@ async def test_tcp_provider_gives_up_with_a_clear_error(
     server, _ = data_server
     provider = await TcpDataProvider.open(f"127.0.0.1:{server.port}", OUTSIDER, RUN_ID, 128,
                                           attempts=3, retry_delay_s=0.01)
-    with pytest.raises(DataProviderError, match="failed after 3 attempts.*NotInThisRound"):
+    with pytest.raises(DataProviderError, match=r"failed after 3 attempts.*NotInThisRound"):
         await provider.fetch(0, 0)
     await provider.aclose()
     with pytest.raises(DataServerMismatch, match="WrongRunId"):

@@ -125,7 +125,7 @@ def test_store_is_atomic_and_rejects_garbage(tmp_path: Path) -> None:
     assert loaded is not None and encode_state(loaded[0]) == encode_state(state)
     assert decode_state((tmp_path / "state.bin").read_bytes()).run_id == state.run_id
     (tmp_path / "state.bin").write_bytes(b"garbage")
-    with pytest.raises(PersistenceError, match="state.bin"):
+    with pytest.raises(PersistenceError, match=r"state\.bin"):
         StateStore(tmp_path).load()
     with pytest.raises(ConfigError, match="--save-state-dir"):
         load_run(RunOptions(state_path=TESTNET / "state.toml",

@@ -119,7 +119,7 @@ def test_data_response_of_the_wrong_size_is_rejected() -> None:
     (json.dumps({"type": "health_check", "checks": []}).encode(), "checks"),
 ])
 def test_bad_client_frames_are_protocol_errors(frame: bytes, expected: str) -> None:
-    with pytest.raises(ProtocolError, match="invalid client message|unsupported") as caught:
+    with pytest.raises(ProtocolError, match=r"invalid client message|unsupported") as caught:
         decode_client_message(frame)
     assert expected in str(caught.value)
 

@@ -83,7 +83,7 @@ def test_headless_run_that_cannot_start_times_out_and_stops_everything(tmp_path:
          "--config-path", str(TESTNET), "--headless", "--work-dir", str(tmp_path),
          "--server-port", str(server_port), "--data-port", str(free_port()),
          "--timeout", "12"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180)
+        cwd=ROOT, capture_output=True, check=False, text=True, timeout=180)
     assert result.returncode == 1, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["error"] == "timeout after 12 s" and summary["finished"] is False
@@ -100,7 +100,8 @@ def test_headless_run_that_cannot_start_times_out_and_stops_everything(tmp_path:
 def test_e2e_bench_smoke() -> None:
     result = subprocess.run(
         [sys.executable, "bench/e2e.py", "--counts", "2", "--duration", "1",
-         "--skip-round-overhead"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+         "--skip-round-overhead"],
+        cwd=ROOT, capture_output=True, check=False, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["max_clients_p99_100ms"] in (0, 2)

@@ -56,10 +56,7 @@ def subscribe_chain(nodes: Sequence[P2PNode], run_id: str) -> list[GossipTopic]:
 
 
 async def collect(topic: GossipTopic, count: int, timeout: float) -> list[bytes]:
-    payloads = []
-    for _ in range(count):
-        payloads.append((await topic.next_message(timeout)).payload)
-    return payloads
+    return [(await topic.next_message(timeout)).payload for _ in range(count)]
 
 
 Predicate = Callable[[], Awaitable[bool]]

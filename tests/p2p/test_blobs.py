@@ -80,7 +80,7 @@ async def test_download_verifies_and_serves_from_any_provider() -> None:
         assert await downloader.blobs.download(digest, len(data), [a.node_id, b.node_id]) == data
         assert downloader.blobs.stats.finished == 1 and downloader.blobs.stats.retries == 0
         peers = {d.peer: d for d in downloader.diagnostics()}
-        served = [p for p in (a.node_id, b.node_id) if p in peers][0]
+        served = next(p for p in (a.node_id, b.node_id) if p in peers)
         assert peers[served].connection_type == "direct"
         assert peers[served].bytes_received >= len(data)
         assert peers[served].rtt_ms is not None
@@ -90,16 +90,18 @@ async def test_corrupted_stream_is_rejected_and_an_honest_provider_used() -> Non
     data = os.urandom(200_000)
     corrupted = bytearray(data)
     corrupted[123_456] ^= 0x01
-    async with fake_provider(lambda d, o: header(len(data)) + bytes(corrupted)[o:]) as liar:
-        async with started_nodes(2) as (honest, downloader):
-            digest = honest.blob_store.add(data)
-            downloader.add_peer_addresses([liar.address, honest.address])
-            with pytest.raises(BlobDownloadError, match="does not match the hash"):
-                await downloader.blobs.download(digest, len(data), [liar.node_id])
-            fetched, provider = await downloader.blobs.fetch(
-                digest, len(data), [liar.node_id, honest.node_id]
-            )
-            assert fetched == data and provider == honest.node_id
+    async with (
+        fake_provider(lambda d, o: header(len(data)) + bytes(corrupted)[o:]) as liar,
+        started_nodes(2) as (honest, downloader),
+    ):
+        digest = honest.blob_store.add(data)
+        downloader.add_peer_addresses([liar.address, honest.address])
+        with pytest.raises(BlobDownloadError, match="does not match the hash"):
+            await downloader.blobs.download(digest, len(data), [liar.node_id])
+        fetched, provider = await downloader.blobs.fetch(
+            digest, len(data), [liar.node_id, honest.node_id]
+        )
+        assert fetched == data and provider == honest.node_id
 
 
 async def test_truncated_oversized_and_missing_streams_are_rejected() -> None:
@@ -164,17 +166,19 @@ async def test_parallel_streams_spread_one_blob_over_providers_and_survive_a_lia
         parallel_streams=4, parallel_min_bytes=1 << 20, backoff_base_s=0.02, read_timeout_s=3
     )
     corrupted = bytes(b ^ 0xFF for b in data[:1000]) + data[1000:]
-    async with fake_provider(lambda d, o: header(len(data)) + corrupted[o:]) as liar:
-        async with started_nodes(3, download_config=parallel) as (a, b, downloader):
-            digest = a.blob_store.add(data)
-            b.blob_store.add(data)
-            downloader.add_peer_addresses([a.address, b.address, liar.address])
-            fetched, _ = await downloader.blobs.fetch(digest, len(data), [a.node_id, b.node_id])
-            assert fetched == data and downloader.blobs.stats.retries == 0
-            served = {d.peer: d.bytes_sent for d in downloader.diagnostics()}
-            assert set(served) == {a.node_id, b.node_id}  # both providers carried ranges
-            fetched, _ = await downloader.blobs.fetch(digest, len(data), [liar.node_id, a.node_id])
-            assert fetched == data and downloader.blobs.stats.retries >= 1
+    async with (
+        fake_provider(lambda d, o: header(len(data)) + corrupted[o:]) as liar,
+        started_nodes(3, download_config=parallel) as (a, b, downloader),
+    ):
+        digest = a.blob_store.add(data)
+        b.blob_store.add(data)
+        downloader.add_peer_addresses([a.address, b.address, liar.address])
+        fetched, _ = await downloader.blobs.fetch(digest, len(data), [a.node_id, b.node_id])
+        assert fetched == data and downloader.blobs.stats.retries == 0
+        served = {d.peer: d.bytes_sent for d in downloader.diagnostics()}
+        assert set(served) == {a.node_id, b.node_id}  # both providers carried ranges
+        fetched, _ = await downloader.blobs.fetch(digest, len(data), [liar.node_id, a.node_id])
+        assert fetched == data and downloader.blobs.stats.retries >= 1
 
 
 async def test_rate_limiter_caps_throughput() -> None:

@@ -50,7 +50,7 @@ class Processes:
         self.started: list[subprocess.Popen[bytes]] = []
 
     def start(self, argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-        with open(log, "ab") as out:
+        with log.open("ab") as out:
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
         self.started.append(process)
         return process
@@ -186,7 +186,7 @@ def test_an_unreachable_coordinator_stops_the_run_manager_with_its_address(
     env_file = tmp_path / "run.env"
     env_file.write_text(f"RUN_ID=nobody-{port}\nCOORDINATOR_ADDRESS=127.0.0.1:{port}\nGPUS=none\nCOORDINATOR_WAIT_S=1\n")
     result = subprocess.run([*RUN_MANAGER, "--env-file", str(env_file), "--no-tui"],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+                            capture_output=True, check=False, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"no state from the coordinator at 127.0.0.1:{port}" in result.stderr
     assert engine.find_managed_containers(docker_client, f"nobody-{port}") == []

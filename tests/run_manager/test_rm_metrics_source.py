@@ -35,7 +35,7 @@ PSYCHE_PAYLOAD = {
 @contextmanager
 def serving(body: bytes, status: int = 200) -> Iterator[int]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -92,7 +92,7 @@ async def test_bad_answers_become_clear_errors(body: bytes, status: int, expecte
 async def test_no_client_listening_is_reported() -> None:
     source = HttpClientMetricsSource(9, timeout_s=1)
     try:
-        with pytest.raises(MetricsUnavailable, match="127.0.0.1:9"):
+        with pytest.raises(MetricsUnavailable, match=r"127\.0\.0\.1:9"):
             await source.fetch()
     finally:
         await source.close()
@@ -106,5 +106,6 @@ def test_the_metrics_module_stays_light() -> None:
         "import sys\nfrom psyche_common.metrics_schema import ClientMetrics\n"
         "print(sorted(m for m in ('httpx', 'docker', 'textual', 'pydantic_settings', 'torch') if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", probe],
+                            capture_output=True, check=False, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr

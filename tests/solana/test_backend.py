@@ -37,8 +37,8 @@ async def _run(net, run_id: str, permissionless: bool) -> Keypair:
         await rpc.airdrop(owner.pubkey(), 20 * 10**9)
         await create_run(rpc, owner, run_id, "v1")
         run = await find_run(rpc, run_id)
-        await admin(rpc, run, owner, update_instructions(run, owner.pubkey(), STATE, None)
-                    + [ix.set_paused(run.address, owner.pubkey(), False)])
+        await admin(rpc, run, owner, [*update_instructions(run, owner.pubkey(), STATE, None),
+                                      ix.set_paused(run.address, owner.pubkey(), False)])
         if permissionless:
             from solders.pubkey import Pubkey
 

@@ -149,9 +149,9 @@ async def test_the_run_manager_reads_the_client_version_and_state_on_chain(local
         await rpc.airdrop(owner.pubkey(), 20 * 10**9)
         await create_run(rpc, owner, "watched", "v7")
         run = await find_run(rpc, "watched")
-        await admin(rpc, run, owner, update_instructions(
-            run, owner.pubkey(), load_state_file(STATE), None)
-            + [ix.set_paused(run.address, owner.pubkey(), False)])
+        await admin(rpc, run, owner, [
+            *update_instructions(run, owner.pubkey(), load_state_file(STATE), None),
+            ix.set_paused(run.address, owner.pubkey(), False)])
     source = SolanaCoordinatorSource([localnet.url], "watched")
     assert isinstance(source, CoordinatorSource)
     assert await source.client_version() == "v7"

@@ -28,7 +28,7 @@ from psyche_solana.runs import admin, authorize, claim, create_run, find_run, up
 
 # Both clients run in this process: import transformers' lazy model classes once, up
 # front, rather than from two loader threads at the same time.
-from transformers import AutoModelForCausalLM  # noqa: E402,F401  isort: skip
+from transformers import AutoModelForCausalLM  # noqa: F401  isort: skip
 
 STATE_TOML = """
 run_id = "solana-e2e"
@@ -109,7 +109,8 @@ async def test_two_clients_train_an_epoch_on_the_local_validator_and_claim_rewar
         run = await find_run(rpc, "solana-e2e")
         assert run.treasurer is not None
         authority = ix.treasurer_run_address(run.treasurer_index)
-        await admin(rpc, run, owner, update_instructions(run, authority, state_file, None) + [
+        await admin(rpc, run, owner, [
+            *update_instructions(run, authority, state_file, None),
             ix.set_future_epoch_rates(run.address, authority, 1000, None),
             ix.set_paused(run.address, authority, False)])
 

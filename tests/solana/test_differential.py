@@ -275,10 +275,7 @@ def test_long_natural_runs_with_noise_give_the_same_state(seed):
     phases = set()
     harness.apply(("rates", 999, 5))
     for _step in range(300):
-        if rng.random() < 0.08:
-            events = [random_event(rng)]
-        else:
-            events = natural_events(harness, rng)
+        events = [random_event(rng)] if rng.random() < 0.08 else natural_events(harness, rng)
         for event in events:
             if event[0] == "advance":
                 harness.svm.advance(event[1])

@@ -58,7 +58,7 @@ def test_a_linked_program_runs_in_litesvm(tmp_path):
 def test_mutable_globals_are_refused_with_a_clear_message(tmp_path):
     obj = _compile(tmp_path, "unsigned long long counter = 1;\n"
                    "unsigned long long entrypoint(void *i) { return counter++; }\n")
-    with pytest.raises(LinkError, match="writable section .data"):
+    with pytest.raises(LinkError, match=r"writable section \.data"):
         link(obj)
 
 

@@ -47,7 +47,7 @@ def test_treasurer_run_with_an_authorized_key_and_its_delegate_pays_rewards():
         run.claim(owner, 500)  # never twice
     with pytest.raises(TransactionFailed, match="ClaimTooLarge"):
         run.claim(delegate, 501)
-    with pytest.raises(TransactionFailed, match="InsufficientFunds|custom program error: 0x1|error 1"):
+    with pytest.raises(TransactionFailed, match=r"InsufficientFunds|custom program error: 0x1|error 1"):
         run.claim(delegate, 500)  # the vault holds only 200 more
     run.top_up(300)
     run.claim(delegate, 500)
@@ -96,7 +96,7 @@ def test_unauthorized_join_forged_witness_and_oversized_transaction_are_rejected
     with pytest.raises(TransactionFailed, match="NotYourIndex"):
         run.witness(stranger, honest)
     too_big = [ix.witness(run.address, client.pubkey(), honest)] * 3
-    with pytest.raises(TransactionFailed, match="too large: .* > 1232"):
+    with pytest.raises(TransactionFailed, match=r"too large: .* > 1232"):
         run.svm.send(too_big, [client])
     run.witness(client, honest)
     assert run.account().state.run_state is RunState.RoundWitness

@@ -67,7 +67,7 @@ class OtlpReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(min(length, 64 << 20))
                 if self.headers.get("Content-Encoding") == "gzip":
@@ -153,11 +153,12 @@ class PrometheusServer:
         self.base = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, f"--config.file={self.workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=open(self.workdir / "prometheus.log", "wb"))
+        with (self.workdir / "prometheus.log").open("wb") as log:  # the child keeps its copy
+            self.process = subprocess.Popen(
+                [self.binary, f"--config.file={self.workdir / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={self.workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

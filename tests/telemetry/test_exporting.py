@@ -148,7 +148,7 @@ def test_a_failing_or_non_finite_reading_is_skipped_not_fatal(
         assert series[("psyche_round_step", frozenset())] == 7.0
         assert not any(name == "psyche_training_loss" for name, _ in series)
         assert any("psyche_gossip_neighbors" in r.getMessage() for r in caplog.records)
-        with pytest.raises(KeyError, match="names.py"):
+        with pytest.raises(KeyError, match=r"names\.py"):
             telemetry.gauge("psyche_no_such_metric")
         with pytest.raises(TypeError, match="observable_gauge"):
             telemetry.gauge("psyche_round_step")

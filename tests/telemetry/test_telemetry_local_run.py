@@ -86,17 +86,18 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
         "client": [f"127.0.0.1:{client_metrics}"]})
     prometheus.start()
     receiver = OtlpReceiver().__enter__()
-    coordinator_log = open(work / "coordinator.log", "w")  # a pipe nobody reads could fill up
     env = {**os.environ, "DEPLOYMENT_ENV": "telemetry-test", "PYTHONUNBUFFERED": "1"}
     env.pop("CLIENT_VERSION", None)
-    coordinator = subprocess.Popen(
-        [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state),
-         "--data-config", str(data), "--server-port", str(server_port),
-         "--bind-host", "127.0.0.1", "--tick-interval", "0.2",
-         "--prometheus-port", str(coordinator_metrics),
-         "--otlp-metrics-url", receiver.url("metrics"), "--otlp-logs-url", receiver.url("logs"),
-         "--otlp-report-interval", "1"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=coordinator_log, text=True)
+    # a file, not a pipe: a pipe nobody reads could fill up (the child keeps its own copy)
+    with (work / "coordinator.log").open("w") as coordinator_log:
+        coordinator = subprocess.Popen(
+            [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state),
+             "--data-config", str(data), "--server-port", str(server_port),
+             "--bind-host", "127.0.0.1", "--tick-interval", "0.2",
+             "--prometheus-port", str(coordinator_metrics),
+             "--otlp-metrics-url", receiver.url("metrics"),
+             "--otlp-logs-url", receiver.url("logs"), "--otlp-report-interval", "1"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=coordinator_log, text=True)
     client: subprocess.Popen[str] | None = None
     try:
         # The client starts once Prometheus has seen the coordinator waiting for members.
@@ -129,7 +130,6 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
             client.kill()
             client.wait(timeout=5)
         stop(coordinator)
-        coordinator_log.close()
         receiver.__exit__(None, None, None)
         prometheus.stop()
 

@@ -68,7 +68,7 @@ def test_bad_checkpoint_arguments_are_rejected(tmp_path):
         save_checkpoint(model, tmp_path, "r", 1, keep_steps=0)
     with pytest.raises(CheckpointError, match="run id"):
         save_checkpoint(model, tmp_path, "../escape", 1)
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
         upload_checkpoint(tmp_path, "org/repo", 1, api=_RecordingHubApi())
 
 
@@ -119,7 +119,7 @@ def test_model_source_errors_name_the_problem(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_causal_lm(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match="no config.json"):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
         load_causal_lm(tmp_path / "empty")
     (tmp_path / "empty" / "config.json").write_text("{}")
     with pytest.raises(ModelLoadError, match="safetensors"):

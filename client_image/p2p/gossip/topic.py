@@ -24,8 +24,8 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
 
 import iroh
 
@@ -77,6 +77,9 @@ class GossipTopic:
             self._config.delivery_queue_size
         )
         self._maintenance: asyncio.Task[None] | None = None
+        # fire-and-forget tasks (dials, finishing dropped streams): the event loop keeps only
+        # weak references to tasks, so hold them here until they are done
+        self._background: set[asyncio.Task[None]] = set()
         config = self._config
         self._tree = BroadcastTree(
             self._send,
@@ -146,6 +149,11 @@ class GossipTopic:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     # -- membership ------------------------------------------------------------------------
     async def _maintain(self) -> None:
         while True:
@@ -156,7 +164,7 @@ class GossipTopic:
             random.shuffle(candidates)
             for peer in candidates[: max(missing, 0)]:
                 self._dialling.add(peer)
-                asyncio.create_task(self._dial(peer))
+                self._spawn(self._dial(peer))
             await asyncio.sleep(self._config.maintenance_interval_s * random.uniform(0.8, 1.2))
 
     async def _dial(self, peer: bytes) -> None:
@@ -227,15 +235,14 @@ class GossipTopic:
         self._tree.neighbour_down(victim.peer)
         for task in victim.tasks:
             task.cancel()
-        asyncio.create_task(finish_quietly(victim.send))
+        self._spawn(finish_quietly(victim.send))
 
     def _our_dial_wins(self, peer: bytes) -> bool:
         return self._gossip.transport.node_id < peer
 
     def _sample_addresses(self, exclude: bytes) -> list[PeerAddress]:
         known = {p: a for p, a in self._passive.items() if p != exclude}
-        chosen = random.sample(list(known.values()), min(8, len(known)))
-        return chosen
+        return random.sample(list(known.values()), min(8, len(known)))
 
     def _learn_peers(self, raw: object) -> None:
         if not isinstance(raw, list):
@@ -255,7 +262,7 @@ class GossipTopic:
         if replaced is not None:  # the losing stream of a simultaneous dial
             for task in replaced.tasks:
                 task.cancel()
-            asyncio.create_task(finish_quietly(replaced.send))
+            self._spawn(finish_quietly(replaced.send))
         queue: asyncio.Queue[bytes] = asyncio.Queue(self._config.neighbour_queue_size)
         neighbour = Neighbour(peer, send, recv, queue, dialled_by_us)
         self._active[peer] = neighbour

@@ -15,7 +15,7 @@ from solders.pubkey import Pubkey
 
 def _handler_for(svm: LiteSVM, lock: threading.Lock) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             body = self._answer(request)
             payload = json.dumps(body).encode()

@@ -12,7 +12,7 @@ from coordinator_tcp.protocol import StateUpdate
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
 from psyche_common.identity import Identity
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TESTNET = ROOT / "config" / "local-testnet"
 RUN_ID = "local-testnet"
 
