@@ -35,7 +35,7 @@ from coordinator_tcp.protocol import (
     encode,
 )
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from psyche_common.tcp.handshake import JoinRejected, accept_join, send_fatal
+from psyche_common.tcp.handshake import AcceptGate, JoinRejected, accept_join, send_fatal
 from psyche_common.token_files import DataProviderError, LocalDataProvider
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class DataServer:
         self.samples_served: Counter[str] = Counter()  # hex key -> samples sent
         self.rejections = 0
         self.protocol_errors = 0
-        self._handshakes = 0
+        self._gate = AcceptGate(self.options.max_handshakes, self.options.handshake_timeout_s,
+                                self._handshake_refused)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -105,20 +106,7 @@ class DataServer:
                                  writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         try:
-            if self._handshakes >= self.options.max_handshakes:
-                await self._fail(writer, "Busy", "too many connections are joining; retry later")
-                return
-            self._handshakes += 1
-            try:
-                identity = await asyncio.wait_for(self._handshake(reader, writer),
-                                                  self.options.handshake_timeout_s)
-            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, FrameError,
-                    ProtocolError) as exc:
-                self.protocol_errors += 1
-                await self._fail(writer, "HandshakeFailed", str(exc) or type(exc).__name__)
-                return
-            finally:
-                self._handshakes -= 1
+            identity = await self._gate.admit(writer, lambda: self._handshake(reader, writer))
             if identity is not None:
                 await self._serve(identity, reader, writer)
         except Exception:  # never let one connection take the server down
@@ -126,6 +114,10 @@ class DataServer:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    def _handshake_refused(self, error: str, _cause: BaseException | None) -> None:
+        if error == "HandshakeFailed":
+            self.protocol_errors += 1
 
     async def _fail(self, writer: asyncio.StreamWriter, error: str, detail: str) -> None:
         await send_fatal(writer, error, detail)

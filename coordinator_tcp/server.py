@@ -51,7 +51,7 @@ from coordinator_tcp.protocol import (
 )
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from psyche_common.tcp.handshake import JoinRejected, accept_join, send_fatal
+from psyche_common.tcp.handshake import AcceptGate, JoinRejected, accept_join, send_fatal
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class CoordinatorServer:
         self.observers: set[_Peer] = set()
         self.p2p_addresses: dict[str, str] = dict(p2p_addresses or {})
         self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
-        self._handshakes = 0
+        self._gate = AcceptGate(self.options.max_handshakes, self.options.handshake_timeout_s,
+                                self._handshake_refused)
         self._stopping = False
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
@@ -249,28 +250,20 @@ class CoordinatorServer:
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         self.stats.connections_accepted += 1
-        if self._handshakes >= self.options.max_handshakes:
-            self.stats.handshakes_refused_busy += 1
-            await self._fail(writer, "Busy", "too many connections are joining; retry later")
-            return
-        self._handshakes += 1
-        try:
-            peer = await asyncio.wait_for(self._handshake(reader, writer),
-                                          self.options.handshake_timeout_s)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, FrameError,
-                ProtocolError) as exc:
-            self.stats.handshakes_failed += 1
-            self.stats.note(f"handshake: {exc!r}")
-            await self._fail(writer, "HandshakeFailed", str(exc) or type(exc).__name__)
-            return
-        finally:
-            self._handshakes -= 1
+        peer = await self._gate.admit(writer, lambda: self._handshake(reader, writer))
         if peer is None:
             return
         try:
             await self._serve_peer(peer, reader)
         finally:
             self._disconnected(peer)
+
+    def _handshake_refused(self, error: str, cause: BaseException | None) -> None:
+        if error == "Busy":
+            self.stats.handshakes_refused_busy += 1
+            return
+        self.stats.handshakes_failed += 1
+        self.stats.note(f"handshake: {cause!r}")
 
     async def _fail(self, writer: asyncio.StreamWriter, error: str, detail: str) -> None:
         await send_fatal(writer, error, detail)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from psyche_common.identity import verify
-from psyche_common.tcp.framing import encode_frame, read_frame
+from psyche_common.tcp.framing import FrameError, encode_frame, read_frame
 from psyche_common.tcp.messages import (
     Challenge,
     ErrorReply,
@@ -64,3 +64,40 @@ async def accept_join(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         raise JoinRejected("BadSignature",
                            "the join signature does not verify for this identity and challenge")
     return message
+
+
+T = TypeVar("T")
+
+
+class AcceptGate:
+    """The one gate in front of every server's handshakes: at most `max_pending` in flight
+    (a further connection is told `Busy` and closed), each bounded by `timeout_s` (a peer
+    that does not complete it is told `HandshakeFailed` and closed).
+
+        gate = AcceptGate(max_pending=64, timeout_s=5.0, on_failure=note)
+        peer = await gate.admit(writer, lambda: handshake(reader, writer))  # None if refused
+    """
+
+    def __init__(self, max_pending: int, timeout_s: float,
+                 on_failure: Callable[[str, BaseException | None], None] = lambda *_: None):
+        self.max_pending = max_pending
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure  # (error name, cause) for each refused connection
+        self.pending = 0
+
+    async def admit(self, writer: asyncio.StreamWriter,
+                    handshake: Callable[[], Awaitable[T]]) -> T | None:
+        if self.pending >= self.max_pending:
+            self.on_failure("Busy", None)
+            await send_fatal(writer, "Busy", "too many connections are joining; retry later")
+            return None
+        self.pending += 1
+        try:
+            return await asyncio.wait_for(handshake(), self.timeout_s)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, FrameError,
+                ProtocolError) as exc:
+            self.on_failure("HandshakeFailed", exc)
+            await send_fatal(writer, "HandshakeFailed", str(exc) or type(exc).__name__)
+            return None
+        finally:
+            self.pending -= 1

@@ -182,7 +182,7 @@ async def test_flood_of_unfinished_handshakes_does_not_stop_the_run(
     for _reader, writer in flood:
         writer.close()
     # Once the stalled handshakes time out, new clients can join again.
-    await wait_for(lambda: server._handshakes == 0, timeout_s=server.options.handshake_timeout_s + 3)
+    await wait_for(lambda: server._gate.pending == 0, timeout_s=server.options.handshake_timeout_s + 3)
     late = await join(server, identity(3))
     await next_state(late)
     await late.close()
