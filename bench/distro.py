@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 # Running this file puts bench/ first on sys.path, where bench/coordinator.py (another
@@ -40,7 +41,8 @@ from client_image.training.simulate import (  # noqa: E402
 )
 
 
-def run(optimizer: str, args: argparse.Namespace) -> tuple[Simulation, float, float, float]:
+def run(optimizer: Literal["distro", "adamw"],
+        args: argparse.Namespace) -> tuple[Simulation, float, float, float]:
     config = SimulationConfig(
         model=args.model,
         data=args.data,
@@ -48,7 +50,7 @@ def run(optimizer: str, args: argparse.Namespace) -> tuple[Simulation, float, fl
         total_batch=args.total_batch,
         micro_batch=args.micro_batch,
         peers=args.peers,
-        optimizer=optimizer,  # type: ignore[arg-type]
+        optimizer=optimizer,
         seq_len=args.seq_len,
         seed=args.seed,
         device=args.device,

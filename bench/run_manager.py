@@ -31,6 +31,8 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
+import docker
+
 from run_manager import engine
 from run_manager.docker_supervisor import (
     ContainerExited,
@@ -42,7 +44,7 @@ from run_manager.docker_supervisor import (
 from run_manager.sources import PinnedVersionSource
 
 
-async def measure_once(client: object, version: str) -> tuple[float, float]:
+async def measure_once(client: docker.DockerClient, version: str) -> tuple[float, float]:
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     marks: dict[str, float] = {}
     ups = 0
@@ -66,13 +68,13 @@ async def measure_once(client: object, version: str) -> tuple[float, float]:
         run_id=run_id, entrypoint=["python3"], command=["-c", script],
         backoff_base_s=0.0, max_crash_restarts=3, stop_timeout_s=1,
     )  # fmt: skip
-    supervisor = Supervisor(client, PinnedVersionSource(version), config, on_event)  # type: ignore[arg-type]
+    supervisor = Supervisor(client, PinnedVersionSource(version), config, on_event)
     started = time.perf_counter()
     await asyncio.wait_for(supervisor.run(), timeout=120)
     return marks["running"] - started, marks["restarted"] - marks["exited"]
 
 
-async def measure_first_step(client: object, root: Path) -> float:
+async def measure_first_step(client: docker.DockerClient, root: Path) -> float:
     """The real client image on a one-client local testnet; seconds to its first step."""
     import os
     import signal
@@ -124,7 +126,7 @@ async def measure_first_step(client: object, root: Path) -> float:
         # The image is tagged with the project version; the run accepts any ("test").
         version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
         pinned = PinnedVersionSource(version)
-        supervisor = Supervisor(client, pinned, config, on_event)  # type: ignore[arg-type]
+        supervisor = Supervisor(client, pinned, config, on_event)
         try:
             await source.client_version()  # the coordinator is up before the clock starts
             started = time.perf_counter()

@@ -9,7 +9,7 @@ Import-light on purpose: heavy modules (torch, iroh) load inside commands.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
@@ -209,7 +209,7 @@ def train(
     from client_image.backends.base import BackendRejected
     from client_image.p2p import NodeConfig
     from client_image.runtime.client import ClientOptions, PsycheClient
-    from client_image.runtime.observability import EventLog, configure_logging
+    from client_image.runtime.observability import EventLog, LogMode, configure_logging
     from psyche_common.identity import Identity, IdentityError
     from psyche_common.tcp.connection import parse_host_port
 
@@ -238,8 +238,8 @@ def train(
             bind_ip = bind_p2p_interface
         else:
             interface = bind_p2p_interface
-    mode = logs
-    configure_logging("none" if mode == "tui" else mode)  # type: ignore[arg-type]
+    mode = cast(LogMode, logs)  # checked against the four log modes at the top
+    configure_logging("none" if mode == "tui" else mode)
     if torch_threads:
         import torch
 
@@ -274,7 +274,7 @@ def train(
         metrics_local_port=metrics_local_port,
         client_version=os.environ.get("CLIENT_VERSION") or None,
     )
-    client = PsycheClient(options, EventLog(mode))  # type: ignore[arg-type]
+    client = PsycheClient(options, EventLog(mode))
     exporter = _start_telemetry(telemetry, client, identity.node_id, run_id)
 
     async def run() -> int:

@@ -24,7 +24,7 @@ from psyche_common.tcp.connection import Connection, JoinRefused
 
 class ProtocolConnection(Connection):
     @classmethod
-    async def connect(  # type: ignore[override]  # the decoder becomes optional
+    async def connect(  # the decoder becomes optional
         cls,
         host: str,
         port: int,

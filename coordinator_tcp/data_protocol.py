@@ -74,11 +74,14 @@ class DataResponse(_Message):
         return torch.from_numpy(tokens)
 
 
+RejectReason = Literal["NotInThisRound", "OutOfRange", "TooLarge"]
+
+
 class DataRejected(_Message):
     type: Literal["data_rejected"] = "data_rejected"
     start: U64
     end: U64
-    reason: Literal["NotInThisRound", "OutOfRange", "TooLarge"]
+    reason: RejectReason
     detail: str = ""
 
 
@@ -87,17 +90,20 @@ def max_samples_per_request(seq_len: int, max_frame: int = CLIENT_MAX_FRAME) -> 
     return max(1, (max_frame - _ENVELOPE_SLACK) * 3 // 4 // (seq_len * TOKEN_BYTES))
 
 
-_DATA_SERVER = TypeAdapter(
+_DATA_SERVER: TypeAdapter[
+    Challenge | DataWelcome | DataResponse | DataRejected | ErrorReply
+] = TypeAdapter(
     Annotated[Challenge | DataWelcome | DataResponse | DataRejected | ErrorReply,
               Field(discriminator="type")])
-_DATA_CLIENT = TypeAdapter(Annotated[Join | DataRequest, Field(discriminator="type")])
+_DATA_CLIENT: TypeAdapter[Join | DataRequest] = TypeAdapter(
+    Annotated[Join | DataRequest, Field(discriminator="type")])
 
 
 def decode_data_server_message(
     frame: bytes,
 ) -> Challenge | DataWelcome | DataResponse | DataRejected | ErrorReply:
-    return validate_frame(_DATA_SERVER, frame, "data server")  # type: ignore[no-any-return]
+    return validate_frame(_DATA_SERVER, frame, "data server")
 
 
 def decode_data_client_message(frame: bytes) -> Join | DataRequest:
-    return validate_frame(_DATA_CLIENT, frame, "data client")  # type: ignore[no-any-return]
+    return validate_frame(_DATA_CLIENT, frame, "data client")

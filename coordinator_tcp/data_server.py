@@ -27,6 +27,7 @@ from coordinator_tcp.data_protocol import (
     DataRequest,
     DataResponse,
     DataWelcome,
+    RejectReason,
     decode_data_client_message,
     max_samples_per_request,
 )
@@ -162,10 +163,9 @@ class DataServer:
                       request: DataRequest) -> DataResponse | DataRejected:
         start, end = request.start, request.end
 
-        def reject(reason: str, detail: str) -> DataRejected:
+        def reject(reason: RejectReason, detail: str) -> DataRejected:
             self.rejections += 1
-            return DataRejected(start=start, end=end, reason=reason,  # type: ignore[arg-type]
-                                detail=detail)
+            return DataRejected(start=start, end=end, reason=reason, detail=detail)
 
         if identity not in set(self.members()):
             return reject("NotInThisRound",

@@ -166,20 +166,23 @@ ClientMessage = Annotated[
     Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw,
     Field(discriminator="type"),
 ]
-_SERVER = TypeAdapter(ServerMessage)
-_CLIENT = TypeAdapter(ClientMessage)
+_SERVER: TypeAdapter[Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply] = (
+    TypeAdapter(ServerMessage))
+_CLIENT: TypeAdapter[
+    Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
+] = TypeAdapter(ClientMessage)
 
 
 def decode_client_message(
     frame: bytes,
 ) -> Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw:
-    return validate_frame(_CLIENT, frame, "client")  # type: ignore[no-any-return]
+    return validate_frame(_CLIENT, frame, "client")
 
 
 def decode_server_message(
     frame: bytes,
 ) -> Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply:
-    return validate_frame(_SERVER, frame, "server")  # type: ignore[no-any-return]
+    return validate_frame(_SERVER, frame, "server")
 
 
 __all__ = [

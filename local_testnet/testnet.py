@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator import ClientState, CoordinatorState, RunState, decode_state
+from coordinator import ClientState, CoordinatorState, RunState, StateDecodeError, decode_state
 from coordinator.config import ConfigError, ServerDataLocation, load_data_config, load_state_file
 from psyche_common.identity import Identity
 
@@ -204,26 +204,27 @@ class Testnet:
         """Keep `self.state` current through an observer connection (reconnecting)."""
         from coordinator_tcp.client import ProtocolConnection
         from coordinator_tcp.protocol import StateUpdate
+        from psyche_common.tcp.connection import Backoff, keep_connected
 
         observer = Identity.generate()
-        while True:
-            try:
-                connection, _ = await ProtocolConnection.connect(
-                    "127.0.0.1", self.options.server_port, observer, self.run_id,
-                    observe=True, timeout_s=5)
-            except Exception:  # not listening yet, or restarting
-                await asyncio.sleep(0.5)
-                continue
+
+        async def observe() -> None:
+            connection, _ = await ProtocolConnection.connect(
+                "127.0.0.1", self.options.server_port, observer, self.run_id,
+                observe=True, timeout_s=5)
             try:
                 while True:
                     message = await connection.receive()
                     if isinstance(message, StateUpdate):
-                        self.state = decode_state(message.state_bytes)
-                        self._track_rejoins(self.state)
-            except Exception:
-                await asyncio.sleep(0.5)
+                        with contextlib.suppress(StateDecodeError, ValueError):
+                            self.state = decode_state(message.state_bytes)
+                            self._track_rejoins(self.state)
             finally:
                 await connection.close()
+
+        # Not listening yet, or restarting: try again every half second.
+        await keep_connected(observe, stop=asyncio.Event(),
+                             backoff=Backoff(first_s=0.5, max_s=0.5, jitter=0.0))
 
     def _track_rejoins(self, state: CoordinatorState) -> None:
         healthy = {c.id.key for c in state.epoch_state.clients if c.state is ClientState.Healthy}

@@ -150,12 +150,12 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
     elapsed = 0.0 if started == 0 else max(0.0, server_now - started)
     points = {entry.id.key: entry.earned for entry in state.rewards.entries}
     clients = [
-        RunClient(id=c.id.key.hex(), state=c.state.name, points=points.get(c.id.key))  # type: ignore[arg-type]
+        RunClient(id=c.id.key.hex(), state=c.state.name, points=points.get(c.id.key))  # type: ignore[arg-type]  # RunState names are the literals
         for c in state.epoch_state.clients
     ]
     return RunSnapshot(
         run_id=state.run_id,
-        phase=state.run_state.name,  # type: ignore[arg-type]
+        phase=state.run_state.name,  # type: ignore[arg-type]  # RunState names are the literals
         phase_elapsed_s=elapsed,
         phase_timeout_s=phase_timeout_s(state),
         epoch=state.progress.epoch,

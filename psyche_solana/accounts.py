@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import TypeVar
 
 from pydantic import ValidationError
 from solders.pubkey import Pubkey
@@ -114,9 +116,12 @@ def _bloom(values: tuple[int, ...]) -> Bloom:
     return Bloom.from_words(list(values[:16]), tuple(values[16:24]))
 
 
-def _enum(kind: type, value: int, what: str) -> object:
+_E = TypeVar("_E", bound=Enum)
+
+
+def _enum(kind: type[_E], value: int, what: str) -> _E:
     try:
-        return kind(value)  # type: ignore[call-arg]
+        return kind(value)
     except ValueError:
         raise AccountDecodeError(f"{what}: unknown value {value}") from None
 
@@ -125,7 +130,7 @@ def _clients(data: bytes, offset: int, count: int) -> list[Client]:
     out = []
     for i in range(count):
         key, state, exited_height = _CLIENT.unpack_from(data, offset + 40 * i)
-        out.append(Client(NodeIdentity(key), _enum(ClientState, state, "client state"),  # type: ignore[arg-type]
+        out.append(Client(NodeIdentity(key), _enum(ClientState, state, "client state"),
                           exited_height))
     return out
 
@@ -160,7 +165,7 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
         run_id=_text(run_id, "run_id"), client_version=_text(client_version, "client_version"),
         config_set=bool(config_set), model_set=model_set == 3, next_active=next_active,
         registry=registry, state=None,
-        run_state=_enum(RunState, run_state, "run_state"),  # type: ignore[arg-type]
+        run_state=_enum(RunState, run_state, "run_state"),
         raw_config=config_values)
     if not (config_set and model_set == 3):
         return account

@@ -18,7 +18,14 @@ from solders.system_program import CreateAccountParams, create_account
 
 from coordinator import NodeIdentity, Witness
 from coordinator.committee import CommitteeProof
-from coordinator.config import CoordinatorConfig, GcsCheckpoint, HubCheckpoint, LLMConfig
+from coordinator.config import (
+    Checkpoint,
+    CoordinatorConfig,
+    GcsCheckpoint,
+    HubCheckpoint,
+    LLMConfig,
+    P2PGcsCheckpoint,
+)
 from psyche_solana.accounts import (
     CHECKPOINT_TAGS,
     CONFIG,
@@ -90,12 +97,12 @@ def model_rest_json(model: LLMConfig) -> bytes:
     return json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()
 
 
-def checkpoint_fields(checkpoint: object) -> tuple[int, bytes, bool, bytes]:
+def checkpoint_fields(checkpoint: Checkpoint) -> tuple[int, bytes, bool, bytes]:
     tag = CHECKPOINT_TAGS.index(type(checkpoint))
-    if isinstance(checkpoint, GcsCheckpoint) or tag == 4:
-        first, second = checkpoint.bucket, checkpoint.prefix  # type: ignore[attr-defined]
+    if isinstance(checkpoint, GcsCheckpoint | P2PGcsCheckpoint):
+        first, second = checkpoint.bucket, checkpoint.prefix
     else:
-        first, second = checkpoint.repo_id, checkpoint.revision  # type: ignore[attr-defined]
+        first, second = checkpoint.repo_id, checkpoint.revision
     return (tag, _fixed(first, STRING_MAX, "checkpoint repo"), second is not None,
             _fixed(second or "", STRING_MAX, "checkpoint revision"))
 

@@ -16,6 +16,7 @@ from solders.pubkey import Pubkey
 
 from coordinator import (
     Bloom,
+    CoordinatorState,
     NodeIdentity,
     RunState,
     Witness,
@@ -152,6 +153,11 @@ class SvmRun:
     def account(self) -> CoordinatorAccount:
         return decode_coordinator(self.svm.data(self.address))
 
+    def _state(self) -> CoordinatorState:
+        state = self.account().state
+        assert state is not None, "the run has no state before update-config"
+        return state
+
     # ------------------------------------------------------------ playing a run
     def honest_witness(self, client: Keypair, warmup: bool = False) -> Witness | None:
         """The witness `client` would send now (None if it is not elected / not listed)."""
@@ -177,7 +183,7 @@ class SvmRun:
         """Drive one epoch like live clients would: warm-up witnesses, witnesses of elected
         clients, ticks as time passes. Returns transaction counts per kind."""
         counts = {"tick": 0, "witness": 0, "warmup_witness": 0}
-        start_epoch = self.account().state.progress.epoch  # type: ignore[union-attr]
+        start_epoch = self._state().progress.epoch
         for _ in range(max_steps):
             state = self.account().state
             assert state is not None
@@ -186,7 +192,7 @@ class SvmRun:
             if state.run_state is RunState.Warmup:
                 for client in clients:
                     witness = self.honest_witness(client, warmup=True)
-                    if witness is not None and self.account().state.run_state is RunState.Warmup:  # type: ignore[union-attr]
+                    if witness is not None and self._state().run_state is RunState.Warmup:
                         self.warmup_witness(client, witness)
                         counts["warmup_witness"] += 1
             elif state.run_state is RunState.RoundTrain:

@@ -17,6 +17,10 @@ from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 from run_manager.commands import solana
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from run_manager.docker_supervisor import SupervisorEvent
+    from run_manager.monitor import Part
     from run_manager.telemetry import RunManagerTelemetry
 
 EXIT_CONFIG_ERROR = 2
@@ -123,12 +127,12 @@ def _run_client(env_file: Path, options: object, tui: bool,
         typer.echo(f"run-manager: --prometheus-port: {error}", err=True)
         return EXIT_CONFIG_ERROR
 
-    def make_supervisor(on_event):  # type: ignore[no-untyped-def]
+    def make_supervisor(on_event: Callable[[SupervisorEvent], None]) -> Supervisor:
         if exporter is not None:
             on_event = exporter.wrap(on_event)  # counts starts, exits and restarts
         return Supervisor(client, coordinator, config, on_event)
 
-    def make_monitor(on_change):  # type: ignore[no-untyped-def]
+    def make_monitor(on_change: Callable[[Part], None]) -> Monitor:
         return Monitor(dashboard, coordinator, metrics, on_change, rpc_url=settings.RPC)
 
     if tui:
@@ -217,7 +221,11 @@ def wallet_balance(
     if (wallet is None) == (address is None):
         raise _fail("give exactly one of --wallet and --address", EXIT_CONFIG_ERROR)
     try:
-        target = address if address is not None else public_key(wallet)  # type: ignore[arg-type]
+        if address is not None:
+            target = address
+        else:
+            assert wallet is not None  # exactly one of --wallet and --address, checked above
+            target = public_key(wallet)
         lamports = get_balance(rpc, target)
     except WalletError as error:
         raise _fail(str(error), EXIT_RUN_FAILED) from None

@@ -193,7 +193,7 @@ def load_settings(env_file: Path | None, overrides: dict[str, Any] | None = None
     if env_file is not None and not env_file.is_file():
         raise SettingsError([f"--env-file {env_file}: no such file"])
     try:
-        settings = RunManagerSettings(_env_file=env_file, **(overrides or {}))  # type: ignore[call-arg]
+        settings = RunManagerSettings(_env_file=env_file, **(overrides or {}))  # type: ignore[call-arg]  # _env_file is a BaseSettings init option, not a field
     except ValidationError as error:
         raise SettingsError(describe_validation_error(error)) from None
     if settings.WALLET_PRIVATE_KEY_PATH is not None:

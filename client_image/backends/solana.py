@@ -43,7 +43,7 @@ from client_image.backends.base import (
     ServerState,
     StateCallback,
 )
-from coordinator import Coordinator, CoordinatorState, NodeIdentity
+from coordinator import Coordinator, NodeIdentity
 from coordinator_tcp.protocol import (
     CheckpointReport,
     ErrorReply,
@@ -92,7 +92,6 @@ class SolanaBackend:
         self._on_error: ErrorCallback | None = None
         self._joined_for: int | None = None
         self._last_tick = 0.0
-        self.transactions = 0
 
     # ---------------------------------------------------------------- setup
     async def _find(self, stop: asyncio.Event) -> Pubkey:
@@ -122,7 +121,6 @@ class SolanaBackend:
     async def _transact(self, instructions: list[Instruction]) -> bool:
         try:
             await self.rpc.send_instructions(instructions, self.options.wallet)
-            self.transactions += 1
             return True
         except ProgramError as exc:
             log.info("transaction refused: %s", exc)
@@ -249,6 +247,3 @@ class SolanaBackend:
             return await self._transact([ix.checkpoint(run, me, message.index, repo)])
         return False  # Withdraw, Join: no on-chain form
 
-
-def current_state(backend: SolanaBackend) -> CoordinatorState | None:
-    return backend.account.state if backend.account else None

@@ -49,7 +49,6 @@ class TcpBackend:
         self.connect_timeout_s = connect_timeout_s
         self._connection: Connection | None = None
         self.connected = asyncio.Event()
-        self.reconnects = 0
 
     async def run(self, on_state: StateCallback, on_error: ErrorCallback,
                   stop: asyncio.Event) -> None:
@@ -59,7 +58,6 @@ class TcpBackend:
             await self._session(on_state, on_error)
 
         def lost(error: BaseException | None) -> None:
-            self.reconnects += 1
             if error is not None:
                 log.warning("coordinator connection lost: %r", error)
 

@@ -22,7 +22,7 @@ psyche_common.token_files.sequences for the offset rules).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 import torch
 
@@ -41,18 +41,26 @@ class DataProvider(Protocol):
     async def fetch(self, start: int, end: int) -> torch.Tensor: ...
 
 
+class _HttpOptions(TypedDict, total=False):
+    """The keyword arguments `open_provider` passes on to `HttpDataProvider.open`."""
+
+    retries: int
+    backoff_s: float
+    timeout_s: float
+
+
 async def open_provider(
     location: LocalDataLocation | HttpDataLocation,
     max_seq_len: int,
     *,
     token_size: TokenSize = TokenSize.TwoBytes,
-    **http_options: float,
+    **http_options: Unpack[_HttpOptions],
 ) -> DataProvider:
     """A provider for a run config's data location (Local: TwoBytes, unshuffled)."""
     if isinstance(location, LocalDataLocation):
         return LocalDataProvider(location.path, max_seq_len, token_size)
     if isinstance(location, HttpDataLocation):
-        return await HttpDataProvider.open(location, max_seq_len, **http_options)  # type: ignore[arg-type]
+        return await HttpDataProvider.open(location, max_seq_len, **http_options)
     raise DataProviderError(f"data location {type(location).__name__} is not supported here")
 
 

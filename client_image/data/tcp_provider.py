@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 import torch
 
@@ -49,6 +49,14 @@ class DataServerMismatch(DataProviderError):
     """The data server is for another run or serves another sequence length: not retried."""
 
 
+class _RetryOptions(TypedDict, total=False):
+    """The keyword arguments `TcpDataProvider.open` passes on to the constructor."""
+
+    attempts: int
+    retry_delay_s: float
+    timeout_s: float
+
+
 class TcpDataProvider:
     def __init__(self, address: str, identity: Identity, run_id: str, max_seq_len: int, *,
                  attempts: int = FETCH_ATTEMPTS, retry_delay_s: float = RETRY_DELAY_S,
@@ -69,9 +77,9 @@ class TcpDataProvider:
 
     @classmethod
     async def open(cls, address: str, identity: Identity, run_id: str, max_seq_len: int,
-                   **options: float) -> TcpDataProvider:
+                   **options: Unpack[_RetryOptions]) -> TcpDataProvider:
         """Connect (with the same retries as fetch) and learn the data set's size."""
-        provider = cls(address, identity, run_id, max_seq_len, **options)  # type: ignore[arg-type]
+        provider = cls(address, identity, run_id, max_seq_len, **options)
         await provider._with_retries("connect", provider._ensure_connected)
         return provider
 

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from client_image.p2p.gossip.wire import MAX_PAYLOAD_BYTES
 
-BROADCAST_VERSION = 1
 U32 = Annotated[int, Field(ge=0, lt=2**32)]
 U64 = Annotated[int, Field(ge=0, lt=2**64)]
 HexBytes = Annotated[bytes, Field(max_length=1024)]

@@ -132,7 +132,7 @@ class Transport:
             return
         # The uniffi binding runs its async calls on the asyncio loop registered here; it
         # must be registered before the first async iroh call.
-        iroh_ffi.uniffi_set_event_loop(asyncio.get_running_loop())  # type: ignore[arg-type]
+        iroh_ffi.uniffi_set_event_loop(asyncio.get_running_loop())  # type: ignore[arg-type]  # uniffi stub says BaseEventLoop; it only stores the loop
         ip = (
             interface_ipv4(self.config.bind_interface)
             if self.config.bind_interface
@@ -194,9 +194,6 @@ class Transport:
         known = self._peers.addresses.get(address.node_id)
         if known is None or address.direct_addresses or address.relay_url:
             self._peers.addresses[address.node_id] = address
-
-    def known_peers(self) -> list[PeerAddress]:
-        return list(self._peers.addresses.values())
 
     # -- connections -------------------------------------------------------------------
     async def connect(self, node_id: bytes, alpn: bytes) -> iroh.Connection:

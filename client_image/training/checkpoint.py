@@ -14,9 +14,12 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +68,9 @@ def save_checkpoint(
     final = root / checkpoint_name(run_id, step)
     staging = root / f".{final.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, safe_serialization=True)  # type: ignore[operator]
+    # nn.Module types `model.save_pretrained` as Tensor | Module; checkpoints are of
+    # transformers models (load_causal_lm), whose save_pretrained this is.
+    cast("PreTrainedModel", model).save_pretrained(staging, safe_serialization=True)
     if tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
             source = Path(tokenizer_dir) / name
@@ -82,7 +87,8 @@ def save_checkpoint(
 class HubUploader(Protocol):
     """The part of huggingface_hub.HfApi that uploads a checkpoint."""
 
-    def upload_folder(self, **kwargs: Any) -> Any: ...
+    def upload_folder(self, *, repo_id: str, folder_path: str, repo_type: str | None = None,
+                      revision: str | None = None, commit_message: str | None = None) -> Any: ...
 
 
 def upload_checkpoint(
@@ -101,7 +107,7 @@ def upload_checkpoint(
     if api is None:
         from huggingface_hub import HfApi
 
-        api = HfApi(token=token)  # type: ignore[assignment]
+        api = HfApi(token=token)
     assert api is not None
     info = api.upload_folder(
         folder_path=str(folder), repo_id=repo_id, repo_type="model",

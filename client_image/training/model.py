@@ -8,9 +8,12 @@ network: how tests and offline machines use it).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DTypeName = Literal["bf16", "fp32"]
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]
@@ -88,15 +91,19 @@ def load_causal_lm(
         raise ModelLoadError(f"unknown dtype {dtype!r}; use bf16 or fp32")
     model_dir = resolve_model_dir(source, revision=revision, local_files_only=local_files_only)
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype])
+        # Typed as the nn.Module it is: transformers' decorated `.to` has a broken signature.
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=_DTYPES[dtype])
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
-    model = model.to(pick_device(device))  # type: ignore[arg-type]
+    model = model.to(pick_device(device))
     model.train()
     return model
 
 
-def load_tokenizer(source: str | Path, *, revision: str | None = None, local_files_only: bool = False):  # type: ignore[no-untyped-def]
+def load_tokenizer(
+    source: str | Path, *, revision: str | None = None, local_files_only: bool = False
+) -> PreTrainedTokenizerBase:
     """The tokenizer stored beside the model (tokenizer.json)."""
     from transformers import AutoTokenizer
 

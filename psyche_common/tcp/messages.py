@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -147,7 +147,10 @@ def parse_envelope(frame: bytes, kind: str) -> dict[str, Any]:
     return data
 
 
-def validate_frame(adapter: TypeAdapter[Any], frame: bytes, kind: str) -> Any:
+_M = TypeVar("_M")
+
+
+def validate_frame(adapter: TypeAdapter[_M], frame: bytes, kind: str) -> _M:
     data = parse_envelope(frame, kind)
     try:
         return adapter.validate_python(data)

@@ -5,9 +5,9 @@ Public surface:
     Telemetry, ServiceIdentity            providers, exporters and the instruments
     names                                 the registry of every exported metric
 
-Each program's adapter lives beside it: `client_image.telemetry` (ClientTelemetry,
-traced_phase), `coordinator_tcp.telemetry` (CoordinatorTelemetry),
-`run_manager.telemetry` (RunManagerTelemetry).
+Each program's adapter lives beside it: `client_image.telemetry` (ClientTelemetry),
+`coordinator_tcp.telemetry` (CoordinatorTelemetry), `run_manager.telemetry`
+(RunManagerTelemetry).
 
 Loaded lazily: a CLI that only declares the options (`--help`) does not import the
 OpenTelemetry SDK.

@@ -186,7 +186,7 @@ def telemetry_options(func: F) -> F:
         kwargs["telemetry"] = options_from_values({**defaults, **values})
         return func(*args, **kwargs)
 
-    wrapper.__signature__ = new_signature  # type: ignore[attr-defined]
+    wrapper.__signature__ = new_signature  # type: ignore[attr-defined]  # read by inspect.signature; not in typeshed
     wrapper.__annotations__ = {p.name: p.annotation for p in new_signature.parameters.values()}
     wrapper.__annotations__["return"] = signature.return_annotation
     del wrapper.__wrapped__  # Typer must see the new signature

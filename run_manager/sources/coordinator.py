@@ -2,9 +2,9 @@
 
 A source answers two questions: which client version the run requires (the
 supervisor starts that image) and what the run looks like now (the TUI's run and
-witness panels). Backends plug in here: a pinned version, the TCP coordinator
-(`tcp_coordinator.TcpCoordinatorSource`) and the Solana coordinator account later,
-each a class with these methods.
+witness panels). Three sources, each a class with these methods: a pinned version
+(`PinnedVersionSource`), the TCP coordinator (`tcp_coordinator.TcpCoordinatorSource`)
+and the Solana coordinator account (`solana_coordinator.SolanaCoordinatorSource`).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from coordinator import (
     selection_for_round,
 )
 from coordinator.config import (
+    Checkpoint,
     DummyCheckpoint,
     GcsCheckpoint,
     HubCheckpoint,
@@ -334,11 +335,12 @@ def test_health_check() -> None:
     (HubCheckpoint(repo_id="old"), GcsCheckpoint(bucket="new"), HubCheckpoint(repo_id="old")),
     (DummyCheckpoint(repo_id="old"), HubCheckpoint(repo_id="new"), DummyCheckpoint(repo_id="old")),
 ])
-def test_checkpoint_transitions(current: object, report: object, expected: object) -> None:
+def test_checkpoint_transitions(current: Checkpoint, report: Checkpoint,
+                                expected: Checkpoint) -> None:
     coordinator, _ = make()
     to_warmup(coordinator)
     coordinator.state.model = coordinator.state.model.model_copy(update={"checkpoint": current})
-    assert coordinator.checkpoint(node(0), 0, report) is None  # type: ignore[arg-type]
+    assert coordinator.checkpoint(node(0), 0, report) is None
     assert coordinator.state.model.checkpoint == expected
 
 
@@ -366,6 +368,7 @@ def test_history_lookup_of_exited_clients() -> None:
     coordinator.withdraw(3)
     finish_round(coordinator, now + 1)
     # round 0 had 4 clients; index 3 left and is found at the end of exited_clients
-    assert state.client_at(3, 4) is not None and state.client_at(3, 4).id == ids[3]  # type: ignore[union-attr]
-    assert state.client_at(1, 4).id == ids[1]  # type: ignore[union-attr]
+    exited, active = state.client_at(3, 4), state.client_at(1, 4)
+    assert exited is not None and exited.id == ids[3]
+    assert active is not None and active.id == ids[1]
     assert state.client_at(4, 4) is None

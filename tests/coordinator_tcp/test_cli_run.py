@@ -18,6 +18,7 @@ from client_image.data import DataProviderError
 from client_image.data.tcp_provider import TcpDataProvider
 from coordinator import RunState, decode_state
 from coordinator_tcp.client import ProtocolConnection
+from psyche_common.tcp.connection import Connection
 
 
 def write_config(tmp_path: Path, data_port: int) -> tuple[Path, Path]:
@@ -36,11 +37,11 @@ def coordinator(*args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-async def connect_with_retry(port: int, **kw: object) -> ProtocolConnection:
+async def connect_with_retry(port: int) -> Connection:
     for _ in range(150):
         try:
             connection, _ = await ProtocolConnection.connect(
-                "127.0.0.1", port, identity(1), RUN_ID, "addr", timeout_s=2, **kw)  # type: ignore[arg-type]
+                "127.0.0.1", port, identity(1), RUN_ID, "addr", timeout_s=2)
             return connection
         except OSError:
             await asyncio.sleep(0.1)

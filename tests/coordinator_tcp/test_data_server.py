@@ -22,6 +22,8 @@ from coordinator_tcp.data_protocol import (
 )
 from coordinator_tcp.data_server import DataServer, DataServerOptions
 from coordinator_tcp.protocol import ErrorReply
+from psyche_common.identity import Identity
+from psyche_common.tcp.connection import Connection
 
 CONFIG = load_data_config(TESTNET / "data.toml")
 MEMBER, OUTSIDER = identity(1), identity(2)
@@ -44,8 +46,9 @@ async def data_server() -> AsyncIterator[tuple[DataServer, set[bytes]]]:
     await server.stop()
 
 
-async def connect(server: DataServer, who=MEMBER) -> tuple[ProtocolConnection, DataWelcome]:  # type: ignore[no-untyped-def]
-    return await ProtocolConnection.connect(  # type: ignore[no-any-return]
+async def connect(server: DataServer,
+                  who: Identity = MEMBER) -> tuple[Connection, DataWelcome]:
+    return await ProtocolConnection.connect(
         "127.0.0.1", server.port, who, RUN_ID, decode=decode_data_server_message,
         expect_welcome=DataWelcome, timeout_s=5)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ class Clock:
         return self.now
 
 
-async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
     for _ in range(int(timeout_s / 0.02)):
         if condition():
             return

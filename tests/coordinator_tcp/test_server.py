@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from tcp_helpers import RUN_ID, identity, join, make_state_file, next_state, server_options
@@ -45,12 +46,12 @@ class Clock:
 
 
 @pytest.fixture
-async def clocked() -> tuple[CoordinatorServer, Clock]:
+async def clocked() -> AsyncIterator[tuple[CoordinatorServer, Clock]]:
     clock = Clock()
     instance = CoordinatorServer(Coordinator.from_state_file(make_state_file()),
                                  server_options(), clock=clock)
     await instance.start()
-    yield instance, clock  # type: ignore[misc]
+    yield instance, clock
     await instance.stop()
 
 
@@ -69,7 +70,7 @@ async def fatal_reply(reader: asyncio.StreamReader) -> ErrorReply:
     return reply
 
 
-async def wait_for(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_for(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
     for _ in range(int(timeout_s / 0.02)):
         if condition():
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tcp_helpers import identity, join, make_state_file, next_state, server_options
+from textual.widgets import DataTable
 
 from coordinator import Coordinator, RunState
 from coordinator_tcp.client import ProtocolConnection
@@ -53,8 +54,8 @@ async def test_dashboard_shows_run_and_ctrl_p_pauses() -> None:
                     break
                 await asyncio.sleep(0.05)
             await pilot.pause(0.7)
-            table = app.query_one("#clients")
-            assert table.row_count == 1  # type: ignore[attr-defined]
+            table = app.query_one("#clients", DataTable)
+            assert table.row_count == 1
             assert "phase Warmup 0s / 2s" in app.status_text()
             assert "connected 1" in app.status_text()
     finally:

@@ -35,11 +35,18 @@ async def _attack(port: int, run_id: str, report: dict[str, int]) -> None:
     # Forged identity: claims client 1's key but signs with another key.
     forger = Identity.generate()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    from coordinator_tcp.protocol import Join, decode_server_message, encode, join_signing_bytes
+    from coordinator_tcp.protocol import (
+        Challenge,
+        Join,
+        decode_server_message,
+        encode,
+        join_signing_bytes,
+    )
     from psyche_common.tcp.framing import read_frame
 
     challenge = decode_server_message(await read_frame(reader, 1 << 20))
-    signature = forger.sign(join_signing_bytes(challenge.nonce, run_id, ""))  # type: ignore[union-attr]
+    assert isinstance(challenge, Challenge)
+    signature = forger.sign(join_signing_bytes(challenge.nonce, run_id, ""))
     writer.write(encode_frame(encode(Join(run_id=run_id, identity=client_key(1), p2p_address="",
                                           signature=signature))))
     reply = decode_server_message(await read_frame(reader, 1 << 20))

@@ -11,13 +11,13 @@ import signal
 import pytest
 from e2e_helpers import checkpoint_digests, events, make_testnet, wait_for
 
-from coordinator import ClientState, RunState
+from coordinator import ClientState, CoordinatorState, RunState
 from local_testnet.testnet import client_key, run_headless
 
 pytestmark = pytest.mark.slow
 
 
-def _state_of(state, key: bytes) -> ClientState | None:  # type: ignore[no-untyped-def]
+def _state_of(state: CoordinatorState, key: bytes) -> ClientState | None:
     for client in [*state.epoch_state.clients, *state.epoch_state.exited_clients]:
         if client.id.key == key:
             return client.state

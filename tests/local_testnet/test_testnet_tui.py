@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from tcp_helpers import TESTNET, make_state_file
+from textual.widgets import DataTable
 
 from coordinator import Coordinator
 from local_testnet.testnet import Testnet, TestnetOptions
@@ -45,8 +46,8 @@ async def test_testnet_tui_shows_server_and_client_metrics(tmp_path: Path) -> No
             await pilot.pause(1.6)
             assert "phase WaitingForMembers" in app.server_text()
             assert "killed 0  rejoined 0" in app.server_text()
-            table = app.query_one("#clients")
-            rows = [table.get_row_at(i) for i in range(table.row_count)]  # type: ignore[attr-defined]
+            table = app.query_one("#clients", DataTable)
+            rows = [table.get_row_at(i) for i in range(table.row_count)]
             assert rows[0][:6] == ["1", "not started", "RoundTrain", "1", "7", "6.250"]
             assert rows[1][0] == "2" and rows[1][-1] == "loading the model"
     finally:

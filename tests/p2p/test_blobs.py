@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import iroh
 import pytest
@@ -189,7 +189,7 @@ async def test_rate_limiter_caps_throughput() -> None:
     assert time.monotonic() - started >= (2e6 - 100_000) / 10e6 * 0.95
 
 
-async def test_bounded_concurrency() -> None:
+async def test_bounded_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
     in_flight = peak = 0
     data = os.urandom(1000)
 
@@ -204,17 +204,20 @@ async def test_bounded_concurrency() -> None:
         node.add_peer_addresses([provider.address])
         original = node.blobs.fetch
 
-        async def counting_fetch(*args: object, **kwargs: object) -> tuple[bytes, bytes | None]:
+        async def counting_fetch(
+            digest: bytes, size: int, providers: Sequence[bytes],
+            rate_limiter: RateLimiter | None = None,
+        ) -> tuple[bytes, bytes | None]:
             nonlocal in_flight, peak
             in_flight += 1
             peak = max(peak, in_flight)
             try:
                 await asyncio.sleep(0.05)
-                return await original(*args, **kwargs)  # type: ignore[arg-type]
+                return await original(digest, size, providers, rate_limiter)
             finally:
                 in_flight -= 1
 
-        node.blobs.fetch = counting_fetch  # type: ignore[method-assign]
+        monkeypatch.setattr(node.blobs, "fetch", counting_fetch)
         results = await asyncio.gather(
             *(node.blobs.download(blob_hash(data), len(data), [provider.node_id]) for _ in range(6))
         )

@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import itertools
 
+import iroh
 import pytest
 
 from client_image.p2p import (
@@ -109,7 +110,8 @@ async def test_six_sparse_nodes_deliver_every_announcement_exactly_once(lazy_pus
             assert topic.stats.forged == topic.stats.malformed == topic.stats.oversized == 0
 
 
-async def attach_raw_peer(transport: Transport, target: P2PNode) -> tuple[object, object]:
+async def attach_raw_peer(transport: Transport,
+                          target: P2PNode) -> tuple[iroh.SendStream, iroh.RecvStream]:
     """Handshake on the gossip ALPN by hand, as a misbehaving peer would."""
     connection = await transport.connect(target.node_id, GOSSIP_ALPN)
     stream = await connection.open_bi()
@@ -153,7 +155,7 @@ async def test_forged_oversized_and_malformed_messages_are_dropped_without_distu
                 bytes([FrameKind.IHAVE]) + b"not a whole id" * 3,
                 encode_message_frame(own),
             ]:
-                await send.write_all(framing.encode_frame(frame))  # type: ignore[attr-defined]
+                await send.write_all(framing.encode_frame(frame))
 
             await wait_until(
                 lambda: topics[target_index].stats.oversized == 1, what="the oversized frame"

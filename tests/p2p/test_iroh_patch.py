@@ -1,16 +1,20 @@
 import ctypes
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from iroh import iroh_ffi
 
 from client_image.p2p import _iroh_patch
 
+_Payload = TypeVar("_Payload", bytes, bytearray, memoryview)
 
-def _copy_with(write: object, payloads: list[bytes] | list[bytearray] | list[memoryview]) -> bytes:
+
+def _copy_with(write: Callable[[Any, _Payload], None], payloads: list[_Payload]) -> bytes:
     builder = iroh_ffi._UniffiRustBufferBuilder()
     try:
         for payload in payloads:
-            write(builder, payload)  # type: ignore[operator]
+            write(builder, payload)
             builder.write_u32(len(payload))  # interleave with the builder's own writes
         buffer = builder.rbuf
         return ctypes.string_at(buffer.data, buffer.len)

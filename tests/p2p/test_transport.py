@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 )
 def test_bad_node_config_is_named(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        NodeConfig(**kwargs)  # type: ignore[arg-type]
+        NodeConfig(**kwargs)  # type: ignore[arg-type]  # deliberately invalid settings
 
 
 def test_interface_resolution() -> None:

@@ -21,15 +21,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import docker
 import pytest
 from loopback import free_port
 from tcp_run import write_run_files
 
+from psyche_common.metrics_schema import ClientMetrics
 from psyche_common.metrics_source import HttpClientMetricsSource, MetricsUnavailable
+from psyche_common.run_view import RunSnapshot
 from run_manager import engine
 from run_manager.sources import TcpCoordinatorSource
 
@@ -84,7 +87,11 @@ def start_coordinator(processes: Processes, directory: Path, port: int) -> subpr
     return processes.start(argv, directory / "coordinator.log", directory)
 
 
-async def wait_for(what: str, check, timeout_s: float, log: Path | None = None):  # type: ignore[no-untyped-def]
+_T = TypeVar("_T")
+
+
+async def wait_for(what: str, check: Callable[[], Awaitable[_T | None]], timeout_s: float,
+                   log: Path | None = None) -> _T:
     """Polls the async `check` until it returns something truthy; fails naming `what`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -122,7 +129,7 @@ async def test_run_manager_trains_a_real_client_changes_version_and_stops_on_sig
         # 1. The client joins and trains: listed by the coordinator, steps advance.
         assert await observer.client_version() == version
 
-        async def trained_steps():  # type: ignore[no-untyped-def]
+        async def trained_steps() -> RunSnapshot | None:
             snapshot = await observer.snapshot()
             assert run_manager.poll() is None, log.read_text()
             ok = snapshot is not None and len(snapshot.clients) == 1 and snapshot.step >= 4
@@ -131,7 +138,7 @@ async def test_run_manager_trains_a_real_client_changes_version_and_stops_on_sig
         snapshot = await wait_for("the client to train 3 steps", trained_steps, 240, log)
         assert snapshot.clients[0].state == "Healthy" and snapshot.phase in ("RoundTrain", "RoundWitness")
 
-        async def a_loss():  # type: ignore[no-untyped-def]
+        async def a_loss() -> ClientMetrics | None:
             try:
                 reported = await metrics.fetch()
             except MetricsUnavailable:
@@ -139,6 +146,7 @@ async def test_run_manager_trains_a_real_client_changes_version_and_stops_on_sig
             return reported if reported.loss is not None else None
 
         reported = await wait_for("a loss on the client's metrics endpoint", a_loss, 60, log)
+        assert reported.loss is not None  # a_loss waited for one
         assert math.isfinite(reported.loss) and 0 < reported.loss < 20
         assert reported.client_version == version and reported.step >= 1
         [container] = engine.find_managed_containers(docker_client, run_id)
@@ -149,12 +157,12 @@ async def test_run_manager_trains_a_real_client_changes_version_and_stops_on_sig
         processes.stop(processes.started[0])
         start_coordinator(processes, tmp_path / "v2", port)
 
-        async def coordinator_wants_new_version():  # type: ignore[no-untyped-def]
+        async def coordinator_wants_new_version() -> bool:
             return await observer.client_version() == new_version
 
         await wait_for(f"the coordinator to want {new_version}", coordinator_wants_new_version, 60)
 
-        async def new_version_joined():  # type: ignore[no-untyped-def]
+        async def new_version_joined() -> bool:
             snapshot = await observer.snapshot()
             assert run_manager.poll() is None, log.read_text()
             running = engine.find_managed_containers(docker_client, run_id)

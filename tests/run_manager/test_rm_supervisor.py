@@ -37,14 +37,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftover_containers"
 EXIT_10_UNLESS_V2 = "import os,sys; print('version', os.environ['CLIENT_VERSION']); sys.exit(0 if os.environ['CLIENT_VERSION'].endswith('-v2') else 10)"
 
 
-def config(run_id: str, script: str, **overrides: object) -> SupervisorConfig:
-    base: dict[str, object] = {
-        "run_id": run_id, "environment": {"RUN_ID": run_id}, "entrypoint": ["python3"],
-        "command": ["-c", script], "backoff_base_s": 0.2, "backoff_max_s": 1.0,
-        "version_change_delay_s": 0.1, "stop_timeout_s": 2, "max_crash_restarts": 2,
-    }  # fmt: skip
-    base.update(overrides)
-    return SupervisorConfig(**base)  # type: ignore[arg-type]
+def config(run_id: str, script: str) -> SupervisorConfig:
+    return SupervisorConfig(
+        run_id=run_id, environment={"RUN_ID": run_id}, entrypoint=["python3"],
+        command=["-c", script], backoff_base_s=0.2, backoff_max_s=1.0,
+        version_change_delay_s=0.1, stop_timeout_s=2, max_crash_restarts=2,
+    )  # fmt: skip
 
 
 def version_of(image: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from loopback import free_port
@@ -168,7 +168,7 @@ async def test_the_tui_run_panel_shows_a_real_tcp_coordinator() -> None:
 
     from coordinator_tcp.client import ProtocolConnection
     from psyche_common.identity import Identity
-    from run_manager.monitor import Monitor
+    from run_manager.monitor import Monitor, Part
     from run_manager.tui.app import RunManagerApp
     from run_manager.view import Dashboard
 
@@ -176,7 +176,7 @@ async def test_the_tui_run_panel_shows_a_real_tcp_coordinator() -> None:
         source = TcpCoordinatorSource(f"127.0.0.1:{server.port}", RUN_ID, wait_s=10)
         dashboard = Dashboard()
 
-        def make_monitor(on_change):  # type: ignore[no-untyped-def]
+        def make_monitor(on_change: Callable[[Part], None]) -> Monitor:
             return Monitor(dashboard, source, None, on_change, interval_s=0.1)
 
         app = RunManagerApp(dashboard, None, make_monitor)

@@ -20,9 +20,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from telemetry_helpers import (
@@ -191,7 +192,7 @@ def test_prometheus_scraped_the_coordinator(local_run: LocalRun) -> None:
     assert {1.0, 2.0, 3.0, 6.0} <= phases  # WaitingForMembers .. Finished
 
 
-def _resources(requests: list, service: str) -> list[dict[str, object]]:  # type: ignore[type-arg]
+def _resources(requests: Sequence[object], service: str) -> list[dict[str, object]]:
     found = []
     for request in requests:
         groups = getattr(request, "resource_metrics", None) or getattr(
@@ -234,12 +235,12 @@ def test_otlp_spans_one_per_round_phase(local_run: LocalRun) -> None:
                for r in _resources(requests, "psyche-client"))
     spans = [span for request in requests for group in request.resource_spans
              for scope in group.scope_spans for span in scope.spans]
-    by_name: dict[str, list[dict[str, object]]] = {}
+    by_name: dict[str, list[dict[str, Any]]] = {}  # attribute values as attributes() decodes them
     for span in spans:
         assert span.end_time_unix_nano >= span.start_time_unix_nano > 0
         by_name.setdefault(span.name, []).append(attributes(span.attributes))
     assert {"warmup", "train", "apply", "witness", "cooldown"} <= set(by_name), set(by_name)
-    trained_steps = sorted(int(a["psyche.step"]) for a in by_name["train"])  # type: ignore[call-overload]
+    trained_steps = sorted(int(a["psyche.step"]) for a in by_name["train"])
     assert trained_steps[0] == 1 and len(trained_steps) >= TOTAL_STEPS - 4
 
 

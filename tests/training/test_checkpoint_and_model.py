@@ -125,7 +125,7 @@ def test_model_source_errors_name_the_problem(tmp_path):
     with pytest.raises(ModelLoadError, match="safetensors"):
         load_causal_lm(tmp_path / "empty")
     with pytest.raises(ModelLoadError, match="unknown dtype"):
-        load_causal_lm(TINY_MODEL, dtype="fp8")  # type: ignore[arg-type]
+        load_causal_lm(TINY_MODEL, dtype="fp8")  # type: ignore[arg-type]  # deliberately invalid dtype
     with pytest.raises(ModelLoadError, match="unknown device"):
         pick_device("tpu")
     assert pick_device("auto").type in ("cpu", "cuda", "mps")

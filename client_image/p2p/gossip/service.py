@@ -47,11 +47,6 @@ class Gossip:
         subscription.start()
         return subscription
 
-    async def unsubscribe(self, run_id: str) -> None:
-        subscription = self._topics.pop(topic_for_run(run_id), None)
-        if subscription is not None:
-            await subscription.leave()
-
     async def stop(self) -> None:
         for subscription in list(self._topics.values()):
             await subscription.leave()
