@@ -37,8 +37,11 @@ logger = logging.getLogger(__name__)
 MODEL_SHARING_ALPN = b"psyche/model-sharing/0"
 MAX_MANIFEST_BYTES = 64 << 20
 MODEL_TAG_PREFIX = "model-"
+DTypeName = Literal[
+    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"
+]
 # dtype name on the wire -> bytes per element; torch dtypes share these names
-_ITEM_SIZES = {
+_ITEM_SIZES: dict[DTypeName, int] = {
     "float32": 4,
     "float16": 2,
     "bfloat16": 2,
@@ -54,12 +57,13 @@ _ITEM_SIZES = {
 def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    return getattr(torch, name)  # type: ignore[no-any-return]
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
-def _dtype_name(dtype: torch.dtype) -> str | None:
+def _dtype_name(dtype: torch.dtype) -> DTypeName | None:
     name = str(dtype).removeprefix("torch.")
-    return name if name in _ITEM_SIZES else None
+    return next((known for known in _ITEM_SIZES if known == name), None)
 
 
 class ModelSharingError(RuntimeError):
@@ -73,9 +77,7 @@ class ParameterEntry(BaseModel):
 
     name: Annotated[str, Field(min_length=1, max_length=1024)]
     shape: list[Annotated[int, Field(ge=0)]]
-    dtype: Literal[
-        "float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"
-    ]
+    dtype: DTypeName
     size: Annotated[int, Field(ge=0)]
     hash: Annotated[bytes, Field(min_length=32, max_length=32)]
 
@@ -89,7 +91,10 @@ class ParameterEntry(BaseModel):
 class ModelManifest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: Literal[1] = 1
+    version: Literal[2] = 2
+    # The coordinator step at which the model was shared (the cooldown's step): a joiner
+    # accepts only the model of its epoch's start step, never an older one a peer still holds.
+    step: Annotated[int, Field(ge=0)] = 0
     parameters: list[ParameterEntry]
     config_json: str = ""
     tokenizer_json: str | None = None
@@ -152,8 +157,10 @@ class ModelSharing:
         state_dict: Mapping[str, torch.Tensor],
         config_json: str = "",
         tokenizer_json: str | None = None,
+        step: int = 0,
     ) -> ModelManifest:
-        """Publish ``state_dict`` (replacing any model shared before)."""
+        """Publish ``state_dict``, the model at coordinator step ``step`` (replacing any
+        model shared before)."""
         self.stop_sharing()
         entries = []
         for name, tensor in state_dict.items():
@@ -166,13 +173,13 @@ class ModelSharing:
                 ParameterEntry(
                     name=name,
                     shape=list(tensor.shape),
-                    dtype=dtype_name,  # type: ignore[arg-type]
+                    dtype=dtype_name,
                     size=len(data),
                     hash=digest,
                 )
             )
         self._manifest = ModelManifest(
-            parameters=entries, config_json=config_json, tokenizer_json=tokenizer_json
+            step=step, parameters=entries, config_json=config_json, tokenizer_json=tokenizer_json
         )
         return self._manifest
 
@@ -240,8 +247,13 @@ class ModelSharing:
         sources: Sequence[bytes],
         options: ModelFetchOptions | None = None,
         progress: Callable[[int, int], None] | None = None,
+        step: int | None = None,
     ) -> tuple[ModelManifest, dict[str, torch.Tensor], ModelFetchReport]:
-        """Download the model from ``sources`` only (e.g. the previous epoch's trainers)."""
+        """Download the model from ``sources`` only (e.g. the previous epoch's trainers).
+
+        With ``step``, only a manifest of that step is accepted: a peer still sharing an
+        older model is skipped. Parameters are fetched by content hash, so a peer without
+        the manifest's exact tensors can never serve one."""
         options = options or ModelFetchOptions()
         peers = list(dict.fromkeys(s for s in sources if s != self.transport.node_id))
         if not peers:
@@ -250,10 +262,16 @@ class ModelSharing:
         errors = []
         for peer in peers:
             try:
-                manifest = await self.fetch_manifest(peer, options.manifest_timeout_s)
-                break
+                offered = await self.fetch_manifest(peer, options.manifest_timeout_s)
             except ModelSharingError as error:
                 errors.append(str(error))
+                continue
+            if step is not None and offered.step != step:
+                errors.append(f"peer {peer.hex()[:8]} shares the model of step {offered.step}, "
+                              f"not {step}")
+                continue
+            manifest = offered
+            break
         if manifest is None:
             raise ModelSharingError("no source served a manifest: " + "; ".join(errors))
 

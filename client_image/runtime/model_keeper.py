@@ -1,8 +1,10 @@
 """The model across epochs: load it at warm-up, checkpoint and share it at cooldown.
 
-    load(state, sources)   the run's current model: from `sources` (peers that went through
-                           the last cooldown) when the run's checkpoint is P2P and any are
-                           listed, else from the Hub (or a local directory) it names
+    load(state, sources)   the run's current model. A P2P checkpoint means the clients of the
+                           last epoch hold it: it comes from `sources` (peers that may have
+                           gone through the last cooldown), at exactly the epoch's start step,
+                           or not at all (never the stale Hub model). Otherwise from the Hub
+                           (or the local directory) the checkpoint names.
     save_and_share(state)  write the checkpoint (when a directory is set), upload it in the
                            background (when a Hub repo is set) and report it to the
                            coordinator, then serve the weights to the next joiners
@@ -29,6 +31,10 @@ from coordinator_tcp.protocol import CheckpointReport
 Spawn = Callable[[Coroutine[Any, Any, None], str], object]
 
 
+class ModelUnavailable(RuntimeError):
+    """No source can give this client the run's current model."""
+
+
 @dataclass(frozen=True)
 class CheckpointOptions:
     checkpoint_dir: Path | None = None
@@ -53,14 +59,18 @@ class ModelKeeper:
         llm, checkpoint = state.model, state.model.checkpoint
         start_step = state.epoch_state.start_step
         started = time.monotonic()
-        if isinstance(checkpoint, P2PCheckpoint) and sources:
-            fetched = await self.peers.fetch_model(sources)
+        if isinstance(checkpoint, P2PCheckpoint):
+            if not sources:
+                raise ModelUnavailable(
+                    f"the run's model of step {start_step} is held by the last epoch's "
+                    "clients and none of them is in this epoch: sitting this epoch out")
+            fetched = await self.peers.fetch_model(sources, start_step)
             await self.worker.load_from_peers(fetched.config_json, fetched.tokenizer_json,
                                               fetched.state_dict, llm, start_step)
             self.events.emit(ModelLoaded(source="p2p", peers=fetched.peers, bytes=fetched.bytes,
                                          seconds=round(time.monotonic() - started, 2)))
             return
-        if isinstance(checkpoint, HubCheckpoint | P2PCheckpoint):
+        if isinstance(checkpoint, HubCheckpoint):
             await self.worker.load_from_hub(checkpoint.repo_id, checkpoint.revision, llm,
                                             start_step)
             self.events.emit(ModelLoaded(source="hub", repo=checkpoint.repo_id,
@@ -79,7 +89,8 @@ class ModelKeeper:
             if options.hub_repo:
                 self.spawn(self._upload(state, path, step, options.hub_repo), f"upload-{step}")
         weights, config_json, tokenizer_json = await asyncio.to_thread(self.worker.sharing_payload)
-        self.peers.share_model(weights, config_json, tokenizer_json)
+        # The next epoch starts at this step: joiners ask for exactly this model.
+        self.peers.share_model(weights, config_json, tokenizer_json, state.progress.step)
 
     async def _upload(self, state: CoordinatorState, path: Path, step: int, repo: str) -> None:
         """Upload the checkpoint to the hub in the background, then tell the coordinator where

@@ -42,12 +42,12 @@ class IrohPeers:
     def forget_results_before(self, step: int) -> None:
         self.node.blob_store.remove_steps_before(step)
 
-    async def fetch_model(self, sources: Sequence[bytes]) -> FetchedModel:
+    async def fetch_model(self, sources: Sequence[bytes], step: int) -> FetchedModel:
         manifest, state_dict, report = await self.node.model_sharing.fetch_model(
-            sources, self.fetch_options, progress=self.progress)
+            sources, self.fetch_options, progress=self.progress, step=step)
         return FetchedModel(manifest.config_json, manifest.tokenizer_json, state_dict,
                             peers=len(report.served_by), bytes=report.total_bytes)
 
     def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
-                    tokenizer_json: str | None) -> None:
-        self.node.model_sharing.share(weights, config_json, tokenizer_json)
+                    tokenizer_json: str | None, step: int) -> None:
+        self.node.model_sharing.share(weights, config_json, tokenizer_json, step=step)

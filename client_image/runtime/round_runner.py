@@ -38,7 +38,6 @@ from client_image.runtime.events import (
     Ready,
     TaskFailed,
     Trained,
-    WarmupWitnessSent,
     WitnessSent,
 )
 from client_image.runtime.model_keeper import CheckpointOptions, ModelKeeper
@@ -62,11 +61,11 @@ from client_image.runtime.rounds import (
     unhealthy_trainers,
 )
 from client_image.runtime.tasks import GuardedTasks
+from client_image.runtime.warmup import WarmupTracker
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
 from coordinator_tcp.protocol import (
     HealthCheck,
     HealthCheckEntry,
-    WarmupWitness,
     WitnessMetadata,
     WitnessModel,
     WitnessSubmit,
@@ -105,9 +104,7 @@ class RoundRunner:
         self.records: dict[int, StepRecord] = {}
         self.early: dict[int, list[tuple[bytes, Broadcast]]] = {}  # gossip ahead of its round
         self.previous_epoch_clients: list[bytes] = []  # who went through the last cooldown
-        self.warmup_finished: set[bytes] = set()
-        self.warmup_epoch: int | None = None
-        self.warmup_witness_epoch: int | None = None  # the epoch our warm-up witness went for
+        self.warmup = WarmupTracker(me, backend, events, self.counters)
         self.model_fresh = False  # the model in memory is the run's current model
         self.desynced = False
         self.round_task: asyncio.Task[None] | None = None
@@ -119,9 +116,7 @@ class RoundRunner:
         self.state = state
         listed = state.index_of(self.me) is not None
         if state.run_state is RunState.Warmup and listed:
-            if self.warmup_epoch != state.progress.epoch:
-                self.warmup_epoch = state.progress.epoch
-                self.warmup_finished = set()
+            if self.warmup.begin(state.progress.epoch):
                 self.tasks.spawn(self._warmup(state), "warmup")
         elif state.run_state is RunState.RoundTrain and listed:
             self._start_round(state)
@@ -137,8 +132,9 @@ class RoundRunner:
     def on_broadcast(self, sender: bytes, broadcast: Broadcast) -> None:
         """A decoded gossip message from `sender` (verified by the gossip layer)."""
         if isinstance(broadcast, Finished) and broadcast.warmup:
-            self.warmup_finished.add(sender)
-            self.tasks.spawn(self._maybe_warmup_witness(), "warmup-witness")
+            self.warmup.heard(sender)
+            self.tasks.spawn(self.warmup.maybe_witness(self.state, self.model_fresh),
+                             "warmup-witness")
             return
         record = self.records.get(broadcast.step)
         if record is None:
@@ -181,39 +177,27 @@ class RoundRunner:
     async def _warmup(self, state: CoordinatorState) -> None:
         with self._phase("warmup", state):
             if not (self.worker.loaded and self.model_fresh and not self.desynced):
-                listed = {c.id.key for c in state.epoch_state.clients}
-                # Only peers that went through the last Cooldown hold the current model.
-                sources = [key for key in self.previous_epoch_clients
-                           if key != self.me.key and key in listed]
-                await self.model.load(state, sources)
+                await self.model.load(state, self._model_sources(state))
             if self.data is None:
                 self.data = await self.open_data(state)
             self.desynced = False
             self.model_fresh = True
             self.records.clear()
-            self.warmup_finished.add(self.me.key)
+            self.warmup.heard(self.me.key)
             self.events.emit(Ready(epoch=state.progress.epoch))
             await self.peers.broadcast(Finished(step=state.progress.step, warmup=True))
-            await self._maybe_warmup_witness()
+            await self.warmup.maybe_witness(self.state, self.model_fresh)
 
-    async def _maybe_warmup_witness(self) -> None:
-        """Once every listed client has loaded, the first W clients report warm-up done."""
-        state = self.state
-        if state is None or state.run_state is not RunState.Warmup or not self.model_fresh:
-            return
-        index = state.index_of(self.me)
-        if index is None or index >= state.config.witness_count(len(state.epoch_state.clients)):
-            return
-        everyone = {c.id.key for c in state.epoch_state.clients if c.state is ClientState.Healthy}
-        if not everyone <= self.warmup_finished or self.warmup_epoch is None:
-            return
-        if self.warmup_witness_epoch == self.warmup_epoch:
-            return
-        self.warmup_witness_epoch = self.warmup_epoch
-        witness = make_witness(None, index, index, False)
-        await self.backend.send(WarmupWitness(witness=WitnessModel.of(witness)))
-        self.counters.witnesses_sent += 1
-        self.events.emit(WarmupWitnessSent(epoch=state.progress.epoch))
+    def _model_sources(self, state: CoordinatorState) -> list[bytes]:
+        """Peers that may hold the run's current model: those of this epoch that went
+        through the last cooldown when we saw it; after a restart we did not, so every other
+        client of the epoch (a peer shares a model only from a cooldown, tagged with its
+        step, and the fetch accepts only this epoch's start step)."""
+        others = [c.id.key for c in state.epoch_state.clients if c.id.key != self.me.key]
+        if not self.previous_epoch_clients:
+            return others
+        listed = set(others)
+        return [key for key in self.previous_epoch_clients if key in listed]
 
     # ------------------------------------------------------------------ training round
     def _start_round(self, state: CoordinatorState) -> None:

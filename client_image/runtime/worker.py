@@ -10,9 +10,9 @@ import asyncio
 import json
 import logging
 import tempfile
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 
 import torch
 
@@ -26,6 +26,11 @@ from client_image.training import (
 )
 from coordinator.config import DistroOptimizer, LLMConfig
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 log = logging.getLogger(__name__)
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -43,13 +48,12 @@ class TrainingWorker:
         self.model_dir: Path | None = None  # where config/tokenizer files live
         self._scratch = tempfile.TemporaryDirectory(prefix="psyche-client-model-")
         self._lock = asyncio.Lock()
-        self.last_train_s = 0.0
 
     @property
     def loaded(self) -> bool:
         return self.trainer is not None
 
-    async def _run(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def _run(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         async with self._lock:
             return await asyncio.to_thread(fn, *args, **kwargs)
 
@@ -99,7 +103,8 @@ class TrainingWorker:
         """A frozen copy of the weights plus config and tokenizer JSON, for joiners."""
         assert self.model is not None
         state = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
-        config_json = json.dumps(self.model.config.to_dict())  # type: ignore[union-attr,operator]
+        # The model is a transformers one (load_causal_lm / from_config): it has a config.
+        config_json = json.dumps(cast("PreTrainedModel", self.model).config.to_dict())
         tokenizer = None
         if self.model_dir is not None and (self.model_dir / TOKENIZER_FILE).is_file():
             tokenizer = (self.model_dir / TOKENIZER_FILE).read_text()
@@ -111,12 +116,8 @@ class TrainingWorker:
         assert self.trainer is not None
         trainer = self.trainer
 
-        def run() -> TrainStepOutput:
-            started = time.perf_counter()
-            out = trainer.train(step, batch, batch_id=batch_id, cold_start=cold_start)
-            self.last_train_s = time.perf_counter() - started
-            return out
-        return await self._run(run)
+        return await self._run(trainer.train, step, batch, batch_id=batch_id,
+                               cold_start=cold_start)
 
     async def decode(self, payload: bytes) -> DistroResult:
         """Validate a peer's payload against our model; raises ResultDecodeError."""

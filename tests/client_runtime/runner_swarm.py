@@ -64,6 +64,7 @@ class FakeWorker:
         self.trained: list[tuple[int, tuple[int, int]]] = []
         self.applied: list[tuple[int, list[bytes]]] = []
         self.saved: list[int] = []
+        self.fail_training: str | None = None  # train raises RuntimeError(this) while set
 
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:
@@ -78,6 +79,8 @@ class FakeWorker:
 
     async def train(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],
                     cold_start: bool) -> TrainStepOutput:
+        if self.fail_training is not None:
+            raise RuntimeError(self.fail_training)
         self.trained.append((step, batch_id))
         return TrainStepOutput(step=step, loss=1.0 / step, payload=payload_of(
             self.me.key, step, batch_id), grad_norm=0.0)
@@ -114,8 +117,9 @@ class FakePeers:
         self.swarm = swarm
         self.me = me
         self.silent = False  # drop everything this runner gossips
-        self.shared: list[str] = []
+        self.shared: list[int] = []  # the steps of the models shared
         self.fetched_from: list[bytes] = []
+        self.fetched_step: int | None = None
 
     async def broadcast(self, message: Broadcast) -> None:
         self.swarm.gossip.append((self.me.key, message))
@@ -141,13 +145,17 @@ class FakePeers:
     def forget_results_before(self, step: int) -> None:
         return None
 
-    async def fetch_model(self, sources: Sequence[bytes]) -> FetchedModel:
-        self.fetched_from = list(sources)
-        return FetchedModel("{}", None, {"w": torch.zeros(2)}, peers=len(sources), bytes=8)
+    async def fetch_model(self, sources: Sequence[bytes], step: int) -> FetchedModel:
+        """Served only by a runner that shared the model of exactly `step`."""
+        self.fetched_from, self.fetched_step = list(sources), step
+        holders = [s for s in sources if step in self.swarm.peers_of(s).shared]
+        if not holders:
+            raise RuntimeError(f"no source shares the model of step {step}")
+        return FetchedModel("{}", None, {"w": torch.zeros(2)}, peers=len(holders), bytes=8)
 
     def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
-                    tokenizer_json: str | None) -> None:
-        self.shared.append(config_json)
+                    tokenizer_json: str | None, step: int) -> None:
+        self.shared.append(step)
 
 
 class FakeCoordinatorLink:
@@ -214,6 +222,19 @@ class FakeSwarm:
         worker = self.runner(who).worker
         assert isinstance(worker, FakeWorker)
         return worker
+
+    def peers_of(self, key: bytes) -> FakePeers:
+        return self.peers(next(n for n in self.nodes if n.key == key))
+
+    async def restart(self, who: NodeIdentity) -> RoundRunner:
+        """A fresh runner for `who`: it remembers nothing (no model, no last cooldown)."""
+        index = next(i for i, r in enumerate(self.runners) if r.me == who)
+        old = self.runners[index]
+        await old.close()
+        fresh = self._runner(who, old.options.apply_download_timeout_s,
+                             old.options.checkpoints.checkpoint_dir)
+        self.runners[index] = fresh
+        return fresh
 
     def peers(self, who: NodeIdentity) -> FakePeers:
         peers = self.runner(who).peers

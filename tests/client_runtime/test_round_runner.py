@@ -3,6 +3,7 @@ round logic of the client, from warm-up to cooldown, with no network and no mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,24 @@ from client_image.runtime.events import (
     WitnessSent,
 )
 from client_image.runtime.rounds import my_witness_proof
-from coordinator import ClientState, RunState
+from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
 from coordinator.config import P2PCheckpoint
 from coordinator_tcp.protocol import HealthCheck, WitnessSubmit
 
 
-def step_reached(step: int):  # type: ignore[no-untyped-def]
+def step_reached(step: int) -> Callable[[FakeSwarm], bool]:
     return lambda swarm: swarm.coordinator.state.progress.step >= step
+
+
+def elected(state: CoordinatorState, who: NodeIdentity) -> bool:
+    proof = my_witness_proof(state, who)
+    return proof is not None and proof[2]
+
+
+def health_of(swarm: FakeSwarm, who: NodeIdentity) -> ClientState | None:
+    state = swarm.coordinator.state
+    index = state.index_of(who)
+    return None if index is None else state.epoch_state.clients[index].state
 
 
 async def test_an_honest_swarm_applies_the_same_consensus_results_everywhere() -> None:
@@ -152,12 +164,10 @@ async def test_a_silent_trainer_is_dropped_by_the_witness_health_check() -> None
     await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain
                           and s.coordinator.state.current_round.height >= 1)
     state = swarm.coordinator.state
-    silent = next(n for n in swarm.nodes if not my_witness_proof(state, n)[2])  # type: ignore[index]
+    silent = next(n for n in swarm.nodes if not elected(state, n))
     swarm.peers(silent).silent = True
-    await swarm.run_until(lambda s: s.coordinator.state.index_of(silent) is None
-                          or s.coordinator.state.epoch_state.clients[
-                              s.coordinator.state.index_of(silent)].state  # type: ignore[index]
-                          is not ClientState.Healthy, max_turns=300)
+    await swarm.run_until(lambda s: health_of(s, silent) is not ClientState.Healthy,
+                          max_turns=300)
     checks = [(who, message, result) for who, message, result in swarm.sent
               if isinstance(message, HealthCheck)]
     assert checks, "no health check was sent"
@@ -174,7 +184,8 @@ async def test_cooldown_checkpoints_and_shares_the_model(tmp_path: Path) -> None
     step = swarm.coordinator.state.progress.step - 1
     for n in swarm.nodes:
         assert swarm.worker(n).saved == [step]
-        assert swarm.peers(n).shared == ["{}"]
+        # Shared as the model of the step the next epoch starts at.
+        assert swarm.peers(n).shared == [swarm.coordinator.state.progress.step]
     assert {e.path for e in swarm.events_of(Checkpointed)} == {str(tmp_path / f"local-testnet-step{step}")}
     # Next epoch: a P2P checkpoint is fetched from the peers that went through cooldown.
     assert all(r.previous_epoch_clients for r in swarm.runners)
@@ -187,14 +198,9 @@ async def test_a_desynced_runner_reloads_the_model_from_the_last_epochs_peers() 
     await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain)
     lost = swarm.runners[0]
     worker = swarm.worker(lost.me)
-    train = worker.train
-
-    async def broken(*_args: object) -> object:
-        raise RuntimeError("CUDA error: an illegal memory access")
-
-    worker.train = broken  # type: ignore[method-assign,assignment]
+    worker.fail_training = "CUDA error: an illegal memory access"
     await swarm.run_until(lambda s: lost.desynced)
-    worker.train = train  # type: ignore[method-assign]
+    worker.fail_training = None
     await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
                           and s.coordinator.state.run_state is RunState.RoundTrain)
     # Epoch 0 started from the Hub; the coordinator then names the epoch's clients as the
@@ -208,16 +214,46 @@ async def test_a_desynced_runner_reloads_the_model_from_the_last_epochs_peers() 
     assert [e.source for e in swarm.events_of(ModelLoaded, lost.me)] == ["hub", "p2p"]
 
 
+async def test_a_restarted_runner_gets_the_epochs_model_from_its_peers_never_the_hub() -> None:
+    """A restarted client saw no cooldown, so it cannot tell who holds the model: it asks
+    every other client of the epoch for the model of the epoch's start step."""
+    swarm = FakeSwarm(3, epoch_time=12, warmup_time=5, max_round_train_time=5)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown)
+    await swarm.settle()
+    restarted = await swarm.restart(swarm.nodes[0])
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain)
+    state = swarm.coordinator.state
+    worker, peers = swarm.worker(restarted.me), swarm.peers(restarted.me)
+    assert worker.loads == ["p2p"]
+    assert sorted(peers.fetched_from) == sorted(n.key for n in swarm.nodes[1:])
+    assert peers.fetched_step == state.epoch_state.start_step
+    assert restarted.model_fresh and not restarted.desynced
+    assert [s for s, _ in worker.trained]  # it trains this epoch, on the fetched model
+
+
+async def test_with_no_peer_holding_the_model_a_runner_sits_the_epoch_out() -> None:
+    """Every runner restarted at once: the run's model (P2P) is held by nobody, so nobody
+    may train on the stale Hub model; all of them desync instead."""
+    swarm = FakeSwarm(3, epoch_time=12, warmup_time=5, max_round_train_time=5)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown)
+    await swarm.settle()
+    for n in swarm.nodes:
+        await swarm.restart(n)
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.Warmup)
+    await swarm.settle()
+    assert isinstance(swarm.coordinator.state.model.checkpoint, P2PCheckpoint)
+    for n in swarm.nodes:
+        assert swarm.worker(n).loads == [] and swarm.worker(n).trained == []
+        assert any("warmup failed" in e.reason for e in swarm.events_of(Desynced, n))
+
+
 async def test_a_failing_round_task_is_a_desync_not_a_crash() -> None:
     swarm = FakeSwarm(3)
     await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain)
     runner = swarm.runners[0]
-    worker = swarm.worker(runner.me)
-
-    async def broken(*_args: object) -> object:
-        raise RuntimeError("out of memory")
-
-    worker.train = broken  # type: ignore[method-assign,assignment]
+    swarm.worker(runner.me).fail_training = "out of memory"
     await swarm.run_until(step_reached(swarm.coordinator.state.progress.step + 2))
     assert any("out of memory" in e.reason for e in swarm.events_of(Desynced, runner.me))
     assert [e for e in swarm.events_of(Trained, runner.me)

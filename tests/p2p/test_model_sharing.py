@@ -84,6 +84,23 @@ async def test_bf16_state_and_a_source_that_stops_mid_fetch() -> None:
         assert set(report.served_by) == {first.node_id}
 
 
+async def test_a_peer_still_sharing_an_older_model_is_skipped() -> None:
+    """A joiner asks for the model of its epoch's start step; a peer that shares the model
+    of an earlier cooldown (it missed the last one) is passed over, never trusted."""
+    _, state = tiny_llama()
+    older = {name: tensor + 1 for name, tensor in state.items()}
+    async with started_nodes(3) as (stale, current, joiner):
+        stale.model_sharing.share(older, step=40)
+        current.model_sharing.share(state, step=57)
+        joiner.add_peer_addresses([stale.address, current.address])
+        manifest, fetched, report = await joiner.model_sharing.fetch_model(
+            [stale.node_id, current.node_id], step=57)
+        assert manifest.step == 57 and state_hash(fetched) == state_hash(state)
+        assert set(report.served_by) == {current.node_id}
+        with pytest.raises(ModelSharingError, match="shares the model of step 57, not 60"):
+            await joiner.model_sharing.fetch_model([current.node_id], step=60)
+
+
 async def test_fetch_fails_clearly_without_sharing_sources() -> None:
     async with started_nodes(2) as (idle, joiner):
         joiner.add_peer_addresses([idle.address])
