@@ -1,12 +1,20 @@
-"""Atomic persistence of the coordinator state for `--save-state-dir`.
+"""Atomic, checksummed persistence of the coordinator state for `--save-state-dir`.
 
-Every state change is written to `state.bin` (the versioned `coordinator.encode_state`
-bytes) through a temporary file, fsync and rename, so a crash leaves either the old or
-the new state, never half of one. A restarted server resumes from it.
+Every state change is written to `state.bin` through a temporary file, fsync and rename,
+so a crash leaves either the old or the new state, never half of one. The file is
+
+    MAGIC (8 bytes "PSYSTATE") | format version (1 byte) | SHA-256 of the payload (32) |
+    payload (the versioned `coordinator.encode_state` bytes)
+
+and the state it replaces is kept as `state.prev.bin`. A restarted server resumes from
+`state.bin`; one that is truncated, altered, of another format or not a file is refused
+with an error that says so and names the previous good state. Nothing is overwritten
+until a state has been read back: the operator decides what to resume from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,11 +23,37 @@ from pathlib import Path
 from coordinator import CoordinatorState, StateDecodeError, decode_state, encode_state
 
 STATE_FILE = "state.bin"
+PREVIOUS_STATE_FILE = "state.prev.bin"
 ADDRESSES_FILE = "p2p_addresses.json"
+MAGIC = b"PSYSTATE"
+FORMAT_VERSION = 1
+_HEADER = len(MAGIC) + 1 + hashlib.sha256().digest_size
 
 
 class PersistenceError(Exception):
-    """A saved state that cannot be read back."""
+    """A saved state directory or file that cannot be used (the message says why)."""
+
+
+def seal(payload: bytes) -> bytes:
+    """The bytes of a state file holding `payload`."""
+    return MAGIC + bytes([FORMAT_VERSION]) + hashlib.sha256(payload).digest() + payload
+
+
+def unseal(data: bytes, where: Path) -> bytes:
+    """The payload of a state file, or PersistenceError naming what is wrong with it."""
+    if len(data) < _HEADER or not data.startswith(MAGIC):
+        if len(data) < _HEADER and MAGIC.startswith(data[: len(MAGIC)]):
+            raise PersistenceError(f"{where}: truncated ({len(data)} bytes)")
+        raise PersistenceError(f"{where}: not a saved coordinator state")
+    version = data[len(MAGIC)]
+    if version != FORMAT_VERSION:
+        raise PersistenceError(
+            f"{where}: saved in format {version}, this server reads format {FORMAT_VERSION}")
+    digest, payload = data[len(MAGIC) + 1 : _HEADER], data[_HEADER:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise PersistenceError(f"{where}: checksum mismatch, the file is corrupt "
+                               f"(truncated or altered after it was written)")
+    return payload
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -37,7 +71,12 @@ class StateStore:
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise PersistenceError(f"{self.directory} is a file, not a directory")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PersistenceError(f"{self.directory}: cannot create it ({exc.strerror})") from None
         self._last: bytes | None = None
 
     @property
@@ -49,26 +88,42 @@ class StateStore:
         if encoded_state == self._last:
             return False
         _atomic_write(self.directory / ADDRESSES_FILE, json.dumps(p2p_addresses).encode())
-        _atomic_write(self.state_path, encoded_state)
+        if self._last is not None:
+            _atomic_write(self.directory / PREVIOUS_STATE_FILE, seal(self._last))
+        _atomic_write(self.state_path, seal(encoded_state))
         self._last = encoded_state
         return True
 
     def load(self) -> tuple[CoordinatorState, dict[str, str]] | None:
         """The saved state, or None when the directory holds none yet."""
-        if not self.state_path.exists():
+        path = self.state_path
+        if not path.exists():
             return None
-        data = self.state_path.read_bytes()
+        if not path.is_file():
+            raise PersistenceError(f"{path} is not a file")
         try:
-            state = decode_state(data)
-        except StateDecodeError as exc:
-            raise PersistenceError(f"{self.state_path}: {exc}") from exc
+            payload = unseal(path.read_bytes(), path)
+            state = decode_state(payload)
+        except (PersistenceError, StateDecodeError) as exc:
+            raise PersistenceError(f"{exc}{self._previous_hint()}") from None
         addresses: dict[str, str] = {}
         addresses_path = self.directory / ADDRESSES_FILE
         if addresses_path.exists():
             try:
                 loaded = json.loads(addresses_path.read_text())
                 addresses = {str(k): str(v) for k, v in loaded.items()}
-            except (ValueError, AttributeError) as exc:
+            except (ValueError, AttributeError, OSError) as exc:
                 raise PersistenceError(f"{addresses_path}: {exc}") from exc
         self._last = encode_state(state)
         return state, addresses
+
+    def _previous_hint(self) -> str:
+        previous = self.directory / PREVIOUS_STATE_FILE
+        if not previous.is_file():
+            return ""
+        try:
+            decode_state(unseal(previous.read_bytes(), previous))
+        except (PersistenceError, StateDecodeError):
+            return ""
+        return (f"; the state before it is intact in {previous}: move it to {STATE_FILE} "
+                "to resume from it, or use an empty directory to start over")

@@ -19,7 +19,7 @@ from coordinator import (
     selection_for_round,
 )
 from coordinator.config import ConfigError
-from coordinator_tcp.persistence import PersistenceError, StateStore
+from coordinator_tcp.persistence import PersistenceError, StateStore, unseal
 from coordinator_tcp.protocol import WarmupWitness, WitnessModel, WitnessSubmit
 from coordinator_tcp.runner import RunOptions, load_run
 from coordinator_tcp.server import CoordinatorServer
@@ -124,7 +124,8 @@ def test_store_is_atomic_and_rejects_garbage(tmp_path: Path) -> None:
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["p2p_addresses.json", "state.bin"]
     loaded = StateStore(tmp_path).load()
     assert loaded is not None and encode_state(loaded[0]) == encode_state(state)
-    assert decode_state((tmp_path / "state.bin").read_bytes()).run_id == state.run_id
+    sealed = (tmp_path / "state.bin").read_bytes()
+    assert decode_state(unseal(sealed, tmp_path / "state.bin")).run_id == state.run_id
     (tmp_path / "state.bin").write_bytes(b"garbage")
     with pytest.raises(PersistenceError, match=r"state\.bin"):
         StateStore(tmp_path).load()
@@ -132,6 +133,63 @@ def test_store_is_atomic_and_rejects_garbage(tmp_path: Path) -> None:
         load_run(RunOptions(state_path=TESTNET / "state.toml",
                             data_config_path=TESTNET / "data.toml",
                             server=server_options(save_state_dir=tmp_path)))
+
+
+def saved_twice(directory: Path) -> tuple[bytes, bytes]:
+    """A store that saved two states: (the current file's bytes, the previous state)."""
+    store = StateStore(directory)
+    coordinator = Coordinator.from_state_file(make_state_file())
+    first = encode_state(coordinator.state)
+    store.save(first, {})
+    coordinator.state.progress.step = 7
+    store.save(encode_state(coordinator.state), {})
+    return (directory / "state.bin").read_bytes(), first
+
+
+def flip_bit(data: bytes, index: int) -> bytes:
+    return data[:index] + bytes([data[index] ^ 0x10]) + data[index + 1:]
+
+
+@pytest.mark.parametrize(("corrupt", "message"), [
+    (lambda data: data[: len(data) // 2], "checksum mismatch, the file is corrupt"),
+    (lambda data: data[:5], r"truncated \(5 bytes\)"),
+    (lambda data: flip_bit(data, len(data) - 3), "checksum mismatch"),
+    (lambda data: flip_bit(data, 60), "checksum mismatch"),
+    (lambda data: flip_bit(data, 20), "checksum mismatch"),  # the stored digest itself
+    (lambda data: data[:8] + bytes([9]) + data[9:], "saved in format 9, this server reads format 1"),
+    (lambda data: b"\x00" * len(data), "not a saved coordinator state"),
+], ids=["truncated", "header-only", "bit-flip-end", "bit-flip-middle", "bit-flip-digest",
+        "wrong-version", "zeroed"])
+def test_a_corrupt_state_file_is_refused_and_the_previous_one_named(
+        tmp_path: Path, corrupt: Callable[[bytes], bytes], message: str) -> None:
+    current, previous = saved_twice(tmp_path)
+    (tmp_path / "state.bin").write_bytes(corrupt(current))
+    with pytest.raises(PersistenceError, match=message) as refused:
+        StateStore(tmp_path).load()
+    assert "state.prev.bin" in str(refused.value)  # the previous good state, named
+    assert unseal((tmp_path / "state.prev.bin").read_bytes(), tmp_path) == previous
+    # Refusing changes nothing on disk; resuming from the previous state works.
+    assert (tmp_path / "state.bin").read_bytes() == corrupt(current)
+    (tmp_path / "state.prev.bin").replace(tmp_path / "state.bin")
+    loaded = StateStore(tmp_path).load()
+    assert loaded is not None and encode_state(loaded[0]) == previous
+
+
+def test_a_state_dir_that_is_a_file_or_a_state_that_is_a_directory_is_refused(
+        tmp_path: Path) -> None:
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    with pytest.raises(PersistenceError, match="is a file, not a directory"):
+        StateStore(a_file)
+    (tmp_path / "saved" / "state.bin").mkdir(parents=True)
+    with pytest.raises(PersistenceError, match=r"state\.bin is not a file"):
+        StateStore(tmp_path / "saved").load()
+    for directory, message in ((a_file, "is a file, not a directory"),
+                               (tmp_path / "saved", "is not a file")):
+        with pytest.raises(ConfigError, match=f"--save-state-dir: .*{message}"):
+            load_run(RunOptions(state_path=TESTNET / "state.toml",
+                                data_config_path=TESTNET / "data.toml",
+                                server=server_options(save_state_dir=directory)))
 
 
 def test_saved_state_of_another_run_is_refused(tmp_path: Path) -> None:
