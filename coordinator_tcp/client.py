@@ -37,10 +37,12 @@ class ProtocolConnection(Connection):
         client_version: str = "",
         timeout_s: float = 10.0,
         expect_welcome: type[BaseModel] = Welcome,
+        local_addr: tuple[str, int] | None = None,
     ) -> tuple[Connection, Any]:
         return await super().connect(
             host, port, identity, run_id, p2p_address, decode=decode, observe=observe,
-            client_version=client_version, timeout_s=timeout_s, expect_welcome=expect_welcome)
+            client_version=client_version, timeout_s=timeout_s, expect_welcome=expect_welcome,
+            local_addr=local_addr)
 
 
 __all__ = ["JoinRefused", "ProtocolConnection"]

@@ -36,7 +36,13 @@ from coordinator_tcp.protocol import (
     encode,
 )
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from psyche_common.tcp.handshake import AcceptGate, JoinRejected, accept_join, send_fatal
+from psyche_common.tcp.handshake import (
+    ACCEPT_BACKLOG,
+    AcceptGate,
+    JoinRejected,
+    accept_join,
+    send_fatal,
+)
 from psyche_common.token_files import DataProviderError, LocalDataProvider
 
 log = logging.getLogger(__name__)
@@ -46,8 +52,9 @@ log = logging.getLogger(__name__)
 class DataServerOptions:
     host: str = "127.0.0.1"
     port: int = 20001
-    handshake_timeout_s: float = 5.0
-    max_handshakes: int = 64
+    handshake_timeout_s: float = 3.0  # as the coordinator server's (server_parts.py)
+    max_handshakes: int = 1024
+    max_handshakes_per_address: int = 8
     # Requests are tiny; a client frame bigger than this is garbage.
     max_request_frame: int = min(SERVER_MAX_FRAME, 64 * 1024)
 
@@ -66,7 +73,9 @@ class DataServer:
         self.samples_served: Counter[str] = Counter()  # hex key -> samples sent
         self.rejections = 0
         self.protocol_errors = 0
-        self._gate = AcceptGate(self.options.max_handshakes, self.options.handshake_timeout_s,
+        self._gate = AcceptGate(self.options.max_handshakes,
+                                self.options.max_handshakes_per_address,
+                                self.options.handshake_timeout_s,
                                 self._handshake_refused)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -82,7 +91,8 @@ class DataServer:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._handle_connection, self.options.host, self.options.port, limit=2**16)
+            self._handle_connection, self.options.host, self.options.port, limit=2**16,
+            backlog=ACCEPT_BACKLOG)
         log.info("data server: %d samples of %d tokens from %s on %s:%d", self.num_sequences,
                  self.config.seq_len, self.config.dir, self.options.host, self.port)
 

@@ -6,8 +6,9 @@ event and every tick that changes the state is followed by a broadcast of the wh
 encoded state to every joined client (clients de-duplicate by content), plus a
 heartbeat. All coordinator calls run on the event loop thread, one at a time.
 
-Untrusted input is handled at the edge: a handshake must finish within a timeout,
-at most `max_handshakes` may be in flight, frames are size-limited before they are
+Untrusted input is handled at the edge (the shared `AcceptGate`): a handshake must
+finish within a timeout, at most `max_handshakes` may be in flight and at most
+`max_handshakes_per_address` from one source address, frames are size-limited before they are
 read, and a garbage frame or a bad signature gets an error reply and a disconnect —
 never an exception in the server, never a change to the run.
 """
@@ -51,7 +52,13 @@ from coordinator_tcp.protocol import (
 )
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from psyche_common.tcp.handshake import AcceptGate, JoinRejected, accept_join, send_fatal
+from psyche_common.tcp.handshake import (
+    ACCEPT_BACKLOG,
+    AcceptGate,
+    JoinRejected,
+    accept_join,
+    send_fatal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +83,9 @@ class CoordinatorServer:
         self.observers: set[_Peer] = set()
         self.p2p_addresses: dict[str, str] = dict(p2p_addresses or {})
         self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
-        self._gate = AcceptGate(self.options.max_handshakes, self.options.handshake_timeout_s,
+        self._gate = AcceptGate(self.options.max_handshakes,
+                                self.options.max_handshakes_per_address,
+                                self.options.handshake_timeout_s,
                                 self._handshake_refused)
         self._stopping = False
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
@@ -104,7 +113,8 @@ class CoordinatorServer:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._handle_connection, self.options.host, self.options.port, limit=2**16)
+            self._handle_connection, self.options.host, self.options.port, limit=2**16,
+            backlog=ACCEPT_BACKLOG)
         self._tasks = [asyncio.create_task(self._tick_loop(), name="coordinator-tick"),
                        asyncio.create_task(self._heartbeat_loop(), name="coordinator-heartbeat")]
         self._persist()

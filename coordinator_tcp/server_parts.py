@@ -22,8 +22,11 @@ class ServerOptions:
     init_warmup_time: int | None = None
     tick_interval_s: float = 0.5
     heartbeat_interval_s: float = 5.0
-    handshake_timeout_s: float = 5.0
-    max_handshakes: int = 64
+    # Handshakes in flight: a slow or idle peer costs one slot per connection, for at most
+    # handshake_timeout_s, and one source address gets at most max_handshakes_per_address.
+    handshake_timeout_s: float = 3.0
+    max_handshakes: int = 1024
+    max_handshakes_per_address: int = 8
     # After a restart from --save-state-dir, listed clients get this long to reconnect.
     reconnect_grace_s: float = 20.0
 

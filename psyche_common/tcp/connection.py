@@ -87,10 +87,12 @@ class Connection:
         client_version: str = "",
         timeout_s: float = 10.0,
         expect_welcome: type[BaseModel] = Welcome,
+        local_addr: tuple[str, int] | None = None,
     ) -> tuple[Connection, Any]:
-        """Connect and join; returns the connection and the server's welcome message."""
+        """Connect (from `local_addr` when given) and join; returns the connection and the
+        server's welcome message."""
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=2**16), timeout_s)
+            asyncio.open_connection(host, port, limit=2**16, local_addr=local_addr), timeout_s)
         connection = cls(reader, writer, decode)
         try:
             welcome = await asyncio.wait_for(connection._join(

@@ -171,7 +171,7 @@ async def test_flood_of_unfinished_handshakes_does_not_stop_the_run(
     flood = await asyncio.gather(*[asyncio.open_connection("127.0.0.1", server.port)
                                    for _ in range(200)])
     await wait_for(lambda: server.stats.connections_accepted >= 201)
-    assert server.stats.handshakes_refused_busy >= 200 - server.options.max_handshakes
+    assert server.stats.handshakes_refused_busy >= 200 - server.options.max_handshakes_per_address
     # The run advances for the joined client during the flood.
     clock.now += 2
     state = decode_state((await next_state(good)).state_bytes)
@@ -264,3 +264,25 @@ async def test_pending_leaves_out_dropped_clients_unless_the_run_could_not_start
         for connection in connections:
             await connection.close()
         await server.stop()
+
+
+async def test_a_thousand_idle_connections_from_one_address_never_stop_an_honest_join(
+        clocked: tuple[CoordinatorServer, Clock]) -> None:
+    """One source opening 1000 connections and saying nothing holds at most its
+    per-address share of handshake slots: a client from another address joins at once,
+    while the flood is still open."""
+    server, _clock = clocked
+    flood = await asyncio.gather(*[asyncio.open_connection("127.0.0.1", server.port)
+                                   for _ in range(1000)])
+    await wait_for(lambda: server.stats.connections_accepted >= 1000, timeout_s=20)
+    assert server._gate.pending <= server.options.max_handshakes_per_address
+    assert server.stats.handshakes_refused_busy >= 1000 - server.options.max_handshakes_per_address
+    started = asyncio.get_running_loop().time()
+    honest, _ = await ProtocolConnection.connect(
+        "127.0.0.1", server.port, identity(5), RUN_ID, "honest", local_addr=("127.0.0.2", 0))
+    assert asyncio.get_running_loop().time() - started < 2
+    await next_state(honest)
+    assert identity(5).public_key in [p.key for p in server.pending]
+    await honest.close()
+    for _reader, writer in flood:
+        writer.close()
