@@ -338,7 +338,10 @@ def _wallet_secret(path: Path | None) -> bytes:
         raise ValueError("a Solana run needs --wallet-private-key-path or RAW_WALLET_PRIVATE_KEY")
     try:
         if raw.startswith("["):
-            secret = bytes(json.loads(raw))
+            try:
+                secret = bytes(json.loads(raw))
+            except RecursionError:
+                raise ValueError("RAW_WALLET_PRIVATE_KEY is JSON nested too deeply") from None
         else:
             from solders.keypair import Keypair
 

@@ -50,6 +50,8 @@ def load_keypair_bytes(path: Path) -> bytes:
         values = json.loads(text)
     except json.JSONDecodeError as error:
         raise WalletError(f"{path} is not JSON ({error.msg}); expected a 64-byte array") from None
+    except RecursionError:
+        raise WalletError(f"{path} is JSON nested too deeply; expected a 64-byte array") from None
     if (
         not isinstance(values, list)
         or len(values) != 64

@@ -306,7 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             try:
                 request = json.loads(self.rfile.read(length))
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 response = _error_body(None, -32700, "Parse error")
             else:
                 if isinstance(request, list):

@@ -135,6 +135,8 @@ def parse_envelope(frame: bytes, kind: str) -> dict[str, Any]:
         data = json.loads(frame)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"invalid {kind} message: not JSON ({exc})") from None
+    except RecursionError:  # a hostile peer's [[[[...]]]]: refused, never a traceback
+        raise ProtocolError(f"invalid {kind} message: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise ProtocolError(
             f"invalid {kind} message: expected a JSON object, got {type(data).__name__}")

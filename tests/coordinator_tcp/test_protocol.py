@@ -118,6 +118,7 @@ def test_data_response_of_the_wrong_size_is_rejected() -> None:
     (json.dumps({"type": "join", "run_id": "r", "identity": "01" * 31, "p2p_address": "",
                  "signature": "00" * 64}).encode(), "expected 32 bytes, got 31"),
     (json.dumps({"type": "health_check", "checks": []}).encode(), "checks"),
+    (b'{"type": "join", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
 ])
 def test_bad_client_frames_are_protocol_errors(frame: bytes, expected: str) -> None:
     with pytest.raises(ProtocolError, match=r"invalid client message|unsupported") as caught:

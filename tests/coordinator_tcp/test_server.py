@@ -131,6 +131,12 @@ async def test_message_before_join_and_garbage_handshake(server: CoordinatorServ
     writer.close()
 
     reader, writer, _ = await raw_connect(server)
+    writer.write(encode_frame(b"[" * 200_000 + b"]" * 200_000))  # 400 KB of nesting
+    reply = await fatal_reply(reader)
+    assert reply.error == "HandshakeFailed" and "nested too deeply" in reply.detail
+    writer.close()
+
+    reader, writer, _ = await raw_connect(server)
     writer.write(b"\x7f\xff\xff\xff")  # announces a 2 GiB frame
     reply = await fatal_reply(reader)
     assert "exceeds the limit" in reply.detail

@@ -21,7 +21,7 @@ from client_image.p2p import (
     encode_broadcast,
     topic_for_run,
 )
-from client_image.p2p.gossip.wire import GossipWireError
+from client_image.p2p.gossip.wire import MAX_CONTROL_BYTES, GossipWireError, decode_control
 
 TOPIC = topic_for_run("run")
 
@@ -127,3 +127,9 @@ def test_signed_message_limits_and_forgery() -> None:
         SignedMessage.create(identity, TOPIC, b"a").message_id
         == SignedMessage.create(identity, TOPIC, b"a").message_id
     )
+
+
+def test_a_deeply_nested_control_frame_is_a_wire_error_not_a_recursion_error() -> None:
+    depth = (MAX_CONTROL_BYTES - 2) // 2  # as deep as fits in one control frame
+    with pytest.raises(GossipWireError, match="nested too deeply"):
+        decode_control(b"[" * depth + b"]" * depth)

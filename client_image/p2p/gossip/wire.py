@@ -126,6 +126,8 @@ def decode_control(body: bytes) -> dict[str, Any]:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise GossipWireError(f"control frame is not JSON: {error}") from None
+    except RecursionError:
+        raise GossipWireError("control frame is JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise GossipWireError("control frame is not a JSON object")
     if value.get("v") != GOSSIP_WIRE_VERSION:
