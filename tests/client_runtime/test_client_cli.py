@@ -1,0 +1,38 @@
+"""`psyche-client train` refuses what this host cannot do before it joins anything."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from client_image.cli import app
+
+runner = CliRunner()
+BASE = ["train", "--run-id", "r", "--server-addr", "127.0.0.1:9", "--logs", "none"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--device", "bogus"], "'bogus' is not a torch device"),
+    pytest.param(["--device", "cuda:0"], "cuda:0: this host has no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA host")),
+    pytest.param(["--device", "cuda"], "cuda: this host has no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA host")),
+    (["--device", "meta"], "meta: this client trains on cpu or cuda devices"),
+    (["--bind-p2p-interface", "nosuchif*"],
+     "no network interface matching 'nosuchif*' has an IPv4 address"),
+])
+def test_an_impossible_device_or_interface_is_a_usage_error(args: list[str],
+                                                            message: str) -> None:
+    result = runner.invoke(app, [*BASE, *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_a_loopback_interface_pattern_and_an_ip_are_accepted() -> None:
+    from client_image.cli import _bind_address
+
+    assert _bind_address("lo*") == ("0.0.0.0", "lo*")
+    assert _bind_address("127.0.0.1") == ("127.0.0.1", None)
+    assert _bind_address(None) == ("0.0.0.0", None)
