@@ -41,8 +41,10 @@ def validate_config(
     except ConfigError as exc:
         errors += exc.errors
     if data_config is not None:
+        from coordinator_tcp.data_server import data_problems
+
         try:
-            load_data_config(data_config)
+            errors += data_problems(load_data_config(data_config), str(data_config))
         except ConfigError as exc:
             errors += exc.errors
     if errors:

@@ -48,6 +48,16 @@ from psyche_common.token_files import DataProviderError, LocalDataProvider
 log = logging.getLogger(__name__)
 
 
+def data_problems(config: DataServerConfig, where: str) -> list[str]:
+    """What keeps the data server from serving `config`'s directory (missing, empty, a
+    truncated token file, too short for one sample), as `where: dir ...` lines."""
+    try:
+        LocalDataProvider(config.dir, config.seq_len, config.token_size)
+    except DataProviderError as exc:
+        return [f"{where}: dir: {exc}"]
+    return []
+
+
 @dataclass
 class DataServerOptions:
     host: str = "127.0.0.1"

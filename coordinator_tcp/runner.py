@@ -30,7 +30,7 @@ from coordinator.config import (
     load_state_file,
 )
 from coordinator.machine import coordinator_from_state
-from coordinator_tcp.data_server import DataServer, DataServerOptions
+from coordinator_tcp.data_server import DataServer, DataServerOptions, data_problems
 from coordinator_tcp.persistence import PersistenceError, StateStore
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
 
@@ -72,6 +72,8 @@ def load_run(options: RunOptions) -> LoadedRun:
             data_config = load_data_config(options.data_config_path)
         except ConfigError as exc:
             errors += exc.errors
+        else:
+            errors += data_problems(data_config, str(options.data_config_path))
     if errors or state_file is None:
         raise ConfigError(errors)
 

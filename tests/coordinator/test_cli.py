@@ -12,13 +12,38 @@ from coordinator_tcp.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "config" / "llama2-20m-dev"
+TESTNET = ROOT / "config" / "local-testnet"
 BAD = Path(__file__).parent / "fixtures" / "bad_state.toml"
 
 
 def test_valid_config_prints_ok() -> None:
+    result = CliRunner().invoke(app, ["validate-config", "--state", str(TESTNET / "state.toml"),
+                                      "--data-config", str(TESTNET / "data.toml")])
+    assert result.exit_code == 0 and result.output.strip() == "OK"
+
+
+def test_a_data_directory_the_server_cannot_serve_is_an_error(tmp_path: Path) -> None:
+    """validate-config checks what `run` will serve: a missing, empty or truncated data
+    directory is named, not found by a crash at start-up."""
+    empty, short = tmp_path / "empty", tmp_path / "short"
+    empty.mkdir()
+    short.mkdir()
+    (short / "a.bin").write_bytes(b"\x01" * 7)  # 3.5 two-byte tokens
+    seed = ", ".join(["1"] * 32)
+    for directory, message in ((tmp_path / "none", "does not exist"),
+                               (empty, "has no token files"),
+                               (short, "not a whole number of 2-byte tokens")):
+        data = tmp_path / "data.toml"
+        data.write_text(f'dir = "{directory}"\ntoken_size = "TwoBytes"\nseq_len = 128\n'
+                        f"shuffle_seed = [{seed}]\n")
+        result = CliRunner().invoke(app, ["validate-config", "--state",
+                                          str(TESTNET / "state.toml"), "--data-config", str(data)])
+        assert result.exit_code == 1, result.output
+        assert f"{data}: dir: " in result.output and message in result.output
+    # Psyche's dev config names a data set this checkout does not ship: said so plainly.
     result = CliRunner().invoke(app, ["validate-config", "--state", str(DEV / "state.toml"),
                                       "--data-config", str(DEV / "data.toml")])
-    assert result.exit_code == 0 and result.output.strip() == "OK"
+    assert result.exit_code == 1 and "fineweb-10bt does not exist" in result.output
 
 
 def test_invalid_config_prints_every_error(tmp_path: Path) -> None:
