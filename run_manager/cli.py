@@ -95,13 +95,21 @@ def _run_client(env_file: Path, options: object, tui: bool,
         run_headless,
         supervisor_config,
     )
-    from run_manager.settings import SettingsError, load_settings, read_env_file
+    from run_manager.settings import (
+        SettingsError,
+        load_settings,
+        read_env_file,
+        unread_variables,
+    )
     from run_manager.view import Dashboard
 
     assert isinstance(options, RunOptions)
     try:
         settings = load_settings(env_file)
         options.env_file_variables = read_env_file(env_file)
+        for name in unread_variables(options.env_file_variables):
+            typer.echo(f"run-manager: warning: {env_file}: {name} is read by neither the "
+                       "run-manager nor the client (a typo?)", err=True)
         coordinator = make_coordinator_source(settings, options.pinned_version)
     except SettingsError as error:
         for problem in error.problems:

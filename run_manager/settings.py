@@ -178,6 +178,18 @@ class RunManagerSettings(BaseSettings):
 HOST_ONLY_VARIABLES = frozenset({"WALLET_PRIVATE_KEY_PATH", "WALLET_PATH", "SCRATCH_DIR"})
 
 
+def unread_variables(variables: dict[str, str]) -> list[str]:
+    """Env-file keys that neither the run-manager nor the client reads (typos, mostly)."""
+    from psyche_common.client_env import read_by_client
+
+    mine: set[str] = set(HOST_ONLY_VARIABLES)
+    for name, field in RunManagerSettings.model_fields.items():
+        mine.add(name)
+        if isinstance(field.validation_alias, AliasChoices):
+            mine.update(str(choice) for choice in field.validation_alias.choices)
+    return sorted(name for name in variables if name not in mine and not read_by_client(name))
+
+
 def read_env_file(env_file: Path) -> dict[str, str]:
     """The KEY=VALUE pairs of an env file, parsed as pydantic-settings parses it."""
     from dotenv import dotenv_values

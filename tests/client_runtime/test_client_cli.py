@@ -36,3 +36,18 @@ def test_a_loopback_interface_pattern_and_an_ip_are_accepted() -> None:
     assert _bind_address("lo*") == ("0.0.0.0", "lo*")
     assert _bind_address("127.0.0.1") == ("127.0.0.1", None)
     assert _bind_address(None) == ("0.0.0.0", None)
+
+
+def test_the_run_managers_list_of_client_variables_is_the_clients() -> None:
+    """The run-manager warns about env-file keys the client does not read: its list
+    (psyche_common.client_env) must be exactly the client CLI's environment names."""
+    import typer.main
+
+    from psyche_common.client_env import CLIENT_OPTION_VARIABLES
+
+    names: set[str] = set()
+    for command in typer.main.get_group(app).commands.values():
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            names.update([envvar] if isinstance(envvar, str) else envvar or [])
+    assert names == CLIENT_OPTION_VARIABLES

@@ -147,3 +147,12 @@ def test_help_and_non_tui_commands_never_import_textual(tmp_path: Path) -> None:
         result = subprocess.run([sys.executable, "-c", probe],
                                 capture_output=True, check=False, text=True, timeout=60)
         assert "TEXTUAL []" in result.stdout, (argv, result.stdout, result.stderr)
+
+
+def test_env_file_keys_nobody_reads_are_named() -> None:
+    from run_manager.settings import unread_variables
+
+    variables = {"RUN_ID": "r", "SERVER_ADDR": "h:1", "WALLET_PATH": "w", "IROH_RELAY": "disabled",
+                 "DEVICE": "cuda", "NCCL_DEBUG": "INFO", "HF_TOKEN": "t", "GPUS": "all",
+                 "COORDINATR_ADDRESS": "typo:1", "MICRO_BATCH": "4"}
+    assert unread_variables(variables) == ["COORDINATR_ADDRESS", "MICRO_BATCH"]
