@@ -231,8 +231,10 @@ def train(
     except (IdentityError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(code=2) from None
-    bind_ip, interface = _bind_address(bind_p2p_interface)
-    device = _resolve_device(device)
+    from client_image.host import bind_address, resolve_device
+
+    bind_ip, interface = bind_address(bind_p2p_interface)
+    device = resolve_device(device)
     mode = cast(LogMode, logs)  # checked against the four log modes at the top
     configure_logging("none" if mode == "tui" else mode)
     if torch_threads:
@@ -347,52 +349,6 @@ def _wallet_secret(path: Path | None) -> bytes:
     if len(secret) != 64:
         raise ValueError(f"RAW_WALLET_PRIVATE_KEY must hold 64 bytes, got {len(secret)}")
     return secret[:32]
-
-
-def _resolve_device(text: str) -> str:
-    """`auto` (CUDA when present, else CPU) or a torch device this host has; anything else
-    is a usage error now, not a warm-up failure after joining the run."""
-    import torch
-
-    if text == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise typer.BadParameter(f"{text!r} is not a torch device (auto, cpu, cuda, cuda:N)",
-                                 param_hint="--device") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise typer.BadParameter(f"{text}: this host has no CUDA device",
-                                     param_hint="--device")
-        if device.index is not None and device.index >= count:
-            raise typer.BadParameter(f"{text}: this host has {count} CUDA device(s)",
-                                     param_hint="--device")
-    elif device.type != "cpu":
-        raise typer.BadParameter(f"{text}: this client trains on cpu or cuda devices",
-                                 param_hint="--device")
-    return text
-
-
-def _bind_address(text: str | None) -> tuple[str, str | None]:
-    """(bind IP, interface pattern) for --bind-p2p-interface: an IP address, or the name
-    pattern of an interface of this host that has an IPv4 address."""
-    import ipaddress
-
-    if not text:
-        return "0.0.0.0", None
-    try:
-        return str(ipaddress.ip_address(text)), None
-    except ValueError:
-        pass
-    from client_image.p2p.transport import interface_ipv4
-
-    try:
-        interface_ipv4(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--bind-p2p-interface") from None
-    return "0.0.0.0", text
 
 
 def main() -> None:

@@ -31,11 +31,11 @@ def test_an_impossible_device_or_interface_is_a_usage_error(args: list[str],
 
 
 def test_a_loopback_interface_pattern_and_an_ip_are_accepted() -> None:
-    from client_image.cli import _bind_address
+    from client_image.host import bind_address
 
-    assert _bind_address("lo*") == ("0.0.0.0", "lo*")
-    assert _bind_address("127.0.0.1") == ("127.0.0.1", None)
-    assert _bind_address(None) == ("0.0.0.0", None)
+    assert bind_address("lo*") == ("0.0.0.0", "lo*")
+    assert bind_address("127.0.0.1") == ("127.0.0.1", None)
+    assert bind_address(None) == ("0.0.0.0", None)
 
 
 def test_the_run_managers_list_of_client_variables_is_the_clients() -> None:
