@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +62,22 @@ async def next_state(connection: ProtocolConnection, timeout_s: float = 5.0) -> 
                 return message
 
     return await asyncio.wait_for(wait(), timeout_s)
+
+
+class Clock:
+    """The server's clock in a test: seconds that move only when the test says so."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def wait_for(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
+    """Poll `condition` every 20 ms until it holds; AssertionError after `timeout_s`."""
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached in time")

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tcp_helpers import RUN_ID, identity, join, make_state_file, next_state, server_options
+from tcp_helpers import RUN_ID, Clock, identity, join, next_state
 
-from coordinator import Coordinator, RunState, Witness, WitnessProof, decode_state
+from coordinator import RunState, Witness, WitnessProof, decode_state
 from coordinator_tcp.data_protocol import decode_data_client_message, decode_data_server_message
 from coordinator_tcp.protocol import (
     ProtocolError,
@@ -56,24 +54,6 @@ def test_decoders_only_raise_protocol_errors(frame: bytes) -> None:
             decode(frame)
         except ProtocolError as error:
             assert str(error)  # every refusal says what is wrong
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def clocked() -> AsyncIterator[tuple[CoordinatorServer, Clock]]:
-    clock = Clock()
-    instance = CoordinatorServer(Coordinator.from_state_file(make_state_file()),
-                                 server_options(), clock=clock)
-    await instance.start()
-    yield instance, clock
-    await instance.stop()
 
 
 async def hostile(server: CoordinatorServer, frames: list[bytes], *, join_first: bool) -> bytes:

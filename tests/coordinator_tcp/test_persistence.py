@@ -7,7 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tcp_helpers import TESTNET, identity, join, make_state_file, next_state, server_options
+from tcp_helpers import (
+    TESTNET,
+    Clock,
+    identity,
+    join,
+    make_state_file,
+    next_state,
+    server_options,
+    wait_for,
+)
 
 from coordinator import (
     Coordinator,
@@ -25,36 +34,20 @@ from coordinator_tcp.runner import RunOptions, load_run
 from coordinator_tcp.server import CoordinatorServer
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 2_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def _until(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
 async def test_restart_resumes_step_epoch_and_clients(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(2_000_000.0)
     options = server_options(save_state_dir=tmp_path / "saved", reconnect_grace_s=30)
     first = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
                               clock=clock)
     await first.start()
     client = await join(first, identity(1), address="addr-1")
     clock.now += 2
-    await _until(lambda: first.state.run_state is RunState.Warmup)
+    await wait_for(lambda: first.state.run_state is RunState.Warmup)
     await client.send(WarmupWitness(witness=WitnessModel.of(
         Witness(WitnessProof(position=0, index=0, witness=False)))))
-    await _until(lambda: first.state.run_state is RunState.RoundTrain)
+    await wait_for(lambda: first.state.run_state is RunState.RoundTrain)
     clock.now += 3  # RoundTrain times out -> RoundWitness; then the step advances
-    await _until(lambda: first.state.run_state is RunState.RoundWitness)
+    await wait_for(lambda: first.state.run_state is RunState.RoundWitness)
     before = encode_state(first.state)
     await first.stop()  # the server process dies; the client's connection with it
     await client.close()
@@ -81,9 +74,9 @@ async def test_restart_resumes_step_epoch_and_clients(tmp_path: Path) -> None:
     # the grace deadline passes without withdrawing it.
     proof = selection_for_round(second.state).witness_of(0)
     await client.send(WitnessSubmit(witness=WitnessModel.of(Witness(proof))))
-    await _until(lambda: len(second.state.current_round.witnesses) == 1)
+    await wait_for(lambda: len(second.state.current_round.witnesses) == 1)
     clock.now += 31
-    await _until(lambda: second.state.progress.step == 2)
+    await wait_for(lambda: second.state.progress.step == 2)
     assert second.state.run_state is RunState.RoundTrain
     assert second.state.epoch_state.clients[0].state.name == "Healthy"
     await second.stop()
@@ -91,14 +84,14 @@ async def test_restart_resumes_step_epoch_and_clients(tmp_path: Path) -> None:
 
 
 async def test_clients_that_do_not_come_back_are_withdrawn(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(2_000_000.0)
     options = server_options(save_state_dir=tmp_path, reconnect_grace_s=5)
     first = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
                               clock=clock)
     await first.start()
     client = await join(first, identity(1))
     clock.now += 2
-    await _until(lambda: first.state.run_state is RunState.Warmup)
+    await wait_for(lambda: first.state.run_state is RunState.Warmup)
     await first.stop()
     await client.close()
     saved = StateStore(tmp_path).load()
@@ -112,7 +105,7 @@ async def test_clients_that_do_not_come_back_are_withdrawn(tmp_path: Path) -> No
         epoch = second.state.epoch_state
         return [c.state.name for c in [*epoch.clients, *epoch.exited_clients]]
 
-    await _until(lambda: states() == ["Withdrawn"])
+    await wait_for(lambda: states() == ["Withdrawn"])
     await second.stop()
 
 
@@ -203,7 +196,7 @@ def test_saved_state_of_another_run_is_refused(tmp_path: Path) -> None:
 
 
 async def test_init_warmup_time_applies_until_active_and_never_sticks(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(2_000_000.0)
     options = server_options(save_state_dir=tmp_path / "saved", init_warmup_time=7)
     server = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
                                clock=clock)
@@ -212,7 +205,7 @@ async def test_init_warmup_time_applies_until_active_and_never_sticks(tmp_path: 
     try:
         assert server.state.config.warmup_time == 7
         clock.now += 2
-        await _until(lambda: server.state.run_state is RunState.Warmup)
+        await wait_for(lambda: server.state.run_state is RunState.Warmup)
         clock.now += 3  # past the configured 2 s but within the initial 7 s: still warming up
         await asyncio.sleep(0.2)
         assert server.state.run_state is RunState.Warmup
@@ -222,7 +215,7 @@ async def test_init_warmup_time_applies_until_active_and_never_sticks(tmp_path: 
                                       data_config_path=TESTNET / "data.toml"))
         assert resumed.coordinator.state.config.warmup_time == 2  # from the state file
         clock.now += 5
-        await _until(lambda: server.state.run_state is RunState.RoundTrain)
+        await wait_for(lambda: server.state.run_state is RunState.RoundTrain)
         assert server.state.config.warmup_time == 2  # active: back to the configured value
     finally:
         await server.stop()

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import pytest
-from tcp_helpers import RUN_ID, identity, join, make_state_file, next_state, server_options
+from tcp_helpers import (
+    RUN_ID,
+    Clock,
+    identity,
+    join,
+    make_state_file,
+    next_state,
+    server_options,
+    wait_for,
+)
 
 from coordinator import (
     Client,
@@ -37,24 +45,6 @@ from psyche_common.tcp.framing import encode_frame, read_frame
 from psyche_common.tcp.messages import signed_join
 
 
-class Clock:
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def clocked() -> AsyncIterator[tuple[CoordinatorServer, Clock]]:
-    clock = Clock()
-    instance = CoordinatorServer(Coordinator.from_state_file(make_state_file()),
-                                 server_options(), clock=clock)
-    await instance.start()
-    yield instance, clock
-    await instance.stop()
-
-
 async def raw_connect(server: CoordinatorServer) -> tuple[asyncio.StreamReader,
                                                           asyncio.StreamWriter, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -68,14 +58,6 @@ async def fatal_reply(reader: asyncio.StreamReader) -> ErrorReply:
     assert isinstance(reply, ErrorReply) and reply.fatal
     assert await asyncio.wait_for(reader.read(), 5) == b""  # and the server hung up
     return reply
-
-
-async def wait_for(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 async def test_join_gets_welcome_and_state(server: CoordinatorServer) -> None:

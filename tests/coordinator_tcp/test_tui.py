@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tcp_helpers import identity, join, make_state_file, next_state, server_options
+from tcp_helpers import Clock, identity, join, make_state_file, next_state, server_options
 from textual.widgets import DataTable
 
 from coordinator import Coordinator, RunState
@@ -14,15 +14,8 @@ from coordinator_tcp.summary import summarize
 from coordinator_tcp.tui import CoordinatorApp
 
 
-class Clock:
-    now = 3_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_dashboard_shows_run_and_ctrl_p_pauses() -> None:
-    clock = Clock()
+    clock = Clock(3_000_000.0)
     server = CoordinatorServer(Coordinator.from_state_file(make_state_file()), server_options(),
                                clock=clock)
     await server.start()
