@@ -13,36 +13,14 @@ as its default decoder; `JoinRefused` is raised when the server refuses the join
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel
-
-from coordinator_tcp.protocol import Welcome, decode_server_message
-from psyche_common.identity import Identity
+from coordinator_tcp.protocol import decode_server_message
 from psyche_common.tcp.connection import Connection, JoinRefused
 
 
 class ProtocolConnection(Connection):
-    @classmethod
-    async def connect(  # the decoder becomes optional
-        cls,
-        host: str,
-        port: int,
-        identity: Identity,
-        run_id: str,
-        p2p_address: str = "",
-        *,
-        decode: Callable[[bytes], Any] = decode_server_message,
-        observe: bool = False,
-        client_version: str = "",
-        timeout_s: float = 10.0,
-        expect_welcome: type[BaseModel] = Welcome,
-        local_addr: tuple[str, int] | None = None,
-    ) -> tuple[Connection, Any]:
-        return await super().connect(
-            host, port, identity, run_id, p2p_address, decode=decode, observe=observe,
-            client_version=client_version, timeout_s=timeout_s, expect_welcome=expect_welcome,
-            local_addr=local_addr)
+    default_decode: ClassVar[Callable[[bytes], Any] | None] = staticmethod(decode_server_message)
 
 
 __all__ = ["JoinRefused", "ProtocolConnection"]

@@ -23,7 +23,7 @@ import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -65,6 +65,9 @@ def parse_host_port(text: str, what: str) -> tuple[str, int]:
 
 
 class Connection:
+    # The decoder `connect` uses when none is given; a protocol's subclass sets its own.
+    default_decode: ClassVar[Callable[[bytes], Any] | None] = None
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  decode: Callable[[bytes], Any], max_frame: int = CLIENT_MAX_FRAME):
         self.reader = reader
@@ -82,7 +85,7 @@ class Connection:
         run_id: str,
         p2p_address: str = "",
         *,
-        decode: Callable[[bytes], Any],
+        decode: Callable[[bytes], Any] | None = None,
         observe: bool = False,
         client_version: str = "",
         timeout_s: float = 10.0,
@@ -90,7 +93,10 @@ class Connection:
         local_addr: tuple[str, int] | None = None,
     ) -> tuple[Connection, Any]:
         """Connect (from `local_addr` when given) and join; returns the connection and the
-        server's welcome message."""
+        server's welcome message. Frames are decoded by `decode`, else `default_decode`."""
+        decode = decode or cls.default_decode
+        if decode is None:
+            raise TypeError(f"{cls.__name__}.connect needs a decode function")
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, limit=2**16, local_addr=local_addr), timeout_s)
         connection = cls(reader, writer, decode)
