@@ -1,0 +1,130 @@
+"""Chaos: the local testnet with clients SIGKILLed and restarted at random. Prints its
+figures, then ONE JSON line.
+
+    .venv/bin/python bench/chaos.py [--clients 3] [--kill-interval 20] [--total-steps 80]
+                                    [--epoch-time 30] [--timeout 1200]
+
+A real `psyche-coordinator run` and N real `psyche-client train` processes on this
+machine (the bundled tiny Llama and data, config/local-testnet with total_steps and
+epoch_time raised so the run lasts long enough); every --kill-interval seconds one
+client is SIGKILLed and started again at once, until the run finishes.
+
+kills, rejoins       SIGKILLs sent; killed clients seen Healthy in a later epoch
+clients_identical    the final checkpoints of the clients that reached the last one
+                     are byte-identical (SHA-256 of their safetensors)
+steps_lost           steps the coordinator counted with batches to train (the rule the
+                     clients apply: a batch assigned, and not one of the epoch's last two
+                     apply-only rounds) that no client trained
+models_reset         checkpoints after step 0 whose weights equal the initial model's
+                     (a client that silently restarted from the Hub model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+import tomli_w
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coordinator import CoordinatorState, RunState, assign_data_for_state  # noqa: E402
+from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
+
+CONFIG = ROOT / "config" / "local-testnet"
+
+
+class ChaosTestnet(Testnet):
+    """The testnet, also noting each round the coordinator starts and whether it has
+    batches to train (as the clients decide it, from the same state)."""
+
+    def __init__(self, options: TestnetOptions):
+        super().__init__(options)
+        self.trainable: dict[int, bool] = {}
+
+    def _track_rejoins(self, state: CoordinatorState) -> None:
+        super()._track_rejoins(state)
+        if state.run_state is RunState.RoundTrain:
+            step, last = state.progress.step, state.epoch_state.last_step
+            has_batches = bool(assign_data_for_state(state))
+            self.trainable.setdefault(step, has_batches and (last == 0 or step < last - 2))
+
+
+def models_reset(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]:
+    """(checkpoints equal to the initial model, checkpoints examined), after step 0."""
+    import torch
+    from safetensors.torch import load_file
+
+    start = {name: tensor.float() for name, tensor in load_file(initial).items()}
+    reset = examined = 0
+    for i in range(1, clients + 1):
+        for directory in sorted((work_dir / f"client-{i}" / "checkpoints").glob("*-step*")):
+            if int(directory.name.rsplit("-step", 1)[1]) == 0:
+                continue
+            weights: dict[str, torch.Tensor] = {}
+            for file in directory.glob("*.safetensors"):
+                weights.update(load_file(file))
+            if not weights:
+                continue
+            examined += 1
+            if all(name in weights and torch.equal(weights[name].float(), tensor)
+                   for name, tensor in start.items()):
+                reset += 1
+    return reset, examined
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--kill-interval", type=float, default=20.0)
+    parser.add_argument("--total-steps", type=int, default=80)
+    parser.add_argument("--epoch-time", type=int, default=30)
+    parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument("--server-port", type=int, default=20400)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="psyche-chaos-"))
+    config = work / "config"
+    config.mkdir()
+    state = tomllib.loads((CONFIG / "state.toml").read_text())
+    state["config"].update(total_steps=args.total_steps, epoch_time=args.epoch_time,
+                           init_min_clients=args.clients)
+    checkpoint = state["model"]["LLM"]["checkpoint"]["Hub"]
+    initial = ROOT / checkpoint["repo_id"] / "model.safetensors"
+    checkpoint["repo_id"] = str(ROOT / checkpoint["repo_id"])
+    (config / "state.toml").write_text(tomli_w.dumps(state))
+    data = tomllib.loads((CONFIG / "data.toml").read_text())
+    data["dir"] = str((CONFIG / data["dir"]).resolve())
+    (config / "data.toml").write_text(tomli_w.dumps(data))
+
+    testnet = ChaosTestnet(TestnetOptions(
+        num_clients=args.clients, config_path=config, work_dir=work / "run",
+        server_port=args.server_port, data_port=args.server_port + 1, random_kill_num=1,
+        random_kill_interval_s=args.kill_interval, timeout_s=args.timeout))
+    summary = asyncio.run(run_headless(testnet))
+    trained = {step for client in testnet.clients.values() for step in client.losses}
+    expected = sorted(step for step, has in testnet.trainable.items() if has)
+    lost = [step for step in expected if step not in trained]
+    reset, examined = models_reset(work / "run", args.clients, initial)
+    print(f"run: {json.dumps(summary)}")
+    print(f"steps with batches: {len(expected)}, trained by someone: "
+          f"{len(expected) - len(lost)}, lost: {lost}")
+    print(f"checkpoints after step 0: {examined}, equal to the initial model: {reset}")
+    print(f"work dir: {work}")
+    print(json.dumps({
+        "kills": summary["killed"], "rejoins": summary["rejoined"],
+        "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
+        "models_reset": reset, "final_step": summary["final_step"],
+        "finished": summary["finished"], "checkpoints_examined": examined,
+        "wall_s": summary["wall_s"],
+    }))
+
+
+if __name__ == "__main__":
+    main()
