@@ -12,6 +12,9 @@ client is SIGKILLed and started again at once, until the run finishes.
 kills, rejoins       SIGKILLs sent; killed clients seen Healthy in a later epoch
 clients_identical    the final checkpoints of the clients that reached the last one
                      are byte-identical (SHA-256 of their safetensors)
+checkpoint_steps_compared, checkpoint_steps_differing
+                     every step at which two or more clients saved a checkpoint, and
+                     those where their safetensors differ (should be none)
 steps_lost           steps the coordinator counted with batches to train (the rule the
                      clients apply: a batch assigned, and not one of the epoch's last two
                      apply-only rounds) that no client trained
@@ -79,6 +82,27 @@ def models_reset(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]
     return reset, examined
 
 
+def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
+    """(steps saved by 2+ clients, the steps among them whose checkpoints differ)."""
+    import hashlib
+
+    digests: dict[int, set[str]] = {}
+    savers: dict[int, int] = {}
+    for i in range(1, clients + 1):
+        for directory in (work_dir / f"client-{i}" / "checkpoints").glob("*-step*"):
+            files = sorted(directory.glob("*.safetensors"))
+            if not files:
+                continue
+            digest = hashlib.sha256()
+            for file in files:
+                digest.update(file.name.encode() + file.read_bytes())
+            step = int(directory.name.rsplit("-step", 1)[1])
+            digests.setdefault(step, set()).add(digest.hexdigest())
+            savers[step] = savers.get(step, 0) + 1
+    shared = sorted(step for step, count in savers.items() if count >= 2)
+    return len(shared), [step for step in shared if len(digests[step]) > 1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=3)
@@ -106,21 +130,25 @@ def main() -> None:
     testnet = ChaosTestnet(TestnetOptions(
         num_clients=args.clients, config_path=config, work_dir=work / "run",
         server_port=args.server_port, data_port=args.server_port + 1, random_kill_num=1,
-        random_kill_interval_s=args.kill_interval, timeout_s=args.timeout))
+        random_kill_interval_s=args.kill_interval, timeout_s=args.timeout,
+        client_args=["--keep-steps", "1000"]))  # every epoch's checkpoint stays to compare
     summary = asyncio.run(run_headless(testnet))
     trained = {step for client in testnet.clients.values() for step in client.losses}
     expected = sorted(step for step, has in testnet.trainable.items() if has)
     lost = [step for step in expected if step not in trained]
     reset, examined = models_reset(work / "run", args.clients, initial)
+    compared, differing = checkpoint_agreement(work / "run", args.clients)
     print(f"run: {json.dumps(summary)}")
     print(f"steps with batches: {len(expected)}, trained by someone: "
           f"{len(expected) - len(lost)}, lost: {lost}")
     print(f"checkpoints after step 0: {examined}, equal to the initial model: {reset}")
+    print(f"steps checkpointed by 2+ clients: {compared}, differing: {differing}")
     print(f"work dir: {work}")
     print(json.dumps({
         "kills": summary["killed"], "rejoins": summary["rejoined"],
         "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
-        "models_reset": reset, "final_step": summary["final_step"],
+        "models_reset": reset, "checkpoint_steps_compared": compared,
+        "checkpoint_steps_differing": len(differing), "final_step": summary["final_step"],
         "finished": summary["finished"], "checkpoints_examined": examined,
         "wall_s": summary["wall_s"],
     }))

@@ -63,6 +63,7 @@ from client_image.runtime.rounds import (
 from client_image.runtime.tasks import GuardedTasks
 from client_image.runtime.warmup import WarmupTracker
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
+from coordinator.config import P2PCheckpoint
 from coordinator_tcp.protocol import (
     HealthCheck,
     HealthCheckEntry,
@@ -176,7 +177,11 @@ class RoundRunner:
     # ------------------------------------------------------------------ warm-up
     async def _warmup(self, state: CoordinatorState) -> None:
         with self._phase("warmup", state):
-            if not (self.worker.loaded and self.model_fresh and not self.desynced):
+            # Keep the model in memory only while the run continues from the last epoch's
+            # clients (a P2P checkpoint); when the coordinator names a stored checkpoint,
+            # everyone loads it, or this client would train on a model no one else has.
+            continuing = isinstance(state.model.checkpoint, P2PCheckpoint)
+            if not (continuing and self.worker.loaded and self.model_fresh and not self.desynced):
                 await self.model.load(state, self._model_sources(state))
             if self.data is None:
                 self.data = await self.open_data(state)
@@ -189,10 +194,9 @@ class RoundRunner:
             await self.warmup.maybe_witness(self.state, self.model_fresh)
 
     def _model_sources(self, state: CoordinatorState) -> list[bytes]:
-        """Peers that may hold the run's current model: those of this epoch that went
-        through the last cooldown when we saw it; after a restart we did not, so every other
-        client of the epoch (a peer shares a model only from a cooldown, tagged with its
-        step, and the fetch accepts only this epoch's start step)."""
+        """Peers that may hold the run's model: this epoch's clients that went through the
+        last cooldown, or after a restart (we saw none) all the others; shared models carry
+        their step and the fetch accepts only this epoch's start step."""
         others = [c.id.key for c in state.epoch_state.clients if c.id.key != self.me.key]
         if not self.previous_epoch_clients:
             return others

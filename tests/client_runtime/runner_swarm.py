@@ -167,7 +167,8 @@ class FakeCoordinatorLink:
         self.me = me
 
     async def send(self, message: BaseModel) -> bool:
-        self.swarm.inbox.append((self.me, message))
+        if self.me not in self.swarm.muted:
+            self.swarm.inbox.append((self.me, message))
         return True
 
 
@@ -188,6 +189,7 @@ class FakeSwarm:
         # (trainer, step) -> what its result turns into on the way to everyone else
         self.corrupt_results_of: dict[tuple[bytes, int], Callable[[bytes], bytes]] = {}
         self.deaf: set[NodeIdentity] = set()  # runners that hear no coordinator state
+        self.muted: set[NodeIdentity] = set()  # runners whose messages never arrive
         self.inbox: list[tuple[NodeIdentity, BaseModel]] = []
         self.sent: list[tuple[NodeIdentity, BaseModel, object]] = []  # with the coordinator's answer
         self.events: list[tuple[NodeIdentity, RuntimeEvent]] = []

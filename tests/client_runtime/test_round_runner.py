@@ -24,7 +24,7 @@ from client_image.runtime.events import (
 )
 from client_image.runtime.rounds import my_witness_proof
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
-from coordinator.config import P2PCheckpoint
+from coordinator.config import HubCheckpoint, P2PCheckpoint
 from coordinator_tcp.protocol import HealthCheck, WitnessSubmit
 
 
@@ -247,6 +247,25 @@ async def test_with_no_peer_holding_the_model_a_runner_sits_the_epoch_out() -> N
     for n in swarm.nodes:
         assert swarm.worker(n).loads == [] and swarm.worker(n).trained == []
         assert any("warmup failed" in e.reason for e in swarm.events_of(Desynced, n))
+
+
+async def test_when_the_coordinator_falls_back_to_the_hub_every_runner_reloads_it() -> None:
+    """A round whose witness never reports ends the epoch with everyone withdrawn; the next
+    epoch starts from the stored (Hub) checkpoint. Runners whose in-memory model is still
+    fresh must load it too, or they would train on a model no other client has."""
+    swarm = FakeSwarm(3, epoch_time=60)
+    swarm.muted.add(swarm.nodes[0])  # its witness messages never arrive
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown,
+                          max_turns=600)
+    swarm.muted.clear()
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain)
+    assert isinstance(swarm.coordinator.state.model.checkpoint, HubCheckpoint)
+    for n in swarm.nodes:
+        assert swarm.worker(n).loads == ["hub:assets/tiny-llama"] * 2
+    await swarm.run_until(step_reached(swarm.coordinator.state.progress.step + 3))
+    applied = [swarm.worker(n).applied for n in swarm.nodes]
+    assert applied[0] == applied[1] == applied[2]
 
 
 async def test_a_failing_round_task_is_a_desync_not_a_crash() -> None:
