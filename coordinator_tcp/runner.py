@@ -33,6 +33,7 @@ from coordinator.machine import coordinator_from_state
 from coordinator_tcp.data_server import DataServer, DataServerOptions, data_problems
 from coordinator_tcp.persistence import PersistenceError, StateStore
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
+from psyche_common.tcp.connection import parse_host_port
 
 if TYPE_CHECKING:
     from psyche_common.telemetry import Telemetry, TelemetryOptions
@@ -80,8 +81,7 @@ def load_run(options: RunOptions) -> LoadedRun:
     location = state_file.model.data_location
     data_address: tuple[str, int] | None = None
     if isinstance(location, ServerDataLocation):
-        host, _, port = location.address.rpartition(":")
-        data_address = (host.strip("[]"), int(port))
+        data_address = parse_host_port(location.address, "model.LLM.data_location")
         if data_config is None:
             errors.append(f"model.LLM.data_location is Server({location.address!r}): "
                           "pass --data-config data.toml for the TCP data server")
