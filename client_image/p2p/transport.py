@@ -194,6 +194,19 @@ class Transport:
         known = self._peers.addresses.get(address.node_id)
         if known is None or address.direct_addresses or address.relay_url:
             self._peers.addresses[address.node_id] = address
+        if known is not None and known.direct_addresses and address.direct_addresses and not (
+                set(known.direct_addresses) & set(address.direct_addresses)):
+            self._forget_connections(address.node_id)
+
+    def _forget_connections(self, node_id: bytes) -> None:
+        """The peer moved (a restarted process binds a new port): a pooled connection to
+        its old incarnation would stall every request until QUIC's idle timeout, and a
+        cached dial failure would refuse the new address; drop both so the next request
+        dials the new one."""
+        for key in [key for key in self._outgoing if key[0] == node_id]:
+            self.drop_connection(*key)
+        for key in [key for key in self._dial_failed_at if key[0] == node_id]:
+            del self._dial_failed_at[key]
 
     # -- connections -------------------------------------------------------------------
     async def connect(self, node_id: bytes, alpn: bytes) -> iroh.Connection:

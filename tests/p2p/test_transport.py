@@ -2,16 +2,22 @@
 
 import asyncio
 import os
+import sys
+import time
+from pathlib import Path
 
 import iroh
 import pytest
 
 from client_image.p2p import BLOBS_ALPN, GOSSIP_ALPN, NodeConfig, P2PNode, PeerAddress
+from client_image.p2p.blobs import BlobDownloadError
 from client_image.p2p.transport import Transport, TransportError, interface_ipv4
+from psyche_common.identity import Identity
 
 from .swarm import started_nodes, wait_until
 
 pytestmark = pytest.mark.timeout(60)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -90,3 +96,39 @@ async def test_junk_on_our_alpns_never_takes_the_node_down() -> None:
         assert await client.blobs.download(digest, len(data), [server.node_id]) == data
         assert server.transport.running
         assert isinstance(server.transport._endpoint, iroh.Endpoint)
+
+
+async def _blob_peer(secret_hex: str) -> tuple[asyncio.subprocess.Process, str, bytes]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.p2p.blob_peer_process", secret_hex,
+        stdout=asyncio.subprocess.PIPE, cwd=REPO_ROOT)
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 30)
+    address, digest = line.decode().split()
+    return process, address, bytes.fromhex(digest)
+
+
+async def test_a_peer_killed_and_restarted_on_a_new_port_is_reached_at_once() -> None:
+    """A SIGKILLed peer closes nothing: our pooled connection to it would stall requests
+    until QUIC's idle timeout, and a cached dial failure would refuse its new address.
+    Learning the new address (as from the coordinator's client list) must drop both."""
+    secret = os.urandom(32).hex()
+    peer_id = Identity.from_hex(secret).public_key
+    async with P2PNode(config=NodeConfig.loopback()) as node:
+        process, address, digest = await _blob_peer(secret)
+        try:
+            node.add_peer_addresses([PeerAddress(peer_id, (address,))])
+            assert len(await node.blobs.download(digest, 6338, [peer_id])) == 6338
+            process.kill()
+            await process.wait()
+            with pytest.raises(BlobDownloadError):  # dead: fails, and caches the failure
+                await node.blobs.download(digest, 6338, [peer_id])
+            process, new_address, digest = await _blob_peer(secret)
+            assert new_address != address
+            node.add_peer_addresses([PeerAddress(peer_id, (new_address,))])
+            started = time.monotonic()
+            assert len(await node.blobs.download(digest, 6338, [peer_id])) == 6338
+            assert time.monotonic() - started < 2.0  # not the 10 s read timeout on the corpse
+        finally:
+            process.kill()
+            await process.wait()
