@@ -301,9 +301,15 @@ class CoordinatorServer:
             previous.writer.close()
         peer = _Peer(identity, message.p2p_address, writer)
         self.peers[identity] = peer
+        moved = self.p2p_addresses.get(identity.key.hex()) != message.p2p_address
         self.p2p_addresses[identity.key.hex()] = message.p2p_address
         writer.write(encode_frame(encode(Welcome(identity=identity.key))))
         peer.send(self.state_message())
+        if moved and self.state.index_of(identity) is not None:
+            # A listed client came back on a new address (a restarted process): its peers
+            # must dial the new one now, not at the next state change.
+            self._persist()
+            self._send_all(self.state_message())
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
         return peer
 

@@ -224,6 +224,29 @@ async def test_same_key_reconnecting_replaces_the_old_connection(server: Coordin
     await first.close()
 
 
+async def test_a_listed_client_back_on_a_new_address_is_announced_at_once(
+        clocked: tuple[CoordinatorServer, Clock]) -> None:
+    """A restarted client process binds a new p2p port; its peers need the new address to
+    download its results now, not at the next state change (which may be 10 s away)."""
+    server, clock = clocked
+    one, two = await join(server, identity(1)), await join(server, identity(2))
+    clock.now += 2
+    await wait_for(lambda: server.state.run_state is RunState.Warmup)
+    key = identity(2).node_id
+
+    moved = f"{key}@127.0.0.1:2"
+
+    async def one_learns_the_move() -> None:
+        while (await next_state(one)).p2p_addresses.get(key) != moved:
+            pass
+
+    second_two = await join(server, identity(2), address=moved)
+    await asyncio.wait_for(one_learns_the_move(), 5)
+    assert server.state.run_state is RunState.Warmup  # no state change carried it
+    for connection in (one, two, second_two):
+        await connection.close()
+
+
 def test_join_signature_covers_the_run_and_address() -> None:
     who = Identity(b"\x05" * 32)
     a = signed_join(who, b"\x01" * 32, RUN_ID, "addr")
