@@ -156,13 +156,17 @@ class BlobService:
         size: int,
         providers: Sequence[bytes],
         rate_limiter: RateLimiter | None = None,
+        *,
+        in_order: bool = False,
     ) -> bytes:
-        """Fetch the blob ``digest`` of ``size`` bytes from any of ``providers``, verified.
+        """Fetch the blob ``digest`` of ``size`` bytes from any of ``providers``, verified;
+        tried in a random order, or in the given one with ``in_order``.
 
         Raises ``BlobDownloadError`` naming the cause once every attempt is spent.
         """
         candidates = list(providers)
-        random.shuffle(candidates)
+        if not in_order:
+            random.shuffle(candidates)
         async with self._slots:
             data, _ = await self.fetch(digest, size, candidates, rate_limiter)
         return data

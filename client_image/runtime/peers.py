@@ -3,11 +3,12 @@
     peers = IrohPeers(node, topic, ModelFetchOptions(...), progress=telemetry.model_progress)
     await peers.broadcast(Finished(step=3))          # encoded, signed, gossiped
     blob_hash = peers.publish_result(3, payload)    # served to anyone who asks
-    data = await peers.download_result(blob_hash, size, sender)
+    data = await peers.download_result(blob_hash, size, sender, step, also_from=clients)
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 
 import torch
@@ -36,8 +37,16 @@ class IrohPeers:
     def publish_result(self, step: int, payload: bytes) -> bytes:
         return self.node.blob_store.add(payload, tag=step_tag("result", step))
 
-    async def download_result(self, blob_hash: bytes, size: int, sender: bytes) -> bytes:
-        return await self.node.blobs.download(blob_hash, size, [sender])
+    async def download_result(self, blob_hash: bytes, size: int, sender: bytes, step: int,
+                              also_from: Sequence[bytes] = ()) -> bytes:
+        # The producer first; then, spread at random, peers that may have fetched it (the
+        # attempt loop rotates through this order).
+        others = [peer for peer in also_from if peer != sender]
+        random.shuffle(others)
+        data = await self.node.blobs.download(blob_hash, size, [sender, *others], in_order=True)
+        # Serve it on: if the producer dies, the peers still missing it get it from us.
+        self.node.blob_store.add(data, tag=step_tag("downloaded-result", step))
+        return data
 
     def forget_results_before(self, step: int) -> None:
         self.node.blob_store.remove_steps_before(step)

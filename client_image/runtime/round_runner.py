@@ -203,6 +203,11 @@ class RoundRunner:
         listed = set(others)
         return [key for key in self.previous_epoch_clients if key in listed]
 
+    def _other_clients(self) -> list[bytes]:
+        """This epoch's other clients: who may hold a result besides its producer."""
+        clients = self.state.epoch_state.clients if self.state is not None else []
+        return [c.id.key for c in clients if c.id.key != self.me.key]
+
     # ------------------------------------------------------------------ training round
     def _start_round(self, state: CoordinatorState) -> None:
         step, height = state.progress.step, state.current_round.height
@@ -326,8 +331,9 @@ class RoundRunner:
     async def _download(self, record: StepRecord, batch: BatchKey, commitment: bytes) -> None:
         announced = record.announced[batch][commitment]
         try:
-            data = await self.peers.download_result(announced.blob_hash, announced.blob_size,
-                                                    announced.sender)
+            data = await self.peers.download_result(
+                announced.blob_hash, announced.blob_size, announced.sender, record.step,
+                also_from=self._other_clients())
         except Exception as exc:
             self.counters.apply_message_failure += 1
             self.events.emit(DownloadFailed(step=record.step, batch=batch, error=str(exc)[:200]))

@@ -41,7 +41,7 @@ from coordinator import (
     encode_state,
 )
 from coordinator.config import LLMConfig, state_file_from_dict
-from coordinator_tcp.protocol import HealthCheck, WarmupWitness, WitnessSubmit
+from coordinator_tcp.protocol import CheckpointReport, HealthCheck, WarmupWitness, WitnessSubmit
 
 LOCAL_TESTNET = Path(__file__).resolve().parents[2] / "config" / "local-testnet" / "state.toml"
 
@@ -136,7 +136,8 @@ class FakePeers:
         self.swarm.blob_steps[blob_hash] = step
         return blob_hash
 
-    async def download_result(self, blob_hash: bytes, size: int, sender: bytes) -> bytes:
+    async def download_result(self, blob_hash: bytes, size: int, sender: bytes, step: int,
+                              also_from: Sequence[bytes] = ()) -> bytes:
         await asyncio.sleep(0)
         data = self.swarm.blobs[blob_hash]
         step = self.swarm.blob_steps[blob_hash]
@@ -175,7 +176,7 @@ class FakeCoordinatorLink:
 class FakeSwarm:
     def __init__(self, clients: int, *, apply_download_timeout_s: float = 0.3,
                  checkpoint_dir: Path | None = None, model: dict[str, Any] | None = None,
-                 **config: Any):
+                 hub_repo: str | None = None, **config: Any):
         data = tomllib.loads(LOCAL_TESTNET.read_text())
         data["config"].update({"min_clients": clients, "init_min_clients": clients,
                                "global_batch_size_start": 4 * clients,
@@ -194,11 +195,12 @@ class FakeSwarm:
         self.sent: list[tuple[NodeIdentity, BaseModel, object]] = []  # with the coordinator's answer
         self.events: list[tuple[NodeIdentity, RuntimeEvent]] = []
         self.nodes = [node(i) for i in range(clients)]
-        self.runners = [self._runner(me, apply_download_timeout_s, checkpoint_dir)
+        checkpoints = CheckpointOptions(checkpoint_dir=checkpoint_dir, hub_repo=hub_repo)
+        self.runners = [self._runner(me, apply_download_timeout_s, checkpoints)
                         for me in self.nodes]
         self._published: dict[NodeIdentity, bytes] = {}
 
-    def _runner(self, me: NodeIdentity, timeout_s: float, checkpoint_dir: Path | None
+    def _runner(self, me: NodeIdentity, timeout_s: float, checkpoints: CheckpointOptions
                 ) -> RoundRunner:
         events = EventLog("none")
         events.listeners.append(lambda event: self.events.append((me, event)))
@@ -210,7 +212,7 @@ class FakeSwarm:
             me, backend=FakeCoordinatorLink(self, me), peers=FakePeers(self, me),
             worker=FakeWorker(me), open_data=open_data, events=events,
             options=RunnerOptions(apply_download_timeout_s=timeout_s,
-                                  checkpoints=CheckpointOptions(checkpoint_dir=checkpoint_dir)))
+                                  checkpoints=checkpoints))
 
     # ------------------------------------------------------------------ driving
     def seed(self) -> int:
@@ -233,8 +235,7 @@ class FakeSwarm:
         index = next(i for i, r in enumerate(self.runners) if r.me == who)
         old = self.runners[index]
         await old.close()
-        fresh = self._runner(who, old.options.apply_download_timeout_s,
-                             old.options.checkpoints.checkpoint_dir)
+        fresh = self._runner(who, old.options.apply_download_timeout_s, old.options.checkpoints)
         self.runners[index] = fresh
         return fresh
 
@@ -279,6 +280,10 @@ class FakeSwarm:
             result = coordinator.witness(sender, message.witness.to_witness(), self.now)
         elif isinstance(message, HealthCheck):
             result = coordinator.health_check(sender, [c.to_pair() for c in message.checks])
+        elif isinstance(message, CheckpointReport):
+            repo = message.hub or message.gcs
+            assert repo is not None
+            result = coordinator.checkpoint(sender, message.index, repo)
         self.sent.append((sender, message, result))
 
     def pending(self) -> list[NodeIdentity]:
