@@ -167,13 +167,19 @@ class CoordinatorServer:
         return preferred
 
     @property
+    def resuming(self) -> bool:
+        """Restarted and still waiting for listed clients to reconnect (the run holds)."""
+        return self._reconnect_deadline is not None
+
+    @property
     def pending(self) -> list[NodeIdentity]:
         """The clients connected and asking to take part (what the next tick is given)."""
         return self._pending()
 
     def tick_once(self) -> None:
         now = self.now()
-        self._withdraw_missing_after_restart(now)
+        if self._held_after_restart(now):
+            return
         result = self.coordinator.tick(self._pending(), now, self.seed_source())
         if isinstance(result, Rejected) and self.state.run_state is not RunState.Finished:
             log.debug("tick: %s", result)
@@ -203,14 +209,28 @@ class CoordinatorServer:
         warmup = self._original_warmup_time if self._been_active else init
         self.state.config = self.state.config.model_copy(update={"warmup_time": warmup})
 
-    def _withdraw_missing_after_restart(self, now: int) -> None:
-        if self._reconnect_deadline is None or now < self._reconnect_deadline:
-            return
+    def _held_after_restart(self, now: int) -> bool:
+        """After a restart the run stands still until every listed client is back (or
+        reconnect_grace_s passed): ticking on would time the phase out while clients are
+        still reconnecting, and a round with no witnesses withdraws everyone (the step
+        is counted untrained and the model falls back to the stored checkpoint). Then the
+        phase in progress starts its timer afresh, so neither the outage nor the wait
+        shortens it: its clients get a whole phase to finish and witness."""
+        if self._reconnect_deadline is None:
+            return False
+        listed = [(index, client) for index, client in enumerate(self.state.epoch_state.clients)
+                  if client.state is ClientState.Healthy]
+        if now < self._reconnect_deadline and any(c.id not in self.peers for _, c in listed):
+            return True
         self._reconnect_deadline = None
-        for index, client in enumerate(self.state.epoch_state.clients):
-            if client.state is ClientState.Healthy and client.id not in self.peers:
+        for index, client in listed:
+            if client.id not in self.peers:
                 log.info("client %r did not reconnect after the restart: withdrawn", client.id)
                 self.coordinator.withdraw(index)
+        self.state.run_state_start_unix_timestamp = now
+        log.info("resumed %s with %d of %d clients back", self.state.run_state.name,
+                 sum(c.id in self.peers for _, c in listed), len(listed))
+        return False
 
     # ------------------------------------------------------------------ broadcasting
     def state_message(self) -> bytes:

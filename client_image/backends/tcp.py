@@ -5,12 +5,19 @@ The connection is the shared `psyche_common.tcp.Connection`, kept up by
 blip); each new connection re-joins with a fresh signed challenge. A refusal retrying
 cannot fix (wrong run id, bad signature) is raised as `BackendRejected` so the client
 exits with a clear message.
+
+Nothing the client says is lost to a restart: a message sent while disconnected waits
+for the next connection (up to `reconnect_wait_s`), and the messages sent in the last
+`replay_window_s` before a connection dropped are sent again on the next one (the server
+may have died before reading them; a repeat is refused as a duplicate, harmlessly).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 
 from pydantic import BaseModel
 
@@ -39,7 +46,8 @@ log = logging.getLogger(__name__)
 class TcpBackend:
     def __init__(self, server_addr: str, identity: Identity, run_id: str, p2p_address: str,
                  client_version: str = "", *, max_backoff_s: float = 5.0,
-                 connect_timeout_s: float = 5.0):
+                 connect_timeout_s: float = 5.0, reconnect_wait_s: float = 30.0,
+                 replay_window_s: float = 5.0):
         self.host, self.port = parse_host_port(server_addr, "--server-addr")
         self.identity = identity
         self.run_id = run_id
@@ -47,7 +55,11 @@ class TcpBackend:
         self.client_version = client_version
         self.backoff = Backoff(first_s=0.25, max_s=max_backoff_s)
         self.connect_timeout_s = connect_timeout_s
+        self.reconnect_wait_s = reconnect_wait_s
+        self.replay_window_s = replay_window_s
         self._connection: Connection | None = None
+        self._recent: deque[tuple[float, BaseModel]] = deque(maxlen=64)
+        self._replay: list[BaseModel] = []
         self.connected = asyncio.Event()
 
     async def run(self, on_state: StateCallback, on_error: ErrorCallback,
@@ -74,6 +86,9 @@ class TcpBackend:
             raise
         self._connection = connection
         self.connected.set()
+        replay, self._replay = self._replay, []
+        for message in replay:
+            await self.send(message)
         try:
             while True:
                 message = await connection.receive()
@@ -92,15 +107,27 @@ class TcpBackend:
         finally:
             self.connected.clear()
             self._connection = None
+            since = time.monotonic() - self.replay_window_s
+            recent = [message for sent, message in self._recent if sent >= since]
+            self._replay = [*recent, *self._replay]
+            self._recent.clear()
             await connection.close()
 
     async def send(self, message: BaseModel) -> bool:
-        """Send one message; False if not connected (the caller decides whether it matters)."""
+        """Send one message, waiting up to `reconnect_wait_s` for a connection; False if
+        none came (the caller decides whether it matters)."""
+        if self._connection is None:
+            try:
+                await asyncio.wait_for(self.connected.wait(), self.reconnect_wait_s)
+            except TimeoutError:
+                return False
         connection = self._connection
         if connection is None:
             return False
         try:
             await connection.send(message)
         except CONNECTION_ERRORS:
+            self._replay.append(message)  # the next connection sends it
             return False
+        self._recent.append((time.monotonic(), message))
         return True

@@ -66,10 +66,17 @@ async def test_restart_resumes_step_epoch_and_clients(tmp_path: Path) -> None:
     assert state.run_state is RunState.RoundWitness
     assert (state.progress.epoch, state.progress.step) == (0, 1)
     assert [c.id.key for c in state.epoch_state.clients] == [identity(1).public_key]
-    # The client reconnects within the grace period: it stays a Healthy member.
+    # Until its listed client is back the run holds, however long the phase has run.
+    clock.now += 10
+    await asyncio.sleep(0.3)
+    assert second.resuming and second.state.run_state is RunState.RoundWitness
+    # The client reconnects within the grace period: it stays a Healthy member, and the
+    # interrupted phase starts its timer afresh (the outage did not use it up).
     client = await join(second, identity(1), address="addr-1")
     update = decode_state((await next_state(client)).state_bytes)
     assert update.epoch_state.clients[0].state.name == "Healthy"
+    await wait_for(lambda: not second.resuming)
+    assert second.state.run_state_start_unix_timestamp == int(clock.now)
     # It witnesses the round (it is the only witness), so the run moves to step 2 and
     # the grace deadline passes without withdrawing it.
     proof = selection_for_round(second.state).witness_of(0)

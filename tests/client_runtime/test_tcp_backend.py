@@ -1,0 +1,76 @@
+"""The client's TCP backend across a coordinator restart: nothing it says is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from pathlib import Path
+
+import pytest
+from tcp_helpers import RUN_ID, Clock, make_state_file, server_options, wait_for
+
+from client_image.backends.base import ServerState
+from client_image.backends.tcp import TcpBackend
+from coordinator import Coordinator, RunState, Witness, WitnessProof
+from coordinator_tcp.persistence import StateStore
+from coordinator_tcp.protocol import ErrorReply, WarmupWitness, WitnessModel
+from coordinator_tcp.server import CoordinatorServer
+from psyche_common.identity import Identity
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_witness_sent_while_the_coordinator_restarts_reaches_the_new_one(
+        tmp_path: Path) -> None:
+    clock, port = Clock(2_000_000.0), free_port()
+    options = server_options(port=port, save_state_dir=tmp_path, reconnect_grace_s=30)
+    first = CoordinatorServer(Coordinator.from_state_file(make_state_file()), options,
+                              clock=clock)
+    await first.start()
+    me = Identity(bytes(31) + b"\x09")
+    backend = TcpBackend(f"127.0.0.1:{port}", me, RUN_ID, f"{me.node_id}@127.0.0.1:1",
+                         max_backoff_s=0.3)
+    phases: list[RunState] = []
+    errors: list[ErrorReply] = []
+    stop = asyncio.Event()
+
+    async def on_state(server_state: ServerState) -> None:
+        phases.append(server_state.state.run_state)
+
+    task = asyncio.create_task(backend.run(on_state, errors.append, stop))
+    second: CoordinatorServer | None = None
+    try:
+        await wait_for(lambda: phases)
+        clock.now += 2
+        await wait_for(lambda: phases[-1] is RunState.Warmup)
+        await first.stop()  # the coordinator goes down
+        await wait_for(lambda: not backend.connected.is_set())
+        # The client is ready meanwhile: its warm-up witness must not be lost.
+        witness = WarmupWitness(witness=WitnessModel.of(
+            Witness(WitnessProof(position=0, index=0, witness=False))))
+        sending = asyncio.create_task(backend.send(witness))
+        await asyncio.sleep(0.5)
+        assert not sending.done()  # waiting for a connection, not dropped
+        saved = StateStore(tmp_path).load()
+        assert saved is not None
+        second = CoordinatorServer(Coordinator(saved[0]), options, clock=clock, resumed=True)
+        await second.start()
+        assert await asyncio.wait_for(sending, 10)
+        # The only client's warm-up witness starts the round on the restarted server.
+        await wait_for(lambda: second is not None
+                       and second.state.run_state is RunState.RoundTrain)
+        assert not errors
+    finally:
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if second is not None:
+            await second.stop()
