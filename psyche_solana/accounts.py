@@ -42,8 +42,10 @@ COORDINATOR_MAGIC = b"PSYCOORD"
 AUTHORIZATION_MAGIC = b"PSYAUTHZ"
 RUN_MAGIC = b"PSYTRRUN"
 PARTICIPANT_MAGIC = b"PSYTPART"
+INSTANCE_MAGIC = b"PSYCINST"
 COORDINATOR_ACCOUNT_SIZE = 101016
 AUTHORIZATION_SIZE = 1152
+INSTANCE_SIZE = 80
 MODEL_REST_MAX = 1024
 STRING_MAX = 64
 
@@ -201,6 +203,24 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
         run_state_start_unix_timestamp=state_start, pending_pause=bool(pending_pause),
         client_version=account.client_version, rewards=Rewards(entries, *rates[:4]))
     return account
+
+
+@dataclass(frozen=True)
+class CoordinatorInstance:
+    """A run id's claim (programs/coordinator_layout.h): the one coordinator account of
+    that run id."""
+
+    bump: int
+    coordinator_account: Pubkey
+    run_id: str
+
+
+def decode_instance(data: bytes) -> CoordinatorInstance:
+    data = bytes(data)
+    if len(data) != INSTANCE_SIZE or data[:8] != INSTANCE_MAGIC:
+        raise AccountDecodeError("not a coordinator instance (run id claim) account")
+    bump, coordinator, run_id = struct.unpack_from("<B7x32s32s", data, 8)
+    return CoordinatorInstance(bump, Pubkey(coordinator), _text(run_id, "run_id"))
 
 
 @dataclass(frozen=True)

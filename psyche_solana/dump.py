@@ -51,7 +51,7 @@ def run_json(run: RunHandle) -> dict[str, Any]:
                      "claimable_points": accounting["sum_earned"] - claimed,
                      "total_claimed_collateral_amount": t.total_claimed_collateral_amount}
     return {
-        "coordinator_instance": {"address": str(run.address),
+        "coordinator_instance": {"address": str(run.instance),
                                  "join_authority": str(account.join_authority),
                                  "main_authority": str(account.main_authority)},
         "coordinator_account": {"address": str(run.address), "run_id": account.run_id,

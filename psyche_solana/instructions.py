@@ -74,13 +74,29 @@ def _coordinator(tag: int, account: Pubkey, signer: Pubkey | None, payload: byte
     return Instruction(coordinator_program(), bytes([tag]) + payload, [*metas, *extra])
 
 
+def run_id_bytes(run_id: str) -> bytes:
+    """The run id as the programs store it: 1-32 bytes of UTF-8 without NULs, NUL-padded."""
+    raw = run_id.encode()
+    if not raw or b"\0" in raw:
+        raise ValueError("run_id must be 1 to 32 bytes without NUL characters")
+    return _fixed(raw, 32, "run_id")
+
+
+def coordinator_instance_address(run_id: str) -> Pubkey:
+    """The run id's claim: the PDA ["coordinator", run_id] (Psyche's CoordinatorInstance)."""
+    seed = run_id_bytes(run_id).rstrip(b"\0")
+    address, _bump = Pubkey.find_program_address([b"coordinator", seed], coordinator_program())
+    return address
+
+
 def init_coordinator(account: Pubkey, payer: Pubkey, run_id: str, main_authority: Pubkey,
                      join_authority: Pubkey, client_version: str) -> Instruction:
-    if not run_id:
-        raise ValueError("run_id must not be empty")
-    payload = (_fixed(run_id, 32, "run_id") + bytes(main_authority) + bytes(join_authority)
+    """Initialize `account` and claim `run_id` for it (the payer funds the claim)."""
+    payload = (run_id_bytes(run_id) + bytes(main_authority) + bytes(join_authority)
                + _fixed(client_version, 96, "client_version"))
-    return _coordinator(0, account, payer, payload)
+    return Instruction(coordinator_program(), b"\0" + payload, [
+        _meta(account, writable=True), _meta(payer, True, True),
+        _meta(coordinator_instance_address(run_id), writable=True), _meta(SYSTEM_PROGRAM_ID)])
 
 
 def config_bytes(config: CoordinatorConfig) -> bytes:
@@ -267,12 +283,13 @@ def treasurer_run_create(payer: Pubkey, index: int, coordinator_account: Pubkey,
                          main_authority: Pubkey, join_authority: Pubkey, client_version: str,
                          collateral_mint: Pubkey) -> Instruction:
     """Create a treasurer run; its Run PDA becomes the coordinator's main authority."""
-    payload = (struct.pack("<Q", index) + _fixed(run_id, 32, "run_id") + bytes(main_authority)
+    payload = (struct.pack("<Q", index) + run_id_bytes(run_id) + bytes(main_authority)
                + bytes(join_authority) + _fixed(client_version, 96, "client_version")
                + bytes(collateral_mint))
     return Instruction(treasurer_program(), b"\0" + payload, [
         _meta(payer, True, True), _meta(treasurer_run_address(index), writable=True),
-        _meta(coordinator_account, writable=True), _meta(coordinator_program()),
+        _meta(coordinator_account, writable=True),
+        _meta(coordinator_instance_address(run_id), writable=True), _meta(coordinator_program()),
         _meta(SYSTEM_PROGRAM_ID)])
 
 

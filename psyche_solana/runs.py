@@ -2,13 +2,16 @@
 
 Every function takes a `SolanaRpc` and keypairs, builds instructions with
 psyche_solana.instructions and waits for confirmation; failures raise
-`rpc.ProgramError` naming the on-chain error. Runs are found by run id (a memcmp filter
-on the coordinator accounts of the program); a run "has a treasurer" iff the Run PDA of
-its treasurer index (default: first 8 bytes LE of SHA-256(run_id)) exists.
+`rpc.ProgramError` naming the on-chain error. A run id is claimed once, on-chain, by the
+coordinator instance PDA ["coordinator", run_id] that init_coordinator creates, and runs
+are found through it (never by searching accounts for the run id, which anyone could
+copy). A run "has a treasurer" iff the Run PDA of its treasurer index (default: first 8
+bytes LE of SHA-256(run_id)) exists and names the run's coordinator account.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,59 +23,97 @@ from coordinator.config import StateFile
 from psyche_solana import instructions as ix
 from psyche_solana.accounts import (
     COORDINATOR_ACCOUNT_SIZE,
-    RUN_ID_OFFSET,
+    COORDINATOR_MAGIC,
+    AccountDecodeError,
     Authorization,
     CoordinatorAccount,
     TreasurerRun,
     decode_authorization,
     decode_coordinator,
+    decode_instance,
     decode_participant,
     decode_treasurer_run,
 )
 from psyche_solana.ids import coordinator_program
 from psyche_solana.rpc import SolanaRpc
 
+log = logging.getLogger(__name__)
+
 
 class RunNotFound(LookupError):
     pass
 
 
+class RunIdTaken(ValueError):
+    """create-run with a run id that is already claimed on this cluster."""
+
+
 @dataclass
 class RunHandle:
-    address: Pubkey
+    address: Pubkey                # the coordinator account
     account: CoordinatorAccount
     treasurer_index: int | None
     treasurer: TreasurerRun | None
+    instance: Pubkey               # the run id's claim, ["coordinator", run_id]
+
+
+async def run_address(rpc: SolanaRpc, run_id: str) -> tuple[Pubkey, Pubkey] | None:
+    """(instance, coordinator account) of `run_id`, or None if the id is unclaimed."""
+    instance = ix.coordinator_instance_address(run_id)
+    data = await rpc.account_data(instance)
+    if not data:
+        return None  # unclaimed (or only lamports sent to the address: still claimable)
+    claim = decode_instance(data)
+    if claim.run_id != run_id:
+        raise AccountDecodeError(f"the claim of {run_id!r} names run id {claim.run_id!r}")
+    return instance, claim.coordinator_account
 
 
 async def find_run(rpc: SolanaRpc, run_id: str, treasurer_index: int | None = None) -> RunHandle:
-    raw_id = run_id.encode().ljust(32, b"\0")
-    if len(raw_id) > 32:
-        raise ValueError(f"run id {run_id!r} is longer than 32 bytes")
-    matches = await rpc.program_accounts(coordinator_program(), COORDINATOR_ACCOUNT_SIZE,
-                                         [(RUN_ID_OFFSET, raw_id)])
-    if not matches:
+    found = await run_address(rpc, run_id)
+    if found is None:
         raise RunNotFound(f"no run {run_id!r} on this cluster (see list-runs)")
-    address, data = matches[0]
+    instance, address = found
+    data = await rpc.account_data(address)
+    if data is None:
+        raise RunNotFound(f"run {run_id!r}: its coordinator account {address} is gone")
     account = decode_coordinator(data)
+    if account.run_id != run_id:
+        raise AccountDecodeError(f"coordinator account {address} holds run {account.run_id!r}, "
+                                 f"not {run_id!r}")
     index = treasurer_index if treasurer_index is not None else ix.default_treasurer_index(run_id)
     treasurer_data = await rpc.account_data(ix.treasurer_run_address(index))
     treasurer = decode_treasurer_run(treasurer_data) if treasurer_data else None
     if treasurer is not None and treasurer.coordinator_account != address:
         treasurer = None
-    return RunHandle(address, account, index if treasurer else None, treasurer)
+    return RunHandle(address, account, index if treasurer else None, treasurer, instance)
 
 
 async def list_runs(rpc: SolanaRpc) -> list[tuple[Pubkey, CoordinatorAccount]]:
-    found = await rpc.program_accounts(coordinator_program(), COORDINATOR_ACCOUNT_SIZE)
-    return [(address, decode_coordinator(data)) for address, data in found]
+    """Every initialized coordinator account: each holds a distinct run id, since
+    init_coordinator claims the id. An account that does not decode is skipped (anyone
+    can create program-owned accounts of this size; they must not hide the others)."""
+    found = await rpc.program_accounts(coordinator_program(), COORDINATOR_ACCOUNT_SIZE,
+                                       [(0, COORDINATOR_MAGIC)])
+    runs = []
+    for address, data in found:
+        try:
+            runs.append((address, decode_coordinator(data)))
+        except AccountDecodeError as exc:
+            log.warning("skipping coordinator account %s: %s", address, exc)
+    return runs
 
 
 async def create_run(rpc: SolanaRpc, payer: Keypair, run_id: str, client_version: str,
                      join_authority: Pubkey | None = None, treasurer_index: int | None = None,
                      collateral_mint: Pubkey | None = None) -> Pubkey:
-    """A coordinator account owned by the program; with a collateral mint, created through
-    the treasurer (its Run PDA is the run's authority) with a reward vault."""
+    """A coordinator account owned by the program, claiming `run_id`; with a collateral
+    mint, created through the treasurer (its Run PDA is the run's authority) with a
+    reward vault. RunIdTaken if the id is claimed (on-chain, AlreadyInitialized)."""
+    taken = await run_address(rpc, run_id)
+    if taken is not None:
+        raise RunIdTaken(f"run id {run_id!r} is already taken (coordinator account "
+                         f"{taken[1]}): pick another")
     account = Keypair()
     rent = await rpc.minimum_balance(COORDINATOR_ACCOUNT_SIZE)
     create = ix.create_coordinator_account(payer.pubkey(), account.pubkey(), rent)

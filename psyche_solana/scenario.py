@@ -78,6 +78,11 @@ class SvmRun:
             run.admin([ix.set_paused(account.pubkey(), authority.pubkey(), False)])
         return run
 
+    @property
+    def instance(self) -> Pubkey:
+        """The run id's claim (the coordinator instance PDA)."""
+        return ix.coordinator_instance_address(self.account().run_id)
+
     def admin(self, instructions: Sequence[Instruction], signer: Keypair | None = None) -> Sent:
         """Admin coordinator instructions, forwarded by the treasurer for treasurer runs."""
         signer = signer or self.authority

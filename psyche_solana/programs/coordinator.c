@@ -2,8 +2,11 @@
  * machine of coordinator/ (see coordinator_layout.h), driven by instructions.
  *
  * Instruction data = tag u8 | payload (little-endian, packed):
- *   0 init_coordinator  [account w, payer s]  run_id[32] main_authority[32]
- *                       join_authority[32] client_version[96]
+ *   0 init_coordinator  [account w, payer s w, instance w, system]  run_id[32]
+ *                       main_authority[32] join_authority[32] client_version[96]
+ *                       also creates the run id's claim `instance`, the PDA
+ *                       ["coordinator", run_id up to its first NUL] naming `account`
+ *                       (coordinator_layout.h): a run id is taken once, ever
  *   1 update            [account w, main_authority s]  kind u8 | payload (update_run)
  *   2 set_paused        [account w, main_authority s]  paused u8 (0 = resume)
  *   3 set_future_epoch_rates [account w, main_authority s]
@@ -45,7 +48,7 @@ static u64 set_p2p_address(const u8 *data, u64 len) {
   if (sol_try_find_program_address(seeds, 3, CTX->program_id, &address, &bump) ||
       !key_eq(&address, entry->key))
     return E_WrongAccount;
-  if (*entry->lamports == 0) {
+  if (!key_eq(entry->owner, CTX->program_id)) {
     Bytes signer_seeds[4] = {seeds[0], seeds[1], seeds[2], {&bump, 1}};
     SignerSeeds signers = {signer_seeds, 4};
     u64 problem = create_pda_account(client, entry, sizeof(P2PAddress), CTX->program_id, &signers);
@@ -86,16 +89,54 @@ static u64 signer(u64 index, const Pubkey **out) {
   return SUCCESS;
 }
 
+/* A run id is 1-32 bytes, NUL-padded: nothing but NULs after the first NUL, so that the
+ * claim's seed (the bytes before it) names exactly one stored run id. */
+static u64 run_id_length(const u8 *run_id, u64 *out) {
+  u64 n = 0;
+  while (n < 32 && run_id[n]) n++;
+  if (n == 0 || !is_zero(run_id + n, 32 - n)) return E_InvalidRunId;
+  *out = n;
+  return SUCCESS;
+}
+
+/* Claim the run id: create its instance PDA (AlreadyInitialized if it exists: the id is
+ * taken) naming `account`. */
+static u64 claim_run_id(AccountInfo *account, AccountInfo *payer, AccountInfo *instance,
+                        const u8 *run_id) {
+  u64 n, problem;
+  if ((problem = run_id_length(run_id, &n))) return problem;
+  Bytes seeds[2] = {{(const u8 *)INSTANCE_SEED, sizeof(INSTANCE_SEED) - 1}, {run_id, n}};
+  Pubkey address;
+  u8 bump;
+  if (sol_try_find_program_address(seeds, 2, CTX->program_id, &address, &bump) ||
+      !key_eq(&address, instance->key))
+    return E_WrongAccount;
+  Bytes signer_seeds[3] = {seeds[0], seeds[1], {&bump, 1}};
+  SignerSeeds signers = {signer_seeds, 3};
+  problem = create_pda_account(payer, instance, sizeof(CoordinatorInstance), CTX->program_id,
+                               &signers);
+  if (problem) return problem;
+  CoordinatorInstance *claim = (CoordinatorInstance *)instance->data;
+  sol_memcpy_(claim->magic, INSTANCE_MAGIC, 8);
+  claim->bump = bump;
+  claim->coordinator_account = *account->key;
+  sol_memcpy_(claim->run_id, run_id, 32);
+  return SUCCESS;
+}
+
 static u64 init_coordinator(const u8 *data, u64 len) {
   if (len != 32 * 3 + 96) return E_InvalidInstruction;
-  AccountInfo *a = account(0);
-  if (a == NULL) return E_MissingAccount;
+  AccountInfo *a = account(0), *payer = account(1), *instance = account(2);
+  if (a == NULL || payer == NULL || instance == NULL || account(3) == NULL)
+    return E_MissingAccount;
   if (!key_eq(a->owner, CTX->program_id)) return E_WrongAccountOwner;
   if (a->data_len != sizeof(State)) return E_WrongAccountSize;
   if (!a->is_writable) return E_AccountNotWritable;
+  if (!payer->is_signer) return E_MissingSignature;
   State *s = (State *)a->data;
   if (!is_zero(s->magic, 8)) return E_AlreadyInitialized;
-  if (data[0] == 0) return E_InvalidRunId;
+  u64 problem = claim_run_id(a, payer, instance, data);
+  if (problem) return problem;
   sol_memcpy_(s->magic, COORDINATOR_MAGIC, 8);
   s->version = ACCOUNT_VERSION;
   sol_memcpy_(s->run_id, data, 32);

@@ -85,4 +85,19 @@ _Static_assert(sizeof(CoordinatorAccount) == 101016, "account size");
 
 static const u8 COORDINATOR_MAGIC[8] = {'P', 'S', 'Y', 'C', 'O', 'O', 'R', 'D'};
 
+/* The run id's claim (Psyche's CoordinatorInstance): the coordinator program's PDA
+ * ["coordinator", run_id bytes up to the first NUL], created by init_coordinator. It is
+ * small because the coordinator account (100 KiB) cannot be created by a program: a
+ * CPI may grow an account by 10 KiB at most. One claim per run id makes the id unique,
+ * and it names the one account that holds that run. */
+typedef struct {
+  u8 magic[8]; u8 bump; u8 pad[7];
+  Pubkey coordinator_account;
+  u8 run_id[32];
+} CoordinatorInstance;
+_Static_assert(sizeof(CoordinatorInstance) == 80, "instance size");
+
+static const u8 INSTANCE_MAGIC[8] = {'P', 'S', 'Y', 'C', 'I', 'N', 'S', 'T'};
+#define INSTANCE_SEED "coordinator"
+
 #endif

@@ -6,10 +6,12 @@
  *   reward vault: any token account of the collateral mint owned by the Run PDA (its
  *   associated token account by convention); top-ups are plain token transfers.
  *
- *   0 run_create  [payer s w, run w, coordinator_account w, coordinator_program, system]
+ *   0 run_create  [payer s w, run w, coordinator_account w, coordinator_instance w,
+ *                 coordinator_program, system]
  *                 index u64 run_id[32] main_authority[32] join_authority[32]
  *                 client_version[96] collateral_mint[32]
  *                 -> CPI coordinator init_coordinator with the Run PDA as main authority
+ *                 (which claims the run id: coordinator_instance is its PDA)
  *   1 run_update  [main_authority s, run, coordinator_account w, coordinator_program]
  *                 a coordinator instruction (update | set_paused | set_future_epoch_rates),
  *                 forwarded with the Run PDA signing
@@ -37,8 +39,10 @@ static const u8 RUN_MAGIC[8] = {'P', 'S', 'Y', 'T', 'R', 'R', 'U', 'N'};
 static const u8 PARTICIPANT_MAGIC[8] = {'P', 'S', 'Y', 'T', 'P', 'A', 'R', 'T'};
 
 static u64 run_create(const u8 *data, u64 len) {
-  AccountInfo *payer = account(0), *run = account(1), *coordinator = account(2);
-  if (!payer || !run || !coordinator || !account(3) || !account(4)) return E_MissingAccount;
+  AccountInfo *payer = account(0), *run = account(1), *coordinator = account(2),
+              *instance = account(3);
+  if (!payer || !run || !coordinator || !instance || !account(4) || !account(5))
+    return E_MissingAccount;
   if (!payer->is_signer) return E_MissingSignature;
   if (len != 8 + 32 * 3 + 96 + 32) return E_InvalidInstruction;
   Bytes seeds[2] = {{(const u8 *)"Run", 3}, {data, 8}};
@@ -67,8 +71,10 @@ static u64 run_create(const u8 *data, u64 len) {
   sol_memcpy_(init + 33, run->key, 32);
   sol_memcpy_(init + 65, data + 72, 32);
   sol_memcpy_(init + 97, data + 104, 96);
-  AccountMeta metas[2] = {{coordinator->key, true, false}, {payer->key, true, true}};
-  Instruction ix = {(Pubkey *)&COORDINATOR_ID, metas, 2, init, 1 + 32 * 3 + 96};
+  Pubkey system_id = {{0}};
+  AccountMeta metas[4] = {{coordinator->key, true, false}, {payer->key, true, true},
+                          {instance->key, true, false}, {&system_id, false, false}};
+  Instruction ix = {(Pubkey *)&COORDINATOR_ID, metas, 4, init, 1 + 32 * 3 + 96};
   return sol_invoke_signed_c(&ix, CTX->accounts, (int)CTX->num_accounts, NULL, 0);
 }
 
@@ -136,7 +142,7 @@ static u64 participant_claim(const u8 *data, u64 len) {
   if (sol_try_find_program_address(seeds, 3, CTX->program_id, &address, &bump) ||
       !key_eq(&address, participant->key))
     return E_WrongAccount;
-  if (*participant->lamports == 0) {
+  if (!key_eq(participant->owner, CTX->program_id)) {
     Bytes signer_seeds[4] = {seeds[0], seeds[1], seeds[2], {&bump, 1}};
     SignerSeeds signers = {signer_seeds, 4};
     problem = create_pda_account(user, participant, sizeof(ParticipantAccount),

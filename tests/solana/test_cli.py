@@ -162,3 +162,43 @@ async def test_the_run_manager_reads_the_client_version_and_state_on_chain(local
     with pytest.raises(CoordinatorUnavailable, match="no run 'nope'"):
         await missing.client_version()
     await missing.close()
+
+
+def test_a_run_id_is_taken_once_and_found_through_its_claim(localnet, tmp_path):
+    from psyche_solana.accounts import COORDINATOR_ACCOUNT_SIZE
+    from psyche_solana.rpc import ProgramError
+    from psyche_solana.runs import find_run
+
+    owner_path, owner = _wallet(tmp_path, "owner", localnet)
+    squatter_path, squatter = _wallet(tmp_path, "squatter", localnet)
+    assert _cli(localnet, owner_path, "create-run", "-r", "contested", "-c", "v1").exit_code == 0
+    refused = _cli(localnet, squatter_path, "create-run", "-r", "contested", "-c", "v1")
+    assert refused.exit_code == 1 and "run id 'contested' is already taken" in refused.output
+
+    async def squat() -> tuple[str, Pubkey]:
+        """Past the client's check: the program refuses a second claim of the id, and an
+        uninitialized account of the coordinator's size does not disturb the lookups."""
+        copy, junk = Keypair(), Keypair()
+        async with SolanaRpc([localnet.url]) as rpc:
+            rent = await rpc.minimum_balance(COORDINATOR_ACCOUNT_SIZE)
+            await rpc.send_instructions([ix.create_coordinator_account(
+                squatter.pubkey(), junk.pubkey(), rent)], squatter, [junk])
+            with pytest.raises(ProgramError) as caught:
+                await rpc.send_instructions([
+                    ix.create_coordinator_account(squatter.pubkey(), copy.pubkey(), rent),
+                    ix.init_coordinator(copy.pubkey(), squatter.pubkey(), "contested",
+                                        squatter.pubkey(), squatter.pubkey(), "v1")],
+                    squatter, [copy])
+            run = await find_run(rpc, "contested")
+            assert run.account.main_authority == owner.pubkey()
+            assert run.instance == ix.coordinator_instance_address("contested")
+            return caught.value.name, run.address
+
+    name, address = asyncio.run(squat())
+    assert name == "AlreadyInitialized"
+    listed = _cli(localnet, None, "list-runs").output.splitlines()
+    contested = [line for line in listed if line.startswith("contested ")]
+    assert len(contested) == 1 and contested[0].endswith(str(address))
+    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "contested").output)
+    assert dump["coordinator_instance"]["address"] == str(ix.coordinator_instance_address("contested"))
+    assert dump["coordinator_account"]["address"] == str(address)
