@@ -152,7 +152,9 @@ def train(
     ] = None,
     hub_repo: Annotated[
         str | None,
-        typer.Option("--hub-repo", envvar="HUB_REPO", help="Upload checkpoints to this hub repo."),
+        typer.Option("--hub-repo", envvar="HUB_REPO",
+                     help="Upload checkpoints to this hub repo; the coordinator accepts "
+                          "reports only for the run's own repository."),
     ] = None,
     keep_steps: Annotated[int, typer.Option("--keep-steps", envvar="KEEP_STEPS", min=1)] = 3,
     delete_old_steps: Annotated[

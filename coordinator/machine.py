@@ -10,16 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from coordinator.checkpoint_reports import after_report, report_problem
 from coordinator.commitment import participant_item
 from coordinator.committee import Committee, CommitteeProof, SelectionError, witness_quorum
-from coordinator.config import (
-    Checkpoint,
-    GcsCheckpoint,
-    HubCheckpoint,
-    P2PCheckpoint,
-    P2PGcsCheckpoint,
-    StateFile,
-)
+from coordinator.config import Checkpoint, GcsCheckpoint, HubCheckpoint, StateFile
 from coordinator.core import CoordinatorCore, _with_checkpoint
 from coordinator.data_assignment import selection_for_round
 from coordinator.limits import MAX_CLIENTS, MAX_WITNESSES, ClientState, RunState
@@ -218,7 +212,9 @@ class Coordinator(CoordinatorCore):
         return None
 
     def checkpoint(self, sender: NodeIdentity, index: int, repo: Checkpoint) -> Rejected | None:
-        """A client uploaded the epoch's model; record where (last writer wins)."""
+        """A client uploaded the epoch's model: record its revision. Unlike Psyche (any
+        repository, last writer wins), the report must name the run's own repository, the
+        one its authority configured (coordinator/checkpoint_reports.py)."""
         state = self.state
         if state.run_state.halted:
             return Rejected(CoordinatorError.Halted)
@@ -229,19 +225,10 @@ class Coordinator(CoordinatorCore):
             return Rejected(CoordinatorError.NotYourIndex, f"index {index}")
         if not isinstance(repo, HubCheckpoint | GcsCheckpoint):
             return Rejected(CoordinatorError.InvalidCheckpoint, type(repo).__name__)
-        current = state.model.checkpoint
-        updated: Checkpoint | None = None
-        if isinstance(repo, HubCheckpoint):
-            if isinstance(current, P2PCheckpoint | P2PGcsCheckpoint):
-                updated = P2PCheckpoint(repo_id=repo.repo_id, revision=repo.revision)
-            elif isinstance(current, HubCheckpoint):
-                updated = repo
-        elif isinstance(current, P2PGcsCheckpoint | P2PCheckpoint):
-            updated = P2PGcsCheckpoint(bucket=repo.bucket, prefix=repo.prefix)
-        elif isinstance(current, GcsCheckpoint):
-            updated = repo
-        if updated is not None:  # other pairs (e.g. Dummy) are ignored, as in Psyche
-            state.model = _with_checkpoint(state.model, updated)
+        problem = report_problem(state.model.checkpoint, repo)
+        if problem is not None:
+            return Rejected(CoordinatorError.CheckpointNotRunRepository, problem)
+        state.model = _with_checkpoint(state.model, after_report(state.model.checkpoint, repo))
         return None
 
     def withdraw(self, index: int) -> Rejected | None:

@@ -30,6 +30,9 @@ class CoordinatorError(Enum):
     InvalidWithdraw = "the client is not Healthy"
     CannotResume = "only a Paused or Uninitialized run can resume"
     InvalidCheckpoint = "a checkpoint report must be a Hub or Gcs repository"
+    # Appended last: psyche_solana/errors.py numbers the program's errors in this order.
+    CheckpointNotRunRepository = ("a checkpoint report must name the run's own repository "
+                                  "(set by its authority)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,12 @@
     exit_code = asyncio.run(run_coordinator(options))
 
 Resuming: when `--save-state-dir` holds a `state.bin`, that state is the run (the
-state.toml still has to be valid; its run_id must match the saved one). The TCP data
-server starts when the run's data location is `Server("host:port")`, on that port; it
-needs the data.toml (`--data-config`), whose seq_len must equal the model's max_seq_len.
+state.toml still has to be valid; its run_id must match the saved one), except that the
+state.toml's checkpoint location (Hub repo_id, GCS bucket and prefix) replaces a
+different saved one: the location is the authority's, clients only report revisions.
+The TCP data server starts when the run's data location is `Server("host:port")`, on
+that port; it needs the data.toml (`--data-config`), whose seq_len must equal the
+model's max_seq_len.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coordinator import Coordinator
+from coordinator.checkpoint_reports import describe_location, with_configured_location
 from coordinator.config import (
     ConfigError,
     DataServerConfig,
@@ -112,6 +116,16 @@ def load_run(options: RunOptions) -> LoadedRun:
             # the run first becomes active; the configured value comes from the state file.
             state.config = state.config.model_copy(
                 update={"warmup_time": state_file.config.warmup_time})
+            # The checkpoint's location is the authority's (clients may only report new
+            # revisions of it): restarting with an edited state file is how a TCP run's
+            # authority moves it.
+            checkpoint = with_configured_location(state.model.checkpoint,
+                                                  state_file.model.checkpoint)
+            if checkpoint != state.model.checkpoint:
+                log.warning("the state file moves the run's checkpoint from %s to %s",
+                            describe_location(state.model.checkpoint),
+                            describe_location(checkpoint))
+                state.model = state.model.model_copy(update={"checkpoint": checkpoint})
             coordinator, resumed = coordinator_from_state(state), True
     return LoadedRun(coordinator, addresses, resumed, data_config, data_address)
 

@@ -33,19 +33,21 @@ from client_image.p2p import (
 )
 from client_image.runtime.events import (
     CoordinatorRefused,
+    HubRepoNotRunRepository,
     RunFinished,
     Started,
     StateChanged,
     TaskFailed,
     VersionMismatch,
 )
-from client_image.runtime.model_keeper import CheckpointOptions
+from client_image.runtime.model_keeper import REFUSED, CheckpointOptions, hub_repo_problem
 from client_image.runtime.observability import Counters, EventLog, MetricsServer, snapshot
 from client_image.runtime.peers import IrohPeers
 from client_image.runtime.round_runner import RoundRunner, RunnerOptions
 from client_image.runtime.tasks import GuardedTasks
 from client_image.runtime.worker import TrainingWorker
 from coordinator import CoordinatorState, NodeIdentity, RunState
+from coordinator.checkpoint_reports import describe_location
 from coordinator.config import HttpDataLocation, LocalDataLocation, ServerDataLocation
 from coordinator_tcp.protocol import ErrorReply
 from psyche_common.identity import Identity
@@ -211,6 +213,8 @@ class PsycheClient:
             self.events.emit(VersionMismatch(wanted=wanted, running=mine))
             self.stop(EXIT_VERSION_MISMATCH)
             return
+        if previous is None:
+            self._check_hub_repo(state)
         self.counters.phase, self.counters.epoch = state.run_state.name, state.progress.epoch
         self.counters.step = state.progress.step
         changed = (previous is None or previous.run_state != state.run_state
@@ -226,6 +230,17 @@ class PsycheClient:
             return
         assert self.runner is not None
         self.runner.on_state(state, previous)
+
+    def _check_hub_repo(self, state: CoordinatorState) -> None:
+        """Warn once, at the first state, when the reports of our uploads will be refused:
+        the run's repository is its authority's, not whatever --hub-repo names."""
+        hub_repo = self.options.hub_repo
+        problem = hub_repo_problem(hub_repo, state.model.checkpoint)
+        if hub_repo and problem is not None:
+            self.events.emit(HubRepoNotRunRepository(
+                hub_repo=hub_repo, run_checkpoint=describe_location(state.model.checkpoint),
+                error=REFUSED.name, detail=f"the coordinator will refuse this client's "
+                f"checkpoint reports (uploads still go to --hub-repo): {problem}"))
 
     def _learn_peers(self, state: CoordinatorState) -> None:
         known = []

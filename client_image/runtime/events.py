@@ -178,3 +178,27 @@ class UploadFailed(RuntimeEvent):
     step: int
     repo: str
     error: str
+
+
+@dataclass(frozen=True)
+class CheckpointNotReported(RuntimeEvent):
+    """Warning: the upload went to a repository that is not the run's, so the coordinator
+    would refuse the report (`error`); it is not sent (the upload itself is kept)."""
+
+    NAME: ClassVar[str] = "checkpoint_not_reported"
+    step: int
+    repo: str
+    error: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class HubRepoNotRunRepository(RuntimeEvent):
+    """Warning, once at start: `--hub-repo` is not the run's checkpoint repository (set by
+    its authority), so the coordinator will refuse this client's checkpoint reports."""
+
+    NAME: ClassVar[str] = "hub_repo_not_run_repository"
+    hub_repo: str
+    run_checkpoint: str
+    error: str
+    detail: str

@@ -8,6 +8,8 @@
     save_and_share(state)  write the checkpoint (when a directory is set), upload it in the
                            background (when a Hub repo is set) and report it to the
                            coordinator, then serve the weights to the next joiners
+    hub_repo_problem(...)  why the coordinator would refuse this client's reports: only
+                           the run's own repository (its authority's) may get new revisions
 
 It holds no round state; the round runner decides when to call it.
 """
@@ -21,11 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client_image.runtime.events import Checkpointed, ModelLoaded, Uploaded, UploadFailed
+from client_image.runtime.events import (
+    Checkpointed,
+    CheckpointNotReported,
+    ModelLoaded,
+    Uploaded,
+    UploadFailed,
+)
 from client_image.runtime.observability import EventLog
 from client_image.runtime.ports import CoordinatorLink, Peers, Worker
-from coordinator import CoordinatorState, NodeIdentity
-from coordinator.config import HubCheckpoint, P2PCheckpoint
+from coordinator import CoordinatorError, CoordinatorState, NodeIdentity
+from coordinator.checkpoint_reports import report_problem
+from coordinator.config import Checkpoint, HubCheckpoint, P2PCheckpoint
 from coordinator_tcp.protocol import CheckpointReport
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], object]
@@ -33,6 +42,17 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], object]
 
 class ModelUnavailable(RuntimeError):
     """No source can give this client the run's current model."""
+
+
+REFUSED = CoordinatorError.CheckpointNotRunRepository
+
+
+def hub_repo_problem(hub_repo: str | None, checkpoint: Checkpoint) -> str | None:
+    """Why the coordinator would refuse reports of uploads to `hub_repo` on a run whose
+    checkpoint is `checkpoint` (None: it would accept them, or nothing is uploaded)."""
+    if not hub_repo:
+        return None
+    return report_problem(checkpoint, HubCheckpoint(repo_id=hub_repo))
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,16 @@ class ModelKeeper:
             return
         self.events.emit(Uploaded(step=step, repo=repo, revision=revision))
         index = state.index_of(self.me)
-        if index is not None:
-            await self.backend.send(CheckpointReport(
-                index=index, hub=HubCheckpoint(repo_id=repo, revision=revision)))
+        if index is None:
+            return
+        report = HubCheckpoint(repo_id=repo, revision=revision)
+        # Only the run's authority sets its repository: a report naming another would be
+        # refused (on Solana, a failed transaction that still costs its fee), so say so
+        # once per upload and keep going. A refusal despite this check (the authority
+        # moved the repository meanwhile) arrives as one `coordinator_error` event.
+        problem = report_problem(state.model.checkpoint, report)
+        if problem is not None:
+            self.events.emit(CheckpointNotReported(step=step, repo=repo, error=REFUSED.name,
+                                                   detail=problem))
+            return
+        await self.backend.send(CheckpointReport(index=index, hub=report))

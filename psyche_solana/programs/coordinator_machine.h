@@ -1,7 +1,7 @@
 /* The coordinator state machine: tick and the events, as coordinator/machine.py and
  * coordinator/core.py (docs/coordinator.md: "Tick", "Events", "Health checks",
  * "Rewards"). Every check runs before the first
- * write, and a failing instruction is rolled back by the runtime anyway. Errors 1-13
+ * write, and a failing instruction is rolled back by the runtime anyway. Errors 1-14
  * carry the names of coordinator.CoordinatorError, in that enum's order. */
 #ifndef PSYCHE_COORDINATOR_MACHINE_H
 #define PSYCHE_COORDINATOR_MACHINE_H
@@ -11,6 +11,7 @@ enum CoordinatorError {
   E_Halted = 1, E_WrongRunState, E_InvalidClientIndex, E_NotYourIndex, E_NotAClient,
   E_InvalidWitnessProof, E_DuplicateWitness, E_WitnessesFull, E_HealthCheckTooEarly,
   E_InvalidHealthCheck, E_InvalidWithdraw, E_CannotResume, E_InvalidCheckpoint,
+  E_CheckpointNotRunRepository,  /* append new errors here, as in CoordinatorError */
 };
 
 typedef CoordinatorAccount State;
@@ -340,28 +341,34 @@ static u64 health_check(State *s, const Pubkey *sender, const u8 *wire) {
   return SUCCESS;
 }
 
-/* Checkpoint wire: index u64 | tag u8 (1 Hub, 3 Gcs) | has_second u8 | first[64] | second[64]. */
+/* Checkpoint wire: index u64 | tag u8 (1 Hub, 3 Gcs) | has_second u8 | first[64] | second[64].
+ * The location (first; for Gcs also the prefix) is the authority's: a report must name the
+ * run's own repository and may only advance its revision (coordinator/checkpoint_reports.py).
+ * Strings are compared as their zero-padded 64 bytes, as update_model stored them. */
 #define CHECKPOINT_WIRE_SIZE 138
 static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
   if (halted(s)) return E_Halted;
   u64 index = rd_u64(wire);
   if (index >= s->clients_len) return E_InvalidClientIndex;
   if (!key_eq(&s->clients[index].id, sender)) return E_NotYourIndex;
-  u8 repo = wire[8], current = s->model.checkpoint_tag, updated = 0xff;
+  u8 repo = wire[8], current = s->model.checkpoint_tag;
   if (repo != CkHub && repo != CkGcs) return E_InvalidCheckpoint;
+  bool has_second = wire[9] != 0;
+  const u8 *first = wire + 10, *second = wire + 10 + STRING_MAX;
+  bool same_repo = bytes_eq(s->model.first, first, STRING_MAX);
   if (repo == CkHub) {
-    if (current == CkP2P || current == CkP2PGcs) updated = CkP2P;
-    else if (current == CkHub) updated = CkHub;
-  } else {
-    if (current == CkP2PGcs || current == CkP2P) updated = CkP2PGcs;
-    else if (current == CkGcs) updated = CkGcs;
+    if (!(current == CkHub || current == CkP2P) || !same_repo) return E_CheckpointNotRunRepository;
+    /* the new revision; Hub stays Hub and P2P stays P2P */
+    s->model.has_second = has_second;
+    if (has_second) sol_memcpy_(s->model.second, second, STRING_MAX);
+    else sol_memset_(s->model.second, 0, STRING_MAX);
+    return SUCCESS;
   }
-  if (updated == 0xff) return SUCCESS;  /* other pairs (e.g. Dummy) are ignored */
-  s->model.checkpoint_tag = updated;
-  s->model.has_second = wire[9] != 0;
-  sol_memcpy_(s->model.first, wire + 10, STRING_MAX);
-  sol_memcpy_(s->model.second, wire + 10 + STRING_MAX, STRING_MAX);
-  return SUCCESS;
+  bool same_prefix = s->model.has_second == has_second &&
+                     (!has_second || bytes_eq(s->model.second, second, STRING_MAX));
+  if (!(current == CkGcs || current == CkP2PGcs) || !same_repo || !same_prefix)
+    return E_CheckpointNotRunRepository;
+  return SUCCESS;  /* a Gcs location has no revision: nothing changes */
 }
 
 static u64 pause(State *s, u64 now) {

@@ -1,4 +1,5 @@
-"""One or more tests per transition and per event, including every rejection.
+"""One or more tests per transition and per event, including every rejection (checkpoint
+reports: test_checkpoint_reports.py).
 
 Every rejection is also checked to leave the serialized state byte-for-byte unchanged.
 """
@@ -24,14 +25,7 @@ from coordinator import (
     participant_item,
     selection_for_round,
 )
-from coordinator.config import (
-    Checkpoint,
-    DummyCheckpoint,
-    GcsCheckpoint,
-    HubCheckpoint,
-    P2PCheckpoint,
-    P2PGcsCheckpoint,
-)
+from coordinator.config import HubCheckpoint, P2PCheckpoint
 
 
 def make(clients: int = 4, **config: object) -> tuple[Coordinator, VirtualRun]:
@@ -323,35 +317,6 @@ def test_health_check() -> None:
     finish_round(coordinator, now + 1, bloom_of=[0, 1, 2])
     assert victim in [c.id for c in state.epoch_state.exited_clients]
     assert state.epoch_state.exited_clients[-1].exited_height == 2
-
-
-@pytest.mark.parametrize(("current", "report", "expected"), [
-    (P2PCheckpoint(repo_id="old"), HubCheckpoint(repo_id="new", revision="r"), P2PCheckpoint(repo_id="new", revision="r")),
-    (P2PGcsCheckpoint(bucket="old"), GcsCheckpoint(bucket="new"), P2PGcsCheckpoint(bucket="new")),
-    (HubCheckpoint(repo_id="old"), HubCheckpoint(repo_id="new"), HubCheckpoint(repo_id="new")),
-    (GcsCheckpoint(bucket="old"), GcsCheckpoint(bucket="new"), GcsCheckpoint(bucket="new")),
-    (P2PGcsCheckpoint(bucket="old"), HubCheckpoint(repo_id="new"), P2PCheckpoint(repo_id="new")),
-    (P2PCheckpoint(repo_id="old"), GcsCheckpoint(bucket="new"), P2PGcsCheckpoint(bucket="new")),
-    (HubCheckpoint(repo_id="old"), GcsCheckpoint(bucket="new"), HubCheckpoint(repo_id="old")),
-    (DummyCheckpoint(repo_id="old"), HubCheckpoint(repo_id="new"), DummyCheckpoint(repo_id="old")),
-])
-def test_checkpoint_transitions(current: Checkpoint, report: Checkpoint,
-                                expected: Checkpoint) -> None:
-    coordinator, _ = make()
-    to_warmup(coordinator)
-    coordinator.state.model = coordinator.state.model.model_copy(update={"checkpoint": current})
-    assert coordinator.checkpoint(node(0), 0, report) is None
-    assert coordinator.state.model.checkpoint == expected
-
-
-def test_checkpoint_rejections() -> None:
-    coordinator, _ = make(run_state="Paused")
-    rejected(coordinator, lambda: coordinator.checkpoint(node(0), 0, HubCheckpoint(repo_id="x")), CoordinatorError.Halted)
-    coordinator, _ = make()
-    to_warmup(coordinator)
-    rejected(coordinator, lambda: coordinator.checkpoint(node(0), 7, HubCheckpoint(repo_id="x")), CoordinatorError.InvalidClientIndex)
-    rejected(coordinator, lambda: coordinator.checkpoint(node(1), 0, HubCheckpoint(repo_id="x")), CoordinatorError.NotYourIndex)
-    rejected(coordinator, lambda: coordinator.checkpoint(node(0), 0, P2PCheckpoint(repo_id="x")), CoordinatorError.InvalidCheckpoint)
 
 
 def test_tick_rejects_out_of_range_numbers() -> None:

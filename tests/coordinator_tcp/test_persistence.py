@@ -27,7 +27,7 @@ from coordinator import (
     encode_state,
     selection_for_round,
 )
-from coordinator.config import ConfigError
+from coordinator.config import ConfigError, P2PCheckpoint
 from coordinator_tcp.persistence import PersistenceError, StateStore, unseal
 from coordinator_tcp.protocol import WarmupWitness, WitnessModel, WitnessSubmit
 from coordinator_tcp.runner import RunOptions, load_run
@@ -200,6 +200,30 @@ def test_saved_state_of_another_run_is_refused(tmp_path: Path) -> None:
         load_run(RunOptions(state_path=TESTNET / "state.toml",
                             data_config_path=TESTNET / "data.toml",
                             server=server_options(save_state_dir=tmp_path)))
+
+
+def test_a_resume_takes_the_checkpoint_location_from_the_state_file(tmp_path: Path) -> None:
+    """The location is the authority's (clients only report revisions of it): restarting
+    with an edited state.toml moves it; the saved P2P tag (clients hold the model) stays,
+    and an unchanged location keeps the saved revision."""
+    saved = Coordinator.from_state_file(make_state_file()).state
+    saved.model = saved.model.model_copy(update={"checkpoint": P2PCheckpoint(
+        repo_id="assets/tiny-llama", revision="rev-7")})
+    StateStore(tmp_path / "saved").save(encode_state(saved), {})
+    options = server_options(save_state_dir=tmp_path / "saved")
+
+    def resume_with(repo_id: str) -> object:
+        state_toml = tmp_path / "state.toml"
+        state = make_state_file(model={"checkpoint": {"Hub": {"repo_id": repo_id}}})
+        state_toml.write_text(state.to_toml())
+        loaded = load_run(RunOptions(state_path=state_toml,
+                                     data_config_path=TESTNET / "data.toml", server=options))
+        assert loaded.resumed
+        return loaded.coordinator.state.model.checkpoint
+
+    assert resume_with("assets/tiny-llama") == saved.model.checkpoint
+    moved = resume_with("org/new-home")
+    assert isinstance(moved, P2PCheckpoint) and moved.repo_id == "org/new-home"
 
 
 async def test_init_warmup_time_applies_until_active_and_never_sticks(tmp_path: Path) -> None:

@@ -27,17 +27,38 @@ from coordinator import (
     selection_for_round,
     set_future_rates,
 )
-from coordinator.config import CoordinatorConfig, GcsCheckpoint, HubCheckpoint
+from coordinator.checkpoint_reports import report_problem
+from coordinator.config import (
+    Checkpoint,
+    CoordinatorConfig,
+    DummyCheckpoint,
+    GcsCheckpoint,
+    HubCheckpoint,
+    P2PCheckpoint,
+)
+from psyche_solana import instructions as ix
 from psyche_solana.errors import error_name
 from psyche_solana.scenario import SvmRun
 from psyche_solana.svm import ProgramSvm, TransactionFailed
 
 BASE = load_state_file("config/local-testnet/state.toml")
 CLIENTS = [Keypair.from_seed(bytes([i + 1]) * 32) for i in range(5)]
+RUN_REPO = "assets/tiny-llama"
+assert BASE.model.checkpoint == HubCheckpoint(repo_id=RUN_REPO)
+# The run's checkpoint (the authority's location) and what clients report: the run's own
+# repository (a new revision) or a foreign one; the machine turns Hub into P2P and back.
+RUN_CHECKPOINTS: list[Checkpoint] = [
+    HubCheckpoint(repo_id=RUN_REPO), GcsCheckpoint(bucket="bucket", prefix="run/"),
+    GcsCheckpoint(bucket="bucket"), DummyCheckpoint(repo_id=RUN_REPO)]
+REPORTS: list[HubCheckpoint | GcsCheckpoint] = [
+    HubCheckpoint(repo_id=RUN_REPO, revision="abc"), HubCheckpoint(repo_id=RUN_REPO),
+    HubCheckpoint(repo_id="someone/else", revision="abc"),
+    GcsCheckpoint(bucket="bucket", prefix="run/"), GcsCheckpoint(bucket="bucket"),
+    GcsCheckpoint(bucket="other", prefix="run/")]
 
 
 def _state_file(init_min: int, min_clients: int, witness_nodes: int, warmup_pow: int,
-                total_steps: int = 12):
+                total_steps: int = 12, checkpoint: Checkpoint = RUN_CHECKPOINTS[0]):
     config = CoordinatorConfig.model_validate({
         **BASE.config.model_dump(), "warmup_time": 10, "cooldown_time": 5,
         "max_round_train_time": 8, "round_witness_time": 2, "epoch_time": 40,
@@ -47,7 +68,8 @@ def _state_file(init_min: int, min_clients: int, witness_nodes: int, warmup_pow:
         # a power of two: f64 and exact rational batch sizes agree (see election.h)
         "global_batch_size_warmup_tokens": 2**warmup_pow,
         "waiting_for_members_extra_time": 1})
-    return BASE.model_copy(update={"config": config})
+    model = BASE.model.model_copy(update={"checkpoint": checkpoint})
+    return BASE.model_copy(update={"config": config, "model": model})
 
 
 def _seed(unix_timestamp: int, slot: int) -> int:
@@ -81,7 +103,8 @@ class Harness:
     def pending(self) -> list[NodeIdentity]:
         return [NodeIdentity(k) for k, active in self.registry if active == self.next_active]
 
-    def apply(self, event: tuple) -> None:
+    def apply(self, event: tuple) -> str | None:
+        """Apply `event` on both sides, check they agree; the error's name, if refused."""
         kind = event[0]
         now, seed = self.svm.now, _seed(self.svm.now, self.svm.slot)
         python_state = self.python.state
@@ -99,6 +122,7 @@ class Harness:
         assert [(bytes(k), a) for k, a in chain.registry] == self.registry
         assert chain.next_active == self.next_active
         _ = kind
+        return chain_error
 
     def _client(self, i: int) -> tuple[Keypair, NodeIdentity]:
         return CLIENTS[i], NodeIdentity(bytes(CLIENTS[i].pubkey()))
@@ -154,10 +178,8 @@ class Harness:
             _, node = self._client(event[1])
             index = py.state.index_of(node)
             self._pending_index = index if index is not None else 0
-            repo = HubCheckpoint(repo_id="org/model", revision="abc") if event[2] else \
-                GcsCheckpoint(bucket="bucket", prefix=None)
-            self._pending_repo = repo
-            return py.checkpoint(node, self._pending_index, repo)
+            self._pending_repo = REPORTS[event[2]]
+            return py.checkpoint(node, self._pending_index, self._pending_repo)
         if kind == "pause":
             return py.pause(now)
         if kind == "resume":
@@ -211,7 +233,7 @@ EVENTS = st.one_of(
     st.tuples(st.just("warmup_witness"), client, st.just(True)),
     st.tuples(st.just("witness"), client, st.booleans()),
     st.tuples(st.just("health_check"), client, client),
-    st.tuples(st.just("checkpoint"), client, st.booleans()),
+    st.tuples(st.just("checkpoint"), client, st.integers(0, len(REPORTS) - 1)),
     st.tuples(st.just("pause")),
     st.tuples(st.just("rates"), st.none() | st.integers(0, 10**6), st.none() | st.integers(0, 99)),
 )
@@ -229,6 +251,13 @@ def natural_events(harness: Harness, rng: random.Random) -> list[tuple]:
     if phase is RunState.WaitingForMembers:
         return [("join", rng.randrange(len(CLIENTS)))] if rng.random() < 0.4 else [
             ("advance", 2), ("tick",)]
+    # Uploads end in Cooldown or, later, while the next epoch (P2P by then) is under way.
+    uploaded = 0.3 if phase is RunState.Cooldown else 0.04 if phase.active else 0.0
+    if listed and rng.random() < uploaded:
+        # half of them name the run's own repository, as an honest uploader's would
+        own = [i for i, r in enumerate(REPORTS) if report_problem(state.model.checkpoint, r) is None]
+        pick = rng.choice(own) if own and rng.random() < 0.5 else rng.randrange(len(REPORTS))
+        return [("checkpoint", rng.choice(listed), pick)]
     if phase is RunState.Warmup and listed and rng.random() < 0.6:
         return [("warmup_witness", rng.choice(listed), True)]
     if (phase is RunState.RoundTrain and len(listed) > 1 and state.current_round.height >= 2
@@ -239,8 +268,6 @@ def natural_events(harness: Harness, rng: random.Random) -> list[tuple]:
         witnesses = [i for i in listed if selection.witness_of(
             state.index_of(NodeIdentity(bytes(CLIENTS[i].pubkey())))).witness] or listed
         return [("witness", rng.choice(witnesses), True)]
-    if phase is RunState.Cooldown and listed and rng.random() < 0.3:
-        return [("checkpoint", rng.choice(listed), rng.random() < 0.5)]
     if phase is RunState.Paused:
         return [("resume",)]
     return [("advance", rng.choice([2, 3, 6, 9, 11])), ("tick",)]
@@ -251,13 +278,15 @@ def natural_events(harness: Harness, rng: random.Random) -> list[tuple]:
           derandomize="PSYCHE_DIFF_EXAMPLES" not in os.environ, deadline=None)
 @given(init_min=st.integers(1, 3), min_clients=st.integers(1, 3),
        witness_nodes=st.integers(0, 2), warmup_pow=st.integers(0, 12),
+       checkpoint=st.sampled_from(RUN_CHECKPOINTS),
        joins=st.lists(client, min_size=1, max_size=5),
        events=st.lists(WEIGHTED, min_size=10, max_size=150), rng_seed=st.integers(0, 2**32))
 def test_random_event_sequences_give_the_same_state(init_min, min_clients, witness_nodes,
-                                                   warmup_pow, joins, events, rng_seed):
+                                                   warmup_pow, checkpoint, joins, events,
+                                                   rng_seed):
     min_clients = min(min_clients, init_min)
-    harness = Harness(_state_file(init_min, min_clients, witness_nodes, warmup_pow),
-                      random.Random(rng_seed))
+    harness = Harness(_state_file(init_min, min_clients, witness_nodes, warmup_pow,
+                                  checkpoint=checkpoint), random.Random(rng_seed))
     rng = random.Random(rng_seed + 1)
     for planned in [("rates", 1000, None)] + [("join", j) for j in joins] + events:
         for event in natural_events(harness, rng) if planned[0] == "auto" else [planned]:
@@ -271,7 +300,8 @@ def test_random_event_sequences_give_the_same_state(init_min, min_clients, witne
 def test_long_natural_runs_with_noise_give_the_same_state(seed):
     """Hundreds of events of live-looking runs (several epochs, health checks, pauses)."""
     rng = random.Random(seed)
-    harness = Harness(_state_file(2, 2, seed % 3, 4 + seed, total_steps=80), rng)
+    harness = Harness(_state_file(2, 2, seed % 3, 4 + seed, total_steps=80,
+                                  checkpoint=RUN_CHECKPOINTS[seed - 1]), rng)
     phases = set()
     harness.apply(("rates", 999, 5))
     for _step in range(300):
@@ -291,13 +321,13 @@ def random_event(rng: random.Random) -> tuple:
     return rng.choice([
         ("tick",), ("join", c), ("warmup_witness", c, True), ("witness", c, False),
         ("witness", c, True), ("health_check", c, rng.randrange(len(CLIENTS))),
-        ("checkpoint", c, rng.random() < 0.5), ("pause",), ("resume",),
+        ("checkpoint", c, rng.randrange(len(REPORTS))), ("pause",), ("resume",),
         ("rates", rng.randrange(10**6), None), ("advance", rng.choice([1, 5, 41]))])
 
 
 def test_a_whole_epoch_is_identical_on_chain():
     """A scripted epoch: join, warm-up, rounds with witnesses, cooldown, points credited."""
-    harness = Harness(_state_file(2, 2, 1, 10), random.Random(7))
+    harness = Harness(_state_file(2, 2, 1, 10, total_steps=40), random.Random(7))
     for event in [("rates", 1000, None), ("join", 0), ("join", 1)]:
         harness.apply(event)
     harness.svm.advance(2)
@@ -318,6 +348,50 @@ def test_a_whole_epoch_is_identical_on_chain():
     assert account.state.progress.epoch == 1
     assert account.earned(CLIENTS[0].pubkey()) == 500
     assert account.earned(CLIENTS[1].pubkey()) == 500
+    # The next epoch, P2P from the same clients; their late upload reports a new revision.
+    for event in [("join", 0), ("join", 1)]:
+        harness.apply(event)
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    assert harness.python.state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO)
+    assert harness.apply(("checkpoint", 1, 0)) is None
+    assert harness.python.state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO,
+                                                                  revision="abc")
+    for foreign in (2, 3):  # another Hub repository; a GCS bucket
+        assert harness.apply(("checkpoint", 0, foreign)) == "CheckpointNotRunRepository"
+
+
+def test_only_the_authority_moves_the_checkpoint_repository():
+    """A client's report may only advance the revision of the run's repository; the
+    authority moves the repository with update-config on the paused run, on chain and in
+    the Python machine alike, and reports follow it."""
+    harness = Harness(_state_file(1, 1, 1, 10), random.Random(3))
+    for event in [("join", 0), ("join", 1)]:
+        harness.apply(event)
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    assert harness.python.state.run_state is RunState.Warmup
+    foreign, own = REPORTS.index(HubCheckpoint(repo_id="someone/else", revision="abc")), 0
+    assert harness.apply(("checkpoint", 0, foreign)) == "CheckpointNotRunRepository"
+    assert harness.apply(("checkpoint", 1, own)) is None
+    assert harness.python.state.model.checkpoint == REPORTS[own]
+
+    harness.apply(("pause",))  # Warmup: paused at once
+    moved = harness.python.state.model.model_copy(update={
+        "checkpoint": HubCheckpoint(repo_id="someone/else")})
+    harness.run.admin(ix.update_model(harness.run.address, harness.run.authority.pubkey(), moved))
+    harness.python.state.model = moved
+    assert harness.run.account().state == harness.python.state
+    harness.apply(("resume",))
+    for event in [("join", 0), ("join", 1)]:
+        harness.apply(event)
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    assert harness.python.state.run_state is RunState.Warmup
+    # "someone/else" is now the run's own repository
+    assert harness.apply(("checkpoint", 0, foreign)) is None
+    assert harness.python.state.model.checkpoint == REPORTS[foreign]
+    assert harness.apply(("checkpoint", 1, own)) == "CheckpointNotRunRepository"
 
 
 @pytest.mark.parametrize("tokens,expected", [(0, 3), (512, 6), (1023, 9), (1024, 9)])
