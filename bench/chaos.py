@@ -37,70 +37,10 @@ import tomli_w
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator import CoordinatorState, RunState, assign_data_for_state  # noqa: E402
+from local_testnet.audit import checkpoint_agreement, models_reset  # noqa: E402
 from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
 
 CONFIG = ROOT / "config" / "local-testnet"
-
-
-class ChaosTestnet(Testnet):
-    """The testnet, also noting each round the coordinator starts and whether it has
-    batches to train (as the clients decide it, from the same state)."""
-
-    def __init__(self, options: TestnetOptions):
-        super().__init__(options)
-        self.trainable: dict[int, bool] = {}
-
-    def _track_rejoins(self, state: CoordinatorState) -> None:
-        super()._track_rejoins(state)
-        if state.run_state is RunState.RoundTrain:
-            step, last = state.progress.step, state.epoch_state.last_step
-            has_batches = bool(assign_data_for_state(state))
-            self.trainable.setdefault(step, has_batches and (last == 0 or step < last - 2))
-
-
-def models_reset(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]:
-    """(checkpoints equal to the initial model, checkpoints examined), after step 0."""
-    import torch
-    from safetensors.torch import load_file
-
-    start = {name: tensor.float() for name, tensor in load_file(initial).items()}
-    reset = examined = 0
-    for i in range(1, clients + 1):
-        for directory in sorted((work_dir / f"client-{i}" / "checkpoints").glob("*-step*")):
-            if int(directory.name.rsplit("-step", 1)[1]) == 0:
-                continue
-            weights: dict[str, torch.Tensor] = {}
-            for file in directory.glob("*.safetensors"):
-                weights.update(load_file(file))
-            if not weights:
-                continue
-            examined += 1
-            if all(name in weights and torch.equal(weights[name].float(), tensor)
-                   for name, tensor in start.items()):
-                reset += 1
-    return reset, examined
-
-
-def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
-    """(steps saved by 2+ clients, the steps among them whose checkpoints differ)."""
-    import hashlib
-
-    digests: dict[int, set[str]] = {}
-    savers: dict[int, int] = {}
-    for i in range(1, clients + 1):
-        for directory in (work_dir / f"client-{i}" / "checkpoints").glob("*-step*"):
-            files = sorted(directory.glob("*.safetensors"))
-            if not files:
-                continue
-            digest = hashlib.sha256()
-            for file in files:
-                digest.update(file.name.encode() + file.read_bytes())
-            step = int(directory.name.rsplit("-step", 1)[1])
-            digests.setdefault(step, set()).add(digest.hexdigest())
-            savers[step] = savers.get(step, 0) + 1
-    shared = sorted(step for step, count in savers.items() if count >= 2)
-    return len(shared), [step for step in shared if len(digests[step]) > 1]
 
 
 def main() -> None:
@@ -127,15 +67,14 @@ def main() -> None:
     data["dir"] = str((CONFIG / data["dir"]).resolve())
     (config / "data.toml").write_text(tomli_w.dumps(data))
 
-    testnet = ChaosTestnet(TestnetOptions(
+    testnet = Testnet(TestnetOptions(
         num_clients=args.clients, config_path=config, work_dir=work / "run",
         server_port=args.server_port, data_port=args.server_port + 1, random_kill_num=1,
         random_kill_interval_s=args.kill_interval, timeout_s=args.timeout,
         client_args=["--keep-steps", "1000"]))  # every epoch's checkpoint stays to compare
     summary = asyncio.run(run_headless(testnet))
-    trained = {step for client in testnet.clients.values() for step in client.losses}
     expected = sorted(step for step, has in testnet.trainable.items() if has)
-    lost = [step for step in expected if step not in trained]
+    lost = testnet.untrained_steps()
     reset, examined = models_reset(work / "run", args.clients, initial)
     compared, differing = checkpoint_agreement(work / "run", args.clients)
     print(f"run: {json.dumps(summary)}")

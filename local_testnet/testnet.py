@@ -30,11 +30,19 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator import ClientState, CoordinatorState, RunState, StateDecodeError, decode_state
+from coordinator import (
+    ClientState,
+    CoordinatorState,
+    RunState,
+    StateDecodeError,
+    assign_data_for_state,
+    decode_state,
+)
 from coordinator.config import ConfigError, ServerDataLocation, load_data_config, load_state_file
 from psyche_common.identity import Identity
 
@@ -118,6 +126,11 @@ class Testnet:
         self.state: CoordinatorState | None = None
         self.killed = 0
         self.rejoined = 0
+        # step -> whether its round had batches to train (the clients' rule: a batch
+        # assigned, and not one of an epoch's last two apply-only rounds)
+        self.trainable: dict[int, bool] = {}
+        # called with every state the observer receives (tests act on exact phases)
+        self.state_listeners: list[Callable[[CoordinatorState], None]] = []
         self.started = time.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -219,6 +232,9 @@ class Testnet:
                         with contextlib.suppress(StateDecodeError, ValueError):
                             self.state = decode_state(message.state_bytes)
                             self._track_rejoins(self.state)
+                            self._track_rounds(self.state)
+                            for listener in list(self.state_listeners):
+                                listener(self.state)
             finally:
                 await connection.close()
 
@@ -236,6 +252,18 @@ class Testnet:
             elif client.awaiting_rejoin == "out":
                 client.awaiting_rejoin = None
                 self.rejoined += 1
+
+    def _track_rounds(self, state: CoordinatorState) -> None:
+        if state.run_state is RunState.RoundTrain:
+            step, last = state.progress.step, state.epoch_state.last_step
+            has_batches = bool(assign_data_for_state(state))
+            self.trainable.setdefault(step, has_batches and (last == 0 or step < last - 2))
+
+    def untrained_steps(self) -> list[int]:
+        """Steps whose round had batches to train that no client reported training: a
+        step counted with its data skipped (what must never happen)."""
+        trained = {step for client in self.clients.values() for step in client.losses}
+        return sorted(step for step, has in self.trainable.items() if has and step not in trained)
 
     async def random_kills(self) -> None:
         options = self.options

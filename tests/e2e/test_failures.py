@@ -1,20 +1,23 @@
-"""Runs that lose a part: a client SIGKILLed mid-round, the coordinator killed and
-restarted from its state directory, and a client that joins late and must get the model
-from its peers."""
+"""Runs that lose a part: a client SIGKILLed mid-round, the coordinator killed in each
+phase and restarted from its state directory, and a client that joins late and must get
+the model from its peers."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 
 import pytest
-from e2e_helpers import checkpoint_digests, events, make_testnet, wait_for
+from e2e_helpers import REPO, checkpoint_digests, events, make_testnet, wait_for
 
 from coordinator import ClientState, CoordinatorState, RunState
-from local_testnet.testnet import client_key, run_headless
+from local_testnet.audit import models_reset
+from local_testnet.testnet import Testnet, client_key, run_headless
 
 pytestmark = pytest.mark.slow
+INITIAL_MODEL = REPO / "assets" / "tiny-llama" / "model.safetensors"
 
 
 def _state_of(state: CoordinatorState, key: bytes) -> ClientState | None:
@@ -58,31 +61,70 @@ async def test_sigkilled_client_is_dropped_by_health_checks_and_the_run_goes_on(
     assert sum(end - start + 1 for start, end in (e["batch"] for e in trained)) == 12, trained
 
 
-async def test_coordinator_killed_and_restarted_from_its_state_dir(tmp_path) -> None:
-    testnet = make_testnet(tmp_path, 3, config={"total_steps": 20, "epoch_time": 25,
-                                                "warmup_time": 20})
+PHASES_TO_KILL_IN = [RunState.Warmup, RunState.RoundTrain, RunState.RoundWitness,
+                     RunState.Cooldown, RunState.WaitingForMembers]
+
+
+def kill_server_in(testnet: Testnet, phase: RunState) -> asyncio.Future[CoordinatorState]:
+    """SIGKILL the coordinator the moment the observer sees `phase` after epoch 0 (polling
+    would miss a warm-up that ends in a blink); resolves to the state it was killed in."""
+    killed: asyncio.Future[CoordinatorState] = asyncio.get_running_loop().create_future()
+
+    def listener(state: CoordinatorState) -> None:
+        server = testnet.server
+        if killed.done() or state.run_state is not phase or state.progress.epoch < 1 \
+                or server is None:
+            return
+        os.killpg(server.pid, signal.SIGKILL)
+        testnet.state_listeners.remove(listener)
+        killed.set_result(state)
+
+    testnet.state_listeners.append(listener)
+    return killed
+
+
+def newer_than(before: CoordinatorState) -> Callable[[CoordinatorState], bool]:
+    return lambda state: state is not before and state.progress.step >= before.progress.step
+
+
+async def test_coordinator_killed_in_every_phase_loses_no_step(tmp_path) -> None:
+    """kill -9 of the coordinator once in each phase, restarted 6 s later (longer than a
+    round may last) from its state dir: every step is still trained (none counted with
+    its data skipped), nobody falls back to the initial model, the clients end identical.
+    Without the restarted server's hold, a timed-out round with no witnesses withdraws
+    everyone and the run restarts from the initial model."""
+    testnet = make_testnet(tmp_path, 2, config={"total_steps": 26, "epoch_time": 21,
+                                                "warmup_time": 20, "init_min_clients": 2,
+                                                "max_round_train_time": 5})
+    restarts = []
     try:
         await testnet.start()
-        before = await wait_for(testnet, lambda s: s.progress.step >= 6, 180, "step 6")
-        server = testnet.server
-        assert server is not None
-        os.killpg(server.pid, signal.SIGKILL)
-        await server.wait()
-        await asyncio.sleep(2)
-        await testnet.start_server()  # same --save-state-dir: resumes the run
-        resumed = await wait_for(testnet, lambda s: s.progress.step >= before.progress.step,
-                                 60, "the restarted coordinator's state")
-        assert resumed.progress.epoch >= before.progress.epoch
+        for phase in PHASES_TO_KILL_IN:
+            # Past the first epoch, so that every restart finds a model to lose.
+            server = testnet.server
+            assert server is not None
+            before = await asyncio.wait_for(kill_server_in(testnet, phase), 240)
+            await server.wait()
+            # Down longer than a training round may last: the phase's timer must not run out
+            # while its clients are still reconnecting.
+            await asyncio.sleep(6)
+            await testnet.start_server()  # same --save-state-dir: resumes the run
+            resumed = await wait_for(testnet, newer_than(before), 60, "the restarted state")
+            restarts.append((phase.name, before.progress.step, resumed.run_state.name))
         final = await wait_for(testnet, lambda s: s.run_state is RunState.Finished, 300,
-                               "the run to finish after the restart")
+                               "the run to finish after the restarts")
         clients = [c.process for c in testnet.clients.values() if c.process is not None]
         await asyncio.wait_for(asyncio.gather(*(p.wait() for p in clients)), 30)
     finally:
         await testnet.stop()
-    assert final.progress.step == 20
-    digests = [checkpoint_digests(testnet.options.work_dir, i) for i in (1, 2, 3)]
+    assert final.progress.step == 26, restarts
+    assert testnet.untrained_steps() == [], restarts
+    work = testnet.options.work_dir
+    reset, examined = models_reset(work, 2, INITIAL_MODEL)
+    assert examined >= 2 and reset == 0, restarts
+    digests = [checkpoint_digests(work, i) for i in (1, 2)]
     last = max(digests[0])
-    assert digests[0][last] == digests[1][last] == digests[2][last]
+    assert digests[0][last] == digests[1][last]
 
 
 async def test_late_joiner_gets_the_model_from_peers_and_ends_identical(tmp_path) -> None:

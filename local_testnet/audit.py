@@ -1,0 +1,54 @@
+"""After a local run: what its clients' checkpoints say about it.
+
+models_reset          checkpoints after step 0 whose weights equal the initial model's
+                      (a client that restarted from the stored model, losing progress)
+checkpoint_agreement  the steps saved by two or more clients, and those whose
+                      safetensors differ (clients that diverged)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+
+def models_reset(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]:
+    """(checkpoints equal to the initial model, checkpoints examined), after step 0."""
+    import torch
+    from safetensors.torch import load_file
+
+    start = {name: tensor.float() for name, tensor in load_file(initial).items()}
+    reset = examined = 0
+    for i in range(1, clients + 1):
+        for directory in sorted((work_dir / f"client-{i}" / "checkpoints").glob("*-step*")):
+            if int(directory.name.rsplit("-step", 1)[1]) == 0:
+                continue
+            weights: dict[str, torch.Tensor] = {}
+            for file in directory.glob("*.safetensors"):
+                weights.update(load_file(file))
+            if not weights:
+                continue
+            examined += 1
+            if all(name in weights and torch.equal(weights[name].float(), tensor)
+                   for name, tensor in start.items()):
+                reset += 1
+    return reset, examined
+
+
+def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
+    """(steps saved by 2+ clients, the steps among them whose checkpoints differ)."""
+    digests: dict[int, set[str]] = {}
+    savers: dict[int, int] = {}
+    for i in range(1, clients + 1):
+        for directory in (work_dir / f"client-{i}" / "checkpoints").glob("*-step*"):
+            files = sorted(directory.glob("*.safetensors"))
+            if not files:
+                continue
+            digest = hashlib.sha256()
+            for file in files:
+                digest.update(file.name.encode() + file.read_bytes())
+            step = int(directory.name.rsplit("-step", 1)[1])
+            digests.setdefault(step, set()).add(digest.hexdigest())
+            savers[step] = savers.get(step, 0) + 1
+    shared = sorted(step for step, count in savers.items() if count >= 2)
+    return len(shared), [step for step in shared if len(digests[step]) > 1]
