@@ -22,14 +22,21 @@ X_{y,x} of shape (a, b) (y < R/a, x < C/b; leading dimensions are more blocks):
 
 A vector of length L is a matrix (L, 1): blocks of (a, 1), F_1 = [[1]].
 
-Compress. Per block keep the k = clamp(topk, 1, a*b) coefficients of largest |E|
-(indices in ascending order, so that the encoding is canonical and deterministic).
+Compress. Per block keep the k = clamp(topk, 1, a*b) coefficients of largest |E|, leaving
+out every coefficient that is zero (+0.0 or -0.0): a block with n < k nonzero coefficients
+keeps n. The kept ones come first in ascending index order, then k - n empty slots
+(index 0, value +0.0), so the result is a pure function of E: which zeros torch.topk picks
+on ties is not (it differs between devices). Psyche keeps zeros, and its 1-bit encoding
+turns them into +1 (signbit(0) is false): an all-zero momentum (the first step of a
+schedule starting at lr 0, an embedding block no token of the batch touched) would publish
++1 for every coefficient and move every weight of the block with no gradient behind it.
 
 Aggregate (decode). Each coefficient is the mean over the peers that sent it; the rest are 0:
 
     G[p] = sum_{peers that sent p} v / #{peers that sent p}
 
-then the inverse transform X = F_a G F_b^T puts the block back in place.
+then the inverse transform X = F_a G F_b^T puts the block back in place. A slot whose value
+is zero is an empty slot: it adds nothing and does not count as a sender.
 
 All transforms run as two batched matmuls over every block of every parameter with the
 same block shape at once; there is no Python loop over blocks.
@@ -161,11 +168,21 @@ def idct_blocks(coefficients: torch.Tensor) -> torch.Tensor:
 
 
 def topk_blocks(coefficients: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per block, the k coefficients of largest magnitude: (idx (N, k) ascending, val (N, k))."""
+    """Per block, the k nonzero coefficients of largest magnitude: (idx (N, k), val (N, k)).
+
+    Each row holds its kept coefficients in ascending index order, then, when the block has
+    fewer than k nonzero coefficients, empty slots (index 0, value +0.0) at the end.
+    """
     flat = coefficients.reshape(coefficients.shape[0], -1)
-    _, idx = torch.topk(flat.abs(), k, dim=1, sorted=False)
-    idx, _ = torch.sort(idx, dim=1)
-    return idx, torch.gather(flat, 1, idx)
+    numel = flat.shape[1]
+    _, picked = torch.topk(flat.abs(), k, dim=1, sorted=False)
+    val = torch.gather(flat, 1, picked)
+    # A zero that topk picked is dropped (sorted after every kept index, then blanked), so
+    # neither the tie-breaking among zeros nor the sign of a -0.0 reaches the result.
+    key, order = torch.sort(torch.where(val != 0, picked, numel), dim=1)
+    kept = key < numel
+    idx = torch.where(kept, key, 0)
+    return idx, torch.where(kept, torch.gather(val, 1, order), 0)
 
 
 def scatter_mean(
@@ -173,20 +190,25 @@ def scatter_mean(
 ) -> torch.Tensor:
     """G: each coefficient averaged over the peers that sent it (0 where none did).
 
-    indices[i], values[i]: peer i's (n_blocks, k_i). Returns (n_blocks, block_numel).
+    indices[i], values[i]: peer i's (n_blocks, k_i); a zero value is an empty slot, which
+    counts as no sender. Returns (n_blocks, block_numel).
     """
     idx = torch.cat(list(indices), dim=1)
     val = torch.cat(list(values), dim=1)
     total = torch.zeros(idx.shape[0], block_numel, dtype=val.dtype, device=val.device)
     count = torch.zeros_like(total)
     total.scatter_add_(1, idx, val)
-    count.scatter_add_(1, idx, torch.ones_like(val))
+    count.scatter_add_(1, idx, (val != 0).to(val.dtype))
     return total / count.clamp_min(1)
 
 
 @dataclass
 class SparseResult:
-    """One parameter's compressed update: idx (n_blocks, k) int64, val (n_blocks, k)."""
+    """One parameter's compressed update: idx (n_blocks, k) int64, val (n_blocks, k).
+
+    A slot with val == 0 is empty (its block had fewer than k nonzero coefficients): it
+    contributes nothing to an aggregate and is not sent.
+    """
 
     idx: torch.Tensor
     val: torch.Tensor
@@ -303,8 +325,10 @@ def decompress_blocks(
     """Aggregate any number of peers' results into spatial group buffers.
 
     Each coefficient is weighted by 1 / (number of peers that sent it), which makes the sum
-    the scatter-mean G; the inverse DCT of a whole group then runs at once, as dense
-    matmuls or, when a block holds fewer than a + b coefficients, as rank-m products.
+    the scatter-mean G; an empty slot (value 0) adds nothing and is not counted, so a peer
+    whose block was all zero leaves the others' mean alone. The inverse DCT of a whole group
+    then runs at once, as dense matmuls or, when a block holds fewer than a + b
+    coefficients, as rank-m products.
     """
     if not peer_results:
         raise ValueError("decompress needs at least one result")
@@ -323,8 +347,9 @@ def decompress_blocks(
         weight = torch.cat([val[i] for i in members])
         if len(peer_results) > 1:
             count = torch.zeros(n_blocks, a * b, dtype=dtype, device=device)
-            count.scatter_add_(1, group_idx, torch.ones_like(weight))
-            weight = weight / torch.gather(count, 1, group_idx)
+            count.scatter_add_(1, group_idx, (weight != 0).to(dtype))
+            # An empty slot's coefficient may have no sender at all: 0 / 1, never 0 / 0.
+            weight = weight / torch.gather(count, 1, group_idx).clamp_min(1)
         if group_idx.shape[1] < a + b:
             out.append(sparse_idct_blocks(group_idx, weight, a, b))
         else:

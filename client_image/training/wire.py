@@ -2,14 +2,28 @@
 
 Version 1, all integers little-endian:
 
-    header   "PSDR" | version u8 = 1 | flags u8 (bit 0: one-bit values; others 0)
+    header   "PSDR" | version u8 = 1
+             | flags u8 (bit 0: one-bit values; bit 1: short blocks; others 0)
              | step u32 | trainer_nonce u32 | batch_start u64 | batch_end u64
              | n_tensors varint
     tensor   n_blocks varint | block_numel varint | k varint
-             | indices: n_blocks*k indices of w = ceil(log2(block_numel)) bits each (w >= 1),
-               packed LSB-first, zero-padded to a byte
-             | values: one-bit: n_blocks*k sign bits (1 = negative), LSB-first, zero-padded;
-                       otherwise n_blocks*k bfloat16
+             | short blocks: only when flag bit 1 is set:
+                 n_short varint (blocks carrying fewer than k coefficients)
+                 | when n_short > 0: per block its count c (0..k), bit_length(k) bits each,
+                   packed LSB-first, zero-padded to a byte
+             | indices: sum(c) indices of w = ceil(log2(block_numel)) bits each (w >= 1),
+               block by block, packed LSB-first, zero-padded to a byte
+             | values: one-bit: sum(c) sign bits (1 = negative), LSB-first, zero-padded;
+                       otherwise sum(c) bfloat16
+
+Without flag bit 1 every block carries c = k coefficients.
+
+A zero coefficient is never sent: it has no sign to put in a bit, and sending it as +1 (as
+Psyche's signbit quantization does) would move weights with no gradient behind them, or,
+as a bfloat16 zero, dilute the other peers' mean. So a block with fewer than k nonzero
+coefficients carries fewer (an all-zero block none), and the encoder sets flag bit 1 only
+when some block does: a result without zeros has the same bytes as before the flag existed.
+The sign of a sent value is its sign bit (torch.signbit, as Psyche).
 
 Tensors follow the model's parameter order; the shapes are not sent because both sides
 derive them from the model and the run config (BlockPlan). Compared with Psyche's postcard
@@ -17,10 +31,13 @@ derive them from the model and the run config (BlockPlan). Compared with Psyche'
 k = 8 and one-bit values costs 8*(12+1) = 104 bits instead of 136, and a tensor header is
 3-5 bytes.
 
-Decoding trusts nothing: every count must match the BlockPlan, every index must be inside
-its block and strictly increasing within it (no duplicates), every value finite, and no
+Decoding trusts nothing and accepts only what an honest encoder writes: every count must
+match the BlockPlan, every index must be inside its block and strictly increasing within it
+(no duplicates), every bfloat16 value finite and nonzero, the short-block count must be the
+number of short blocks (and flag bit 1 set only if there is one), padding bits zero, and no
 byte may be missing or left over. Anything else raises ResultDecodeError naming the
-problem, before a single tensor reaches the caller.
+problem, before a single tensor reaches the caller. A decoded SparseResult has k slots per
+block; the ones a block did not carry are empty (index 0, value 0).
 """
 
 from __future__ import annotations
@@ -38,6 +55,7 @@ from client_image.training.distro import BlockPlan, SparseResult
 MAGIC = b"PSDR"
 WIRE_VERSION = 1
 FLAG_ONE_BIT = 0x01
+FLAG_SHORT_BLOCKS = 0x02
 _FIXED = struct.Struct("<4sBBIIQQ")  # magic, version, flags, step, nonce, batch start, end
 _MAX_VARINT_BYTES = 10
 
@@ -55,12 +73,17 @@ class DistroResult:
     batch_start: int
     batch_end: int
     one_bit: bool
-    tensors: list[SparseResult]  # val is +-1 (float32) when one_bit, else bfloat16
+    tensors: list[SparseResult]  # val is +-1 (float32) when one_bit, else bfloat16; 0 = empty
 
 
 def index_bits(block_numel: int) -> int:
     """w: bits needed for an index into a block of block_numel coefficients (at least 1)."""
     return max(1, math.ceil(math.log2(block_numel)))
+
+
+def count_bits(k: int) -> int:
+    """Bits of one block's coefficient count (0..k) in the short-block section."""
+    return k.bit_length()
 
 
 def encode_result(
@@ -73,30 +96,54 @@ def encode_result(
     batch_end: int,
     one_bit: bool,
 ) -> bytes:
-    """Serialize a result; `tensors` hold the unquantized values (quantized here if one_bit)."""
+    """Serialize a result; `tensors` hold the unquantized values (quantized here if one_bit).
+
+    Slots whose value is zero as sent are left out (see the module docstring); the other
+    slots are written in their order, which compress() makes ascending per block.
+    """
     if len(tensors) != len(plans):
         raise ValueError(f"{len(tensors)} tensors for {len(plans)} parameters")
+    encoded = [_encode_tensor(t, plan, one_bit) for t, plan in zip(tensors, plans, strict=True)]
+    n_short = [int((c < plan.topk).sum()) for (c, _), plan in zip(encoded, plans, strict=True)]
+    flags = (FLAG_ONE_BIT if one_bit else 0) | (FLAG_SHORT_BLOCKS if any(n_short) else 0)
     out = bytearray(
-        _FIXED.pack(
-            MAGIC, WIRE_VERSION, FLAG_ONE_BIT if one_bit else 0,
-            step, trainer_nonce, batch_start, batch_end,
-        )
+        _FIXED.pack(MAGIC, WIRE_VERSION, flags, step, trainer_nonce, batch_start, batch_end)
     )
     out += _varint(len(tensors))
-    for sparse, plan in zip(tensors, plans, strict=True):
-        if tuple(sparse.idx.shape) != (plan.n_blocks, plan.topk):
-            raise ValueError(f"{plan.name}: idx shape {tuple(sparse.idx.shape)} does not fit {plan}")
+    for (counts, body), plan, short in zip(encoded, plans, n_short, strict=True):
         out += _varint(plan.n_blocks) + _varint(plan.block_numel) + _varint(plan.topk)
-        idx = sparse.idx.detach().cpu().numpy().astype(np.uint64).reshape(-1)
-        out += _pack_uints(idx, index_bits(plan.block_numel))
-        val = sparse.val.detach().cpu()
-        if one_bit:
-            negative = (val < 0).numpy().reshape(-1).astype(np.uint8)
-            out += np.packbits(negative, bitorder="little").tobytes()
-        else:
-            as_int16 = val.to(torch.bfloat16).reshape(-1).view(torch.int16).numpy()
-            out += as_int16.astype("<i2").tobytes()
+        if flags & FLAG_SHORT_BLOCKS:
+            out += _varint(short)
+            if short:
+                out += _pack_uints(counts.astype(np.uint64), count_bits(plan.topk))
+        out += body
     return bytes(out)
+
+
+def _encode_tensor(
+    sparse: SparseResult, plan: BlockPlan, one_bit: bool
+) -> tuple[np.ndarray, bytes]:
+    """(coefficients sent per block, the packed indices and values)."""
+    for what, tensor in (("idx", sparse.idx), ("val", sparse.val)):
+        if tuple(tensor.shape) != (plan.n_blocks, plan.topk):
+            raise ValueError(
+                f"{plan.name}: {what} shape {tuple(tensor.shape)} does not fit {plan}"
+            )
+    val = sparse.val.detach().cpu()
+    # Zero is judged on the value as it goes out: a float32 value that rounds to a bfloat16
+    # zero is left out too, or the payload would carry a zero that decoding rejects.
+    wire_val = val if one_bit else val.to(torch.bfloat16)
+    sent = (wire_val != 0).numpy()
+    idx = sparse.idx.detach().cpu().numpy().astype(np.uint64)[sent]
+    body = _pack_uints(idx, index_bits(plan.block_numel))
+    kept = wire_val[torch.from_numpy(sent)]
+    if one_bit:
+        # The sign bit, as Psyche's signbit quantization (only nonzero values get here).
+        negative = torch.signbit(kept).numpy().astype(np.uint8)
+        body += np.packbits(negative, bitorder="little").tobytes()
+    else:
+        body += kept.view(torch.int16).numpy().astype("<i2").tobytes()
+    return sent.sum(axis=1), body
 
 
 def decode_result(payload: bytes, plans: Sequence[BlockPlan]) -> DistroResult:
@@ -107,21 +154,27 @@ def decode_result(payload: bytes, plans: Sequence[BlockPlan]) -> DistroResult:
         raise ResultDecodeError(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != WIRE_VERSION:
         raise ResultDecodeError(f"unsupported wire version {version}, expected {WIRE_VERSION}")
-    if flags & ~FLAG_ONE_BIT:
+    if flags & ~(FLAG_ONE_BIT | FLAG_SHORT_BLOCKS):
         raise ResultDecodeError(f"unknown flags 0x{flags:02x}")
     if start > end:
         raise ResultDecodeError(f"batch id start {start} > end {end}")
     one_bit = bool(flags & FLAG_ONE_BIT)
+    short_blocks = bool(flags & FLAG_SHORT_BLOCKS)
     n_tensors = reader.varint("tensor count")
     if n_tensors != len(plans):
         raise ResultDecodeError(f"{n_tensors} tensors, the model has {len(plans)} parameters")
-    tensors = [_decode_tensor(reader, plan, one_bit) for plan in plans]
+    decoded = [_decode_tensor(reader, plan, one_bit, short_blocks) for plan in plans]
     if reader.remaining:
         raise ResultDecodeError(f"{reader.remaining} trailing bytes after the last tensor")
-    return DistroResult(step, nonce, start, end, one_bit, tensors)
+    if short_blocks and not any(short for _, short in decoded):
+        raise ResultDecodeError("short-blocks flag set but every block carries k coefficients")
+    return DistroResult(step, nonce, start, end, one_bit, [tensor for tensor, _ in decoded])
 
 
-def _decode_tensor(reader: _Reader, plan: BlockPlan, one_bit: bool) -> SparseResult:
+def _decode_tensor(
+    reader: _Reader, plan: BlockPlan, one_bit: bool, short_blocks: bool
+) -> tuple[SparseResult, bool]:
+    """One tensor, and whether it had short blocks."""
     where = f"tensor {plan.name!r}"
     n_blocks = reader.varint(f"{where} block count")
     block_numel = reader.varint(f"{where} block size")
@@ -132,24 +185,53 @@ def _decode_tensor(reader: _Reader, plan: BlockPlan, one_bit: bool) -> SparseRes
             f"{where}: (blocks, block size, k) = {(n_blocks, block_numel, k)}, "
             f"the model expects {expected} for shape {plan.shape}"
         )
-    count = n_blocks * k
+    counts = np.full(n_blocks, k, dtype=np.int64)
+    n_short = reader.varint(f"{where} short block count") if short_blocks else 0
+    if n_short:
+        if n_short > n_blocks:
+            raise ResultDecodeError(f"{where}: {n_short} short blocks, the tensor has {n_blocks}")
+        cw = count_bits(k)
+        raw_counts = reader.take_packed(n_blocks * cw, f"{where} block counts")
+        counts = _unpack_uints(raw_counts, cw, n_blocks).astype(np.int64)
+        if int(counts.max()) > k:
+            raise ResultDecodeError(
+                f"{where}: a block claims {int(counts.max())} coefficients, k is {k}"
+            )
+        if int((counts < k).sum()) != n_short:
+            raise ResultDecodeError(
+                f"{where}: {int((counts < k).sum())} blocks carry fewer than k = {k}, "
+                f"the header says {n_short}"
+            )
+    total = int(counts.sum())
     width = index_bits(block_numel)
-    raw_idx = reader.take(_packed_len(count * width), f"{where} indices")
-    idx = _unpack_uints(raw_idx, width, count).reshape(n_blocks, k)
-    if count and int(idx.max()) >= block_numel:
-        raise ResultDecodeError(f"{where}: index {int(idx.max())} outside a block of {block_numel}")
-    if k > 1 and not bool((np.diff(idx, axis=1) > 0).all()):
+    flat_idx = _unpack_uints(reader.take_packed(total * width, f"{where} indices"), width, total)
+    if total and int(flat_idx.max()) >= block_numel:
+        raise ResultDecodeError(
+            f"{where}: index {int(flat_idx.max())} outside a block of {block_numel}"
+        )
+    used = np.arange(k) < counts[:, None]  # (n_blocks, k): the slots this payload fills
+    idx = np.zeros((n_blocks, k), dtype=np.uint64)
+    idx[used] = flat_idx
+    # Compared, never subtracted: the indices are unsigned, and the difference of a
+    # decreasing pair wraps around to a large positive number ([3, 1, 3] passed that way).
+    if k > 1 and not bool((idx[:, 1:] > idx[:, :-1])[used[:, 1:]].all()):
         raise ResultDecodeError(f"{where}: indices of a block are not strictly increasing")
     if one_bit:
-        raw = reader.take(_packed_len(count), f"{where} sign bits")
-        bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count, bitorder="little")
-        val = torch.from_numpy(1.0 - 2.0 * bits.astype(np.float32))
+        raw = reader.take_packed(total, f"{where} sign bits")
+        bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=total, bitorder="little")
+        flat_val = torch.from_numpy(1.0 - 2.0 * bits.astype(np.float32))
+        val = torch.zeros(n_blocks, k, dtype=torch.float32)
     else:
-        raw = reader.take(2 * count, f"{where} values")
-        val = torch.from_numpy(np.frombuffer(raw, dtype="<i2").astype(np.int16)).view(torch.bfloat16)
-        if not bool(torch.isfinite(val).all()):
+        raw = reader.take(2 * total, f"{where} values")
+        as_int16 = np.frombuffer(raw, dtype="<i2").astype(np.int16)
+        flat_val = torch.from_numpy(as_int16).view(torch.bfloat16)
+        if not bool(torch.isfinite(flat_val).all()):
             raise ResultDecodeError(f"{where}: non-finite value")
-    return SparseResult(torch.from_numpy(idx.astype(np.int64)), val.reshape(n_blocks, k))
+        if bool((flat_val == 0).any()):
+            raise ResultDecodeError(f"{where}: zero value (a zero coefficient is never sent)")
+        val = torch.zeros(n_blocks, k, dtype=torch.bfloat16)
+    val[torch.from_numpy(used)] = flat_val
+    return SparseResult(torch.from_numpy(idx.astype(np.int64)), val), n_short > 0
 
 
 class _Reader:
@@ -172,6 +254,14 @@ class _Reader:
         self._pos += n
         return chunk
 
+    def take_packed(self, bits: int, what: str) -> bytes:
+        """A bit-packed section of `bits` bits; its padding bits must be zero, as encoders
+        write them, so that one result has exactly one encoding (and one data_hash)."""
+        chunk = self.take(_packed_len(bits), what)
+        if bits % 8 and chunk[-1] >> (bits % 8):
+            raise ResultDecodeError(f"{what}: nonzero padding bits")
+        return chunk
+
     def varint(self, what: str) -> int:
         value = 0
         for shift in range(0, 7 * _MAX_VARINT_BYTES, 7):
@@ -181,6 +271,10 @@ class _Reader:
             self._pos += 1
             value |= (byte & 0x7F) << shift
             if not byte & 0x80:
+                # A last byte of 0 after others is an over-long encoding of a shorter
+                # varint: the same value, other bytes (and another data_hash).
+                if byte == 0 and shift:
+                    raise ResultDecodeError(f"{what}: over-long varint")
                 return value
         raise ResultDecodeError(f"{what}: varint longer than {_MAX_VARINT_BYTES} bytes")
 

@@ -80,7 +80,24 @@ def test_topk_picks_largest_magnitudes_in_ascending_index_order():
     idx, val = topk_blocks(e, 2)
     assert idx[0].tolist() == [3, 4]
     assert val[0].tolist() == [-5.0, 4.0]
-    assert 7 in idx[1].tolist()
+    # One nonzero coefficient: it, then an empty slot (never one of the zeros).
+    assert idx[1].tolist() == [7, 0]
+    assert val[1].tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_never_selects_a_zero_and_is_canonical(dtype):
+    e = torch.zeros(3, 4, 4, dtype=dtype)
+    e[1, 0, 1], e[1, 3, 3] = -0.0, 2.0  # -0.0 is a zero too
+    e[2] = -0.0
+    idx, val = topk_blocks(e, 3)
+    assert idx.tolist() == [[0, 0, 0], [15, 0, 0], [0, 0, 0]]
+    assert val.float().tolist() == [[0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    assert not torch.signbit(val[val == 0]).any()  # empty slots hold +0.0
+    # Zeros placed differently (so topk may pick other ones) give the same result.
+    flipped = torch.flip(e, dims=[1, 2])
+    flipped[1] = e[1]
+    assert all(torch.equal(a, b) for a, b in zip(topk_blocks(flipped, 3), (idx, val), strict=True))
 
 
 def test_full_k_compression_is_lossless():
@@ -97,6 +114,24 @@ def test_scatter_mean_averages_only_over_senders():
     idx_a, val_a = torch.tensor([[0, 2]]), torch.tensor([[1.0, 4.0]])
     idx_b, val_b = torch.tensor([[2, 3]]), torch.tensor([[-2.0, 6.0]])
     assert scatter_mean([idx_a, idx_b], [val_a, val_b], 4).tolist() == [[1.0, 0.0, 1.0, 6.0]]
+    # An empty slot (value 0) is no sender: it neither adds nor dilutes.
+    idx_c, val_c = torch.tensor([[2, 0]]), torch.tensor([[0.0, 0.0]])
+    got = scatter_mean([idx_a, idx_b, idx_c], [val_a, val_b, val_c], 4)
+    assert got.tolist() == [[1.0, 0.0, 1.0, 6.0]]
+
+
+@pytest.mark.parametrize("peers", [1, 3])
+def test_an_all_zero_peer_leaves_the_aggregate_unchanged(peers):
+    torch.manual_seed(4)
+    plans = [plan_parameter("w", (128, 64), 64, 8), plan_parameter("v", (64,), 64, 8)]
+    results = [compress([torch.randn(p.shape, dtype=torch.float64) for p in plans], plans) for _ in range(peers)]
+    zero = compress([torch.zeros(p.shape, dtype=torch.float64) for p in plans], plans)
+    assert all(not r.val.any() for r in zero)
+    alone = decompress(results, plans, torch.float64, "cpu")
+    joined = decompress([*results, zero], plans, torch.float64, "cpu")
+    # Equal up to the matmul's summation order; a dilution would halve coefficients.
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(alone, joined, strict=True))
+    assert all(not t.any() for t in decompress([zero], plans, torch.float64, "cpu"))
 
 
 @pytest.mark.parametrize("peers", [1, 3, 20])

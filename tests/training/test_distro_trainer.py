@@ -75,12 +75,54 @@ def test_apply_moves_every_weight_by_lr_times_sign_of_the_aggregate():
     other = peer.decode(peer.train(0, _batch(2), batch_id=(2, 3)).payload)
     before = [p.detach().clone() for p in trainer.params]
     assert trainer.apply(2, [own, other])
-    moved = [(p.detach() - b).abs() for p, b in zip(trainer.params, before, strict=True)]
+    moved = {
+        name: (p.detach() - b).abs()
+        for name, p, b in zip(trainer.names, trainer.params, before, strict=True)
+    }
     # sign(aggregate) is +-1 wherever the aggregate is nonzero: steps of exactly lr.
-    for step in moved:
+    for step in moved.values():
         nonzero = step[step > 0]
-        assert nonzero.numel() > 0.9 * step.numel()
         assert torch.allclose(nonzero, torch.full_like(nonzero, 1e-3), rtol=1e-2)
+    # The input embedding's gradient is zero outside the rows of the batches' tokens: a
+    # 64x64 block of rows no token hit has an all-zero momentum, sends nothing and stays put.
+    tokens = torch.cat([_batch(0), _batch(2)]).unique()
+    hit = torch.zeros(4096 // 64, dtype=torch.bool)
+    hit[tokens // 64] = True
+    embed = moved["model.embed_tokens.weight"].view(64, 64, 128)
+    assert not embed[~hit].any()
+    assert (embed[hit] > 0).float().mean() > 0.9
+    for name, step in moved.items():
+        if name != "model.embed_tokens.weight":
+            assert (step > 0).float().mean() > 0.9, name
+
+
+def _warmup_trainer(lr=1e-3) -> DistroTrainer:
+    model = load_causal_lm(TINY_MODEL, device="cpu")
+    schedule = ConstantLR(base_lr=lr, warmup_init_lr=0.0, warmup_steps=4)
+    return DistroTrainer(model, DISTRO, schedule, micro_batch_size=2)
+
+
+def test_a_step_0_result_of_an_lr_0_schedule_moves_no_weight():
+    # A schedule warming up from 0 makes step 0's momentum lr(0) * grad all zero. Its
+    # result used to decode to +1 for every coefficient (a zero has no sign bit), and
+    # applying it moved every weight by lr(2) with no gradient behind it.
+    trainer = _warmup_trainer()
+    assert trainer.learning_rate(0) == 0.0 and trainer.learning_rate(2) > 0
+    result = trainer.decode(trainer.train(0, _batch(0), batch_id=(0, 1)).payload)
+    assert all(not tensor.val.any() for tensor in result.tensors)
+    before = [p.detach().clone() for p in trainer.params]
+    assert trainer.apply(2, [result])
+    assert all(torch.equal(p, b) for p, b in zip(trainer.params, before, strict=True))
+
+
+def test_an_all_zero_result_does_not_dilute_the_others():
+    zero_peer, peer = _warmup_trainer(), _trainer(lr=1e-3)
+    zero = zero_peer.decode(zero_peer.train(0, _batch(0), batch_id=(0, 1)).payload)
+    other = peer.decode(peer.train(0, _batch(2), batch_id=(2, 3)).payload)
+    alone, joined = _warmup_trainer(), _warmup_trainer()
+    alone.apply(2, [other])
+    joined.apply(2, [other, zero])
+    assert all(torch.equal(a, b) for a, b in zip(alone.params, joined.params, strict=True))
 
 
 def test_apply_without_results_changes_nothing():
