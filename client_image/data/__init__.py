@@ -12,7 +12,7 @@ Public surface:
         await .fetch(start, end); await .aclose()
     await open_provider(location: LocalDataLocation | HttpDataLocation, max_seq_len, **kw)
     DataProviderError                 missing/short file, index out of range, server failure
-    shuffle_in_place(items, seed)     ChaCha8Rng + rand 0.8 slice shuffle (Seeded shuffle)
+    shuffle_in_place(items, seed)     ChaCha8Rng + rand 0.9 slice shuffle (Seeded shuffle)
     await TcpDataProvider.open(address, identity, run_id, max_seq_len)
                                       the coordinator's TCP data server (Server location)
 

@@ -1,16 +1,22 @@
 """Learning-rate schedules of the run config (docs/run-config.md,
-"Learning-rate schedules"), evaluated at a step.
+"Learning-rate schedules"), evaluated at a step exactly as Psyche's
+`LearningRateSchedule::get_lr` (shared/core/src/definitions.rs) does.
 
 Every schedule first warms up linearly over w = warmup_steps:
 
-    lr(s) = init + (base - init) * s / w                          for s < w
+    lr(s) = init + (base - init) * (s / w)                        for s < w
 
 then
     Constant:  base
-    Linear:    base + (final - base) * (s - w) / (total - w)      until total, then final
-    Cosine:    final + (base - final) * 1/2 * (1 + cos(pi * (s - w) / (total - w)))
+    Linear:    base + (final - base) * ((s - w) / (total - w))    for s < total, then final
+    Cosine:    final + (base - final) * (1/2 * (1 + cos(pi * (s - w) / (total - w))))
+               for every s >= w: past total_steps the cosine goes on (back up towards base
+               and down again); Psyche does not clamp it, and runs rely on that.
     WSD:       base for stable_steps; cosine from base to cosine_final over cosine_decay_steps;
                linear from cosine_final to linear_final over linear_decay_steps; then constant.
+
+The operations are grouped as in the Rust source so that every value is the same double
+(tests/training/psyche_lr_vectors.json holds values computed by the Rust code).
 
 Cold start (after a pause; docs/distro.md, "Learning rate and cold start"): inside
 [start, start + cold_start_warmup_steps] the schedule is multiplied by
@@ -23,46 +29,64 @@ import math
 
 from coordinator.config import ConstantLR, CosineLR, LinearLR, LRSchedule, WarmupStableDecayLR
 
+_U32_MAX = 2**32 - 1
+
 
 def scheduled_lr(schedule: LRSchedule, step: int) -> float:
-    """lr(step) for one of the run config's schedules."""
+    """lr(step) for one of the run config's schedules (a step is a u32, as in Psyche)."""
+    if not 0 <= step <= _U32_MAX:
+        raise ValueError(f"step must be in 0..2^32-1, got {step}")
+    if isinstance(schedule, WarmupStableDecayLR):
+        # Psyche asserts these on every call, warm-up included: a run whose schedule breaks
+        # them panics every Psyche client, so it must not train here either.
+        _check_wsd(schedule)
     if step < schedule.warmup_steps:
-        return schedule.warmup_init_lr + (
-            (schedule.base_lr - schedule.warmup_init_lr) * step / schedule.warmup_steps
-        )
-    since_warmup = step - schedule.warmup_steps
+        init = schedule.warmup_init_lr
+        return init + (schedule.base_lr - init) * (step / schedule.warmup_steps)
     if isinstance(schedule, ConstantLR):
         return schedule.base_lr
     if isinstance(schedule, CosineLR):  # before LinearLR: CosineLR subclasses it
-        span = schedule.total_steps - schedule.warmup_steps
-        progress = min(since_warmup / span, 1.0)
-        return schedule.final_lr + (schedule.base_lr - schedule.final_lr) * 0.5 * (
-            1 + math.cos(math.pi * progress)
-        )
+        progress = (step - schedule.warmup_steps) / (schedule.total_steps - schedule.warmup_steps)
+        cosine_decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return schedule.final_lr + (schedule.base_lr - schedule.final_lr) * cosine_decay
     if isinstance(schedule, LinearLR):
-        span = schedule.total_steps - schedule.warmup_steps
-        progress = min(since_warmup / span, 1.0)
+        if step >= schedule.total_steps:
+            return schedule.final_lr
+        progress = (step - schedule.warmup_steps) / (schedule.total_steps - schedule.warmup_steps)
         return schedule.base_lr + (schedule.final_lr - schedule.base_lr) * progress
     if isinstance(schedule, WarmupStableDecayLR):
-        return _wsd(schedule, since_warmup)
+        return _wsd(schedule, step)
     raise TypeError(f"unknown learning-rate schedule {type(schedule).__name__}")
 
 
-def _wsd(schedule: WarmupStableDecayLR, since_warmup: int) -> float:
-    s = since_warmup - schedule.stable_steps
-    if s < 0:
-        return schedule.base_lr
-    if s < schedule.cosine_decay_steps:
-        cosine = 0.5 * (1 + math.cos(math.pi * s / schedule.cosine_decay_steps))
-        return schedule.cosine_decay_final_lr + (
-            (schedule.base_lr - schedule.cosine_decay_final_lr) * cosine
+def _check_wsd(schedule: WarmupStableDecayLR) -> None:
+    if not schedule.cosine_decay_final_lr <= schedule.base_lr:
+        raise ValueError(
+            "WarmupStableDecay needs cosine_decay_final_lr <= base_lr "
+            f"({schedule.cosine_decay_final_lr} > {schedule.base_lr})"
         )
-    s -= schedule.cosine_decay_steps
-    if s < schedule.linear_decay_steps:
-        fraction = s / schedule.linear_decay_steps
-        return schedule.cosine_decay_final_lr + fraction * (
-            schedule.linear_decay_final_lr - schedule.cosine_decay_final_lr
+    if not schedule.linear_decay_final_lr <= schedule.cosine_decay_final_lr:
+        raise ValueError(
+            "WarmupStableDecay needs linear_decay_final_lr <= cosine_decay_final_lr "
+            f"({schedule.linear_decay_final_lr} > {schedule.cosine_decay_final_lr})"
         )
+
+
+def _wsd(schedule: WarmupStableDecayLR, step: int) -> float:
+    """The phases after warm-up; step >= warmup_steps."""
+    stable_end = schedule.warmup_steps + schedule.stable_steps
+    cosine_end = stable_end + schedule.cosine_decay_steps
+    linear_end = cosine_end + schedule.linear_decay_steps
+    base, cosine_final = schedule.base_lr, schedule.cosine_decay_final_lr
+    if step < stable_end:
+        return base
+    if step < cosine_end:
+        progress = (step - stable_end) / schedule.cosine_decay_steps
+        cosine_decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return cosine_final + (base - cosine_final) * cosine_decay
+    if step < linear_end:
+        fraction = (step - cosine_end) / schedule.linear_decay_steps
+        return cosine_final - (cosine_final - schedule.linear_decay_final_lr) * fraction
     return schedule.linear_decay_final_lr
 
 

@@ -1,8 +1,9 @@
-"""A port of Rust's `rand_chacha::ChaCha8Rng::from_seed` + rand 0.8's `SliceRandom::shuffle`.
+"""A port of Rust's `rand_chacha::ChaCha8Rng::from_seed` + rand 0.9's `SliceRandom::shuffle`.
 
-Psyche shuffles the sequence list of a data set with these (docs/data-and-checkpoints.md,
-"Shuffling"), so a faithful
-port gives every client (Rust or Python) the same sample for the same index.
+Psyche (rand 0.9.2, rand_chacha 0.9.0) shuffles the sequence list of a data set with these
+(docs/data-and-checkpoints.md, "Shuffling"), so a faithful port gives every client (Rust or
+Python) the same sample for the same index. tests/data/rand_shuffle_vectors.json holds
+results of the real Rust functions.
 
 ChaCha (D. J. Bernstein) state, 16 little-endian u32 words:
 
@@ -17,11 +18,22 @@ from 0. A block is 8 rounds (4 double rounds) of quarter rounds
 then the input state is added word-wise; next_u32 returns the words in order, block after
 block.
 
-rand 0.8.5 shuffle: for i from len-1 down to 1, swap(i, gen_index(i + 1)), where for
-bounds that fit in u32, gen_index(n) = gen_range(0..n as u32), sampled as
+rand 0.9 shuffle (slices shorter than u32::MAX): a Fisher-Yates pass *upwards*, for i in
+0..len swap(i, k) with k uniform in 0..=i, where the k are drawn by `IncreasingUniform`:
+one random u32 `chunk` below bound = (n+1)(n+2)...(n+r), the longest such product that
+fits in a u32 (r = 11 for the first chunk, n = 1), is split into r digits in mixed radix,
+the least significant digit first:
 
-    range = n; zone = (range << leading_zeros(range)) - 1     (u32 arithmetic)
-    loop: v = next_u32(); m = v * range (as u64); if (m mod 2^32) <= zone: return m >> 32
+    k = chunk % (n+1); chunk //= (n+1); n += 1        (the last digit of a chunk is chunk itself)
+
+k for i = 0 is 0 without a draw. The chunk is `random_range(..bound)`, Canon's method
+(without rand's `unbiased` feature, which no Psyche manifest enables):
+
+    m = next_u32() * bound (as u64); result = m >> 32; lo = m mod 2^32
+    if lo > 2^32 - bound:  result += 1 if lo + ((next_u32() * bound) >> 32) >= 2^32
+
+rand 0.8 (swap downwards, one rejection-sampled draw per position) gives other orders
+for any list of more than two items.
 """
 
 from __future__ import annotations
@@ -93,20 +105,59 @@ class ChaChaRng:
         self._pos += 1
         return word
 
-    def gen_index(self, bound: int) -> int:
-        """rand 0.8 gen_range(0..bound) for a u32 bound (widening-multiply rejection)."""
+    def random_below(self, bound: int) -> int:
+        """rand 0.9 `random_range(..bound)` for a u32 bound: Canon's method as built without
+        the `unbiased` feature (Psyche's build). The second word is drawn only when the first
+        product's low half lies in the top `bound` values; the `unbiased` loop would draw
+        differently and shift every later index.
+        """
         if not 0 < bound <= _MASK32:
             raise ValueError(f"bound must be in 1..2^32-1, got {bound}")
-        zone = ((bound << (32 - bound.bit_length())) & _MASK32) - 1
-        while True:
-            product = self.next_u32() * bound
-            if (product & _MASK32) <= zone:
-                return product >> 32
+        product = self.next_u32() * bound
+        result, low = product >> 32, product & _MASK32
+        if low > (1 << 32) - bound:
+            carry = (self.next_u32() * bound) >> 32
+            result += (low + carry) >> 32
+        return result
+
+
+def _chunk_bound(n: int) -> tuple[int, int]:
+    """rand's `calculate_bound_u32(n)`: (n * (n+1) * ... * (n+r-1), r) with r the most
+    factors whose product fits in a u32 (at least one)."""
+    product, factor = n, n + 1
+    while product * factor <= _MASK32:
+        product *= factor
+        factor += 1
+    return product, factor - n
+
+
+def shuffle_with_rng(items: MutableSequence[T], rng: ChaChaRng) -> None:
+    """rand 0.9 `items.shuffle(rng)` (SliceRandom::shuffle = partial_shuffle(len))."""
+    length = len(items)
+    if length <= 1:
+        return  # rand returns early: no word is drawn
+    if length >= _MASK32:
+        # rand switches to one `random_range(..i + 1)` per usize index here; no Python list
+        # of 4 billion sequences is practical, so that branch is not ported.
+        raise ValueError(f"cannot shuffle {length} items: rand's u64 path is not ported")
+    # IncreasingUniform state: the next index is drawn from 0..=n; starting at n = 0 its
+    # first index is 0 and costs no draw (chunk_remaining = 1).
+    n, chunk, chunk_remaining = 0, 0, 1
+    for i in range(length):
+        next_n = n + 1
+        if chunk_remaining == 0:
+            bound, chunk_remaining = _chunk_bound(next_n)
+            chunk = rng.random_below(bound)
+        chunk_remaining -= 1
+        if chunk_remaining == 0:
+            index = chunk  # the last digit: chunk is already below next_n
+        else:
+            index = chunk % next_n
+            chunk //= next_n
+        n = next_n
+        items[i], items[index] = items[index], items[i]
 
 
 def shuffle_in_place(items: MutableSequence[T], seed: bytes) -> None:
-    """rand 0.8 `items.shuffle(&mut ChaCha8Rng::from_seed(seed))`."""
-    rng = ChaChaRng(seed)
-    for i in range(len(items) - 1, 0, -1):
-        j = rng.gen_index(i + 1)
-        items[i], items[j] = items[j], items[i]
+    """rand 0.9 `items.shuffle(&mut ChaCha8Rng::from_seed(seed))`."""
+    shuffle_with_rng(items, ChaChaRng(seed))

@@ -1,5 +1,8 @@
 """LocalDataProvider: the reference's sample ranges, shuffling and clear errors."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -55,9 +58,19 @@ def test_seeded_shuffle_permutes_samples_with_chacha8(tmp_path):
     assert order != sorted(order)
 
 
-def test_bundled_data_set_has_train_and_validation_splits():
-    from pathlib import Path
+def test_seeded_shuffle_gives_the_samples_psyche_gives(tmp_path):
+    # Data index k must be the sequence Psyche's LocalDataProvider puts at k: the Rust
+    # shuffle of [0, ..., 9] with this seed (tests/data/rand_shuffle_vectors.json).
+    vectors = json.loads((Path(__file__).parent / "rand_shuffle_vectors.json").read_text())
+    case = next(c for c in vectors["shuffles"] if c["seed"] == "one_to_32" and c["length"] == 10)
+    _write(tmp_path / "a.ds", range(41))  # 10 sequences of 4 tokens: sequence j starts at 4j
+    seed = bytes(vectors["seeds"]["one_to_32"])
+    provider = LocalDataProvider(tmp_path, max_seq_len=4, shuffle=SeededShuffle(seed=seed))
+    firsts = provider.get_samples(0, 9)[:, 0].tolist()
+    assert firsts == [4 * j for j in case["permutation"]]
 
+
+def test_bundled_data_set_has_train_and_validation_splits():
     assets = Path(__file__).resolve().parents[2] / "assets" / "data"
     train = LocalDataProvider(assets / "train", max_seq_len=128)
     validation = LocalDataProvider(assets / "validation", max_seq_len=128)
