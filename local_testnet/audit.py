@@ -17,7 +17,9 @@ def models_reset(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]
     import torch
     from safetensors.torch import load_file
 
-    start = {name: tensor.float() for name, tensor in load_file(initial).items()}
+    # Checkpoints are bf16 (Psyche's cooldown rounding): a reset model is the initial one
+    # rounded to bf16, so both sides are compared in bf16.
+    start = {name: tensor.to(torch.bfloat16) for name, tensor in load_file(initial).items()}
     reset = examined = 0
     for i in range(1, clients + 1):
         for directory in sorted((work_dir / f"client-{i}" / "checkpoints").glob("*-step*")):
@@ -29,7 +31,7 @@ def models_reset(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]
             if not weights:
                 continue
             examined += 1
-            if all(name in weights and torch.equal(weights[name].float(), tensor)
+            if all(name in weights and torch.equal(weights[name].to(torch.bfloat16), tensor)
                    for name, tensor in start.items()):
                 reset += 1
     return reset, examined

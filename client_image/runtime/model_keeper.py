@@ -5,9 +5,10 @@
                            gone through the last cooldown), at exactly the epoch's start step,
                            or not at all (never the stale Hub model). Otherwise from the Hub
                            (or the local directory) the checkpoint names.
-    save_and_share(state)  write the checkpoint (when a directory is set), upload it in the
-                           background (when a Hub repo is set) and report it to the
-                           coordinator, then serve the weights to the next joiners
+    save_and_share(state)  round the weights to bf16 (as Psyche does), write the checkpoint
+                           (when a directory is set), upload it in the background (when a
+                           Hub repo is set) and report it to the coordinator, then serve
+                           the weights to the next joiners
     hub_repo_problem(...)  why the coordinator would refuse this client's reports: only
                            the run's own repository (its authority's) may get new revisions
 
@@ -101,6 +102,10 @@ class ModelKeeper:
     async def save_and_share(self, state: CoordinatorState) -> None:
         step = state.progress.step - 1
         options = self.options
+        # Every client rounds, with or without a checkpoint directory: the model it keeps
+        # must be the bf16 one it checkpoints and shares, bit for bit, or the clients that
+        # load it from peers or from the Hub next epoch would diverge from those that kept it.
+        await self.worker.round_to_bf16()
         if options.checkpoint_dir is not None:
             keep = options.keep_steps if options.delete_old_steps else 1_000_000
             path = await self.worker.save_checkpoint(options.checkpoint_dir, state.run_id, step,

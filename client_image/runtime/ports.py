@@ -85,10 +85,16 @@ class Worker(Protocol):
 
     async def apply(self, step: int, payloads: Sequence[bytes]) -> int: ...
 
+    async def round_to_bf16(self) -> None:
+        """Round the weights kept in memory to bf16 (Psyche's cooldown), in place."""
+        ...
+
     async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
                               keep_steps: int) -> Path: ...
 
-    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]: ...
+    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
+        """bf16 copies of the weights, the config JSON and the tokenizer JSON, for joiners."""
+        ...
 
 
 class DataSource(Protocol):

@@ -12,7 +12,7 @@ import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
+from typing import ParamSpec, TypeVar
 
 import torch
 
@@ -24,10 +24,9 @@ from client_image.training import (
     load_causal_lm,
     save_checkpoint,
 )
+from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
+from client_image.training.model import round_to_bf16_
 from coordinator.config import DistroOptimizer, LLMConfig
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -85,7 +84,9 @@ class TrainingWorker:
             if tokenizer_json:
                 (directory / TOKENIZER_FILE).write_text(tokenizer_json)
             config = AutoConfig.from_pretrained(directory)
-            model = AutoModelForCausalLM.from_config(config)
+            # fp32 like the Hub path (load_causal_lm): from_config would take the config's
+            # `dtype`, which is the original's (say bfloat16), not what the peers train in.
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             missing, unexpected = model.load_state_dict(state_dict, strict=False)
             if unexpected or [m for m in missing if m not in state_dict]:
                 tied = set(getattr(model, "_tied_weights_keys", None) or [])
@@ -99,12 +100,20 @@ class TrainingWorker:
             self._make_trainer(model, llm, start_step)
         await self._run(load)
 
-    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
-        """A frozen copy of the weights plus config and tokenizer JSON, for joiners."""
+    async def round_to_bf16(self) -> None:
+        """Psyche's cooldown: round the weights to bf16 in place, before they are saved and
+        shared, so that this client goes on from exactly the model its joiners load."""
         assert self.model is not None
-        state = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
-        # The model is a transformers one (load_causal_lm / from_config): it has a config.
-        config_json = json.dumps(cast("PreTrainedModel", self.model).config.to_dict())
+        await self._run(round_to_bf16_, self.model)
+
+    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
+        """A frozen bf16 copy of the weights plus config and tokenizer JSON, for joiners.
+        The config is the checkpoint's (the original config.json's fields kept), so that a
+        joiner's checkpoints carry the same config.json as this client's."""
+        assert self.model is not None
+        # A copy even of bf16 CPU weights: they are served while training goes on.
+        state = bf16_state_dict(self.model, copy=True)
+        config_json = json.dumps(checkpoint_config(self.model, self.model_dir))
         tokenizer = None
         if self.model_dir is not None and (self.model_dir / TOKENIZER_FILE).is_file():
             tokenizer = (self.model_dir / TOKENIZER_FILE).read_text()

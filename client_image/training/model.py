@@ -3,6 +3,8 @@
 A source is a local directory holding `config.json` and safetensors weights, or a hub repo
 id resolved through huggingface_hub's cache (`local_files_only=True` never touches the
 network: how tests and offline machines use it).
+
+`round_to_bf16_` is Psyche's cooldown rounding of the weights kept in memory.
 """
 
 from __future__ import annotations
@@ -99,6 +101,23 @@ def load_causal_lm(
     model = model.to(pick_device(device))
     model.train()
     return model
+
+
+def round_to_bf16_(model: torch.nn.Module) -> None:
+    """Round every saved floating-point weight to the nearest bf16 value, in place and in
+    its own dtype (an fp32 model goes on training in fp32).
+
+    Psyche rounds to bf16 at each cooldown before it checkpoints and shares the model: after
+    this the model a client keeps in memory is bit for bit the bf16 checkpoint it writes and
+    the bf16 weights it shares, so the clients that kept it and those that load it (from
+    peers or from the Hub) continue identically. Non-persistent buffers (RoPE frequencies)
+    are recomputed on load, never saved, and so are left alone.
+    """
+    with torch.no_grad():
+        # state_dict() holds detached views of the parameters: copy_ writes through.
+        for tensor in model.state_dict().values():
+            if tensor.is_floating_point() and tensor.dtype != torch.bfloat16:
+                tensor.copy_(tensor.to(torch.bfloat16))
 
 
 def load_tokenizer(

@@ -64,6 +64,7 @@ class FakeWorker:
         self.trained: list[tuple[int, tuple[int, int]]] = []
         self.applied: list[tuple[int, list[bytes]]] = []
         self.saved: list[int] = []
+        self.rounded = 0  # round_to_bf16 calls (one per cooldown)
         self.fail_training: str | None = None  # train raises RuntimeError(this) while set
 
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
@@ -93,6 +94,9 @@ class FakeWorker:
     async def apply(self, step: int, payloads: Sequence[bytes]) -> int:
         self.applied.append((step, list(payloads)))
         return len(payloads)
+
+    async def round_to_bf16(self) -> None:
+        self.rounded += 1
 
     async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
                               keep_steps: int) -> Path:

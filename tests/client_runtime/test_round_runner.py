@@ -184,6 +184,7 @@ async def test_cooldown_checkpoints_and_shares_the_model(tmp_path: Path) -> None
     step = swarm.coordinator.state.progress.step - 1
     for n in swarm.nodes:
         assert swarm.worker(n).saved == [step]
+        assert swarm.worker(n).rounded == 1  # to bf16 before saving, as Psyche does
         # Shared as the model of the step the next epoch starts at.
         assert swarm.peers(n).shared == [swarm.coordinator.state.progress.step]
     assert {e.path for e in swarm.events_of(Checkpointed)} == {str(tmp_path / f"local-testnet-step{step}")}

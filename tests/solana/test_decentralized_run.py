@@ -146,6 +146,9 @@ async def test_two_clients_train_an_epoch_on_the_local_validator_and_claim_rewar
             for task in tasks:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(task, 30)
+            # A cancelled client leaves its model work (asyncio.to_thread) running; let it
+            # end here, not inside a later test (transformers' loading flags are global).
+            await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), 60)
         account = (await find_run(rpc, "solana-e2e")).account
         assert account.run_state is RunState.Finished, account.run_state
         assert account.state.progress.epoch == 1

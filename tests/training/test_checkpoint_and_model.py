@@ -1,15 +1,22 @@
-"""Model loading (directory, hub cache) and checkpoints that reload bit-identically."""
+"""Model loading (directory, hub cache) and checkpoints: bf16, Psyche- and transformers-readable
+config, normal file modes, shards; the cooldown's bf16 rounding."""
 
+import copy
+import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from training_assets import TINY_MODEL
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from client_image.training.checkpoint import (
     CheckpointError,
+    checkpoint_config,
     list_checkpoints,
     save_checkpoint,
     upload_checkpoint,
@@ -19,6 +26,7 @@ from client_image.training.model import (
     load_causal_lm,
     pick_device,
     resolve_model_dir,
+    round_to_bf16_,
 )
 
 
@@ -36,20 +44,186 @@ def test_bf16_load():
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
-def test_checkpoint_reloads_in_transformers_with_identical_logits(tmp_path):
-    model = load_causal_lm(TINY_MODEL, device="cpu")
-    with torch.no_grad():  # make it differ from the bundled weights
-        next(model.parameters()).add_(0.01)
+def _perturbed(source=TINY_MODEL, **load):
+    """The model of `source`, moved off its stored weights (and off bf16 values)."""
+    model = load_causal_lm(source, device="cpu", **load)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 1e-3)
+    return model
+
+
+def _rounded_copy(model):
+    rounded = copy.deepcopy(model)
+    round_to_bf16_(rounded)
+    return rounded.eval()
+
+
+def _logits(model):
+    ids = torch.arange(48).reshape(2, 24)
+    with torch.no_grad():
+        return model.eval()(ids).logits
+
+
+def _same_weights(model, reloaded):
+    """Bit-identical weights, compared in the reloaded model's dtype (a bf16 value is exact
+    in fp32 and back)."""
+    ours = model.state_dict()
+    theirs = reloaded.state_dict()
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name].to(tensor.dtype), tensor), name
+
+
+def test_checkpoint_is_bf16_and_plain_transformers_reads_the_bf16_rounded_model(tmp_path):
+    model = _perturbed()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     path = save_checkpoint(model, tmp_path, "run-a", 7, tokenizer_dir=TINY_MODEL)
     assert path.name == "run-a-step7"
-    assert (path / "tokenizer.json").is_file() and (path / "config.json").is_file()
-    reloaded = AutoModelForCausalLM.from_pretrained(path)
-    for (name, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
-    ids = torch.arange(32).unsqueeze(0)
-    model.eval()
-    assert torch.equal(model(ids).logits, reloaded(ids).logits)
+    # Saving leaves the model alone: rounding what is kept in memory is the cooldown's job.
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert {t.dtype for t in load_file(path / "model.safetensors").values()} == {torch.bfloat16}
+    rounded = _rounded_copy(model)
+    assert not torch.equal(_logits(model), _logits(rounded))  # the rounding is real
+    reloaded = AutoModelForCausalLM.from_pretrained(path)  # no dtype: the config's
+    assert reloaded.dtype == torch.float32  # what the original config.json says
+    _same_weights(rounded, reloaded)
+    assert torch.equal(_logits(rounded), _logits(reloaded))
+    _same_weights(rounded, AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16))
     AutoTokenizer.from_pretrained(path)
+    assert (path / "generation_config.json").read_bytes() == (TINY_MODEL / "generation_config.json").read_bytes()
+
+
+def test_rounding_to_bf16_is_in_place_idempotent_and_keeps_the_training_dtype():
+    model = _perturbed()
+    round_to_bf16_(model)
+    once = {k: v.clone() for k, v in model.state_dict().items()}
+    assert all(v.dtype == torch.float32 for v in once.values())
+    assert all(torch.equal(v, v.to(torch.bfloat16).float()) for v in once.values())
+    round_to_bf16_(model)
+    assert all(torch.equal(once[k], v) for k, v in model.state_dict().items())
+    # RoPE frequencies are no weights: recomputed on load, so never rounded.
+    fresh = load_causal_lm(TINY_MODEL, device="cpu")
+    assert torch.equal(model.model.rotary_emb.inv_freq, fresh.model.rotary_emb.inv_freq)
+
+
+def _variant(tmp_path, name, edit):
+    """tiny-llama with an edited config.json (same weights and tokenizer)."""
+    directory = tmp_path / name
+    shutil.copytree(TINY_MODEL, directory)
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    edit(config)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory, config
+
+
+def _transformers4_layout(config):
+    """How transformers 4 and Psyche's own configs say it (Llama 3: rope_theta 500 000)."""
+    del config["rope_parameters"], config["dtype"]
+    config.update(rope_theta=500000.0, torch_dtype="bfloat16", transformers_version="4.44.0",
+                  rope_scaling=None)
+
+
+def _transformers5_layout(config):
+    config["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}
+
+
+def _transformers5_llama3_rope(config):
+    config["rope_parameters"] = {
+        "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 512,
+    }
+
+
+def _psyche_reads(config):
+    """What Psyche's Rust loader (and transformers 4) take from a config.json: top-level
+    rope_theta, 10 000 when missing, and the rope_scaling table."""
+    return config.get("rope_theta", 10000.0), config.get("rope_scaling")
+
+
+@pytest.mark.parametrize("layout", [_transformers4_layout, _transformers5_layout,
+                                    _transformers5_llama3_rope])
+def test_rope_theta_500000_and_every_original_field_survive(tmp_path, layout):
+    source, original = _variant(tmp_path, "rope-500k", layout)
+    model = _perturbed(source)
+    assert model.config.rope_parameters["rope_theta"] == 500000.0
+    path = save_checkpoint(model, tmp_path / "ckpt", "run", 3, tokenizer_dir=source)
+    written = json.loads((path / "config.json").read_text())
+    for key, value in original.items():
+        assert written[key] == value, key
+    # Psyche (and transformers 4) read the same RoPE as the model in memory ...
+    theta, scaling = _psyche_reads(written)
+    assert theta == 500000.0
+    rope = model.config.rope_parameters
+    if rope["rope_type"] == "default":
+        assert scaling is None
+    else:
+        assert scaling == {k: v for k, v in rope.items() if k != "rope_theta"}
+    # ... and so does the installed transformers.
+    assert AutoConfig.from_pretrained(path).rope_parameters == rope
+    rounded = _rounded_copy(model)
+    reloaded = AutoModelForCausalLM.from_pretrained(path)
+    # In the dtype the original config.json names (torch_dtype bfloat16), else fp32.
+    assert reloaded.dtype == (torch.bfloat16 if layout is _transformers4_layout else torch.float32)
+    _same_weights(rounded, reloaded)
+    reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # as we train
+    assert torch.equal(reloaded.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
+    assert torch.equal(_logits(rounded), _logits(reloaded))
+
+
+def test_the_original_config_is_found_where_the_model_was_loaded_from(tmp_path):
+    source, _ = _variant(tmp_path, "rope-500k", _transformers4_layout)
+    model = load_causal_lm(source, device="cpu")
+    assert checkpoint_config(model)["torch_dtype"] == "bfloat16"
+    path = save_checkpoint(model, tmp_path / "ckpt", "run", 1)  # no tokenizer_dir given
+    assert json.loads((path / "config.json").read_text())["rope_theta"] == 500000.0
+    assert (path / "tokenizer.json").is_file()
+
+
+def test_a_model_built_in_memory_gets_a_config_both_layouts_read(tmp_path):
+    fields = json.loads((TINY_MODEL / "config.json").read_text())
+    fields.update(rope_parameters={"rope_theta": 500000.0, "rope_type": "default"})
+    config = AutoConfig.for_model(**fields)  # no source directory, so no original config.json
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    path = save_checkpoint(model, tmp_path, "built", 1)
+    written = json.loads((path / "config.json").read_text())
+    assert _psyche_reads(written) == (500000.0, None)
+    reloaded = AutoModelForCausalLM.from_pretrained(path)
+    assert torch.equal(_logits(_rounded_copy(model)), _logits(reloaded))
+    # Tied embeddings are not exercised here: after other tests ran clients in this process,
+    # from_config of a tied config sometimes leaves the weights untied (under
+    # investigation; the bundled model is untied).
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_checkpoint_files_get_the_mode_of_normal_files(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        path = save_checkpoint(load_causal_lm(TINY_MODEL, device="cpu"), tmp_path, "modes", 1,
+                               tokenizer_dir=TINY_MODEL)
+    finally:
+        os.umask(previous)
+    files = sorted(p.name for p in path.iterdir())
+    assert "model.safetensors" in files and "tokenizer.json" in files
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()} == dict.fromkeys(files, mode)
+
+
+def test_a_checkpoint_bigger_than_a_shard_is_split_with_an_index(tmp_path):
+    model = _perturbed()
+    path = save_checkpoint(model, tmp_path, "sharded", 2, tokenizer_dir=TINY_MODEL,
+                           max_shard_bytes=1 << 20)
+    shards = sorted(p.name for p in path.glob("*.safetensors"))
+    assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    for shard in shards:  # tensor bytes within the limit, as Psyche counts (a bigger tensor sits alone)
+        sizes = [t.nbytes for t in load_file(path / shard).values()]
+        assert sum(sizes) <= 1 << 20 or len(sizes) == 1, shard
+    assert all(stat.S_IMODE(p.stat().st_mode) == stat.S_IMODE(path.joinpath("config.json").stat().st_mode)
+               for p in path.iterdir())
+    assert torch.equal(_logits(_rounded_copy(model)),
+                       _logits(AutoModelForCausalLM.from_pretrained(path)))
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
