@@ -1,6 +1,8 @@
 """``psyche-client``: the client's command line (Typer).
 
-``train`` joins a run through a TCP coordinator; ``show-identity`` prints the node id.
+``train`` joins a run through a TCP coordinator or Solana; ``show-identity`` (and Psyche's
+``show-static-p2p-identity`` / ``create-static-p2p-identity``, client_image/identity_cli.py)
+print the node's keys.
 Every ``train`` option also reads its upper-snake environment variable, as Psyche's
 client does (``RUN_ID``, ``MICRO_BATCH_SIZE``, ``DATA_PARALLELISM``…).
 Import-light on purpose: heavy modules (torch, iroh) load inside commands.
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
+from client_image import identity_cli
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
 if TYPE_CHECKING:
@@ -32,35 +35,7 @@ def _root() -> None:
     """Psyche client."""
 
 
-@app.command("show-identity")
-def show_identity(
-    identity_secret_key_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--identity-secret-key-path",
-            envvar="IDENTITY_SECRET_KEY_PATH",
-            help="File of 32 raw secret bytes (openssl rand 32 > secret.key). "
-            "Else RAW_IDENTITY_SECRET_KEY (64 hex digits) is used.",
-        ),
-    ] = None,
-) -> None:
-    """Print this node's public key (its p2p node id), hex-encoded."""
-    import os
-
-    from psyche_common.identity import RAW_SECRET_KEY_ENV, Identity, IdentityError
-
-    if identity_secret_key_path is None and not os.environ.get(RAW_SECRET_KEY_ENV, "").strip():
-        typer.echo(
-            f"error: no identity given: pass --identity-secret-key-path or set {RAW_SECRET_KEY_ENV}",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    try:
-        identity = Identity.load(identity_secret_key_path)
-    except IdentityError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(code=2) from None
-    typer.echo(identity.node_id)
+identity_cli.register(app)  # show-identity, show-static-p2p-identity, create-static-p2p-identity
 
 
 def _relay(value: str) -> tuple[Literal["disabled", "default", "custom"], tuple[str, ...]]:

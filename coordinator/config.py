@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from coordinator.config_keys import UNKNOWN_KEY, PsycheSavedStateKeys
 from coordinator.config_variants import (
     CHECKPOINT,
     LR_SCHEDULE,
@@ -169,8 +170,8 @@ def _model_field(value: Any) -> Any:
     raise ValueError("expected a table with the single key LLM ([model.LLM])")
 
 
-class StateFile(BaseModel):
-    """A whole `state.toml`."""
+class StateFile(PsycheSavedStateKeys):
+    """A whole `state.toml` (Psyche's saved-state keys accepted: coordinator/config_keys.py)."""
 
     model_config = _STRICT
     run_id: StrictStr
@@ -292,7 +293,7 @@ def _format_error(error: ErrorDetails) -> str:
     key = ".".join(loc) or "(top level)"
     kind, message = error["type"], error["msg"]
     if kind == "extra_forbidden":
-        return f"{key}: unknown key"
+        return f"{key}: {UNKNOWN_KEY}"
     if kind == "missing":
         return f"{key}: missing required key"
     message = message.removeprefix("Value error, ")

@@ -1,7 +1,9 @@
 """Wallets the run-manager needs without any on-chain program: new, show, balance.
 
 A wallet is a solana-keygen keypair file: a JSON array of 64 bytes (32-byte ed25519
-secret seed followed by the 32-byte public key), readable by its owner only.
+secret seed followed by the 32-byte public key), readable by its owner only. Like
+Psyche's run-manager, the base58 string of the same 64 bytes is accepted too, in a file
+or in RAW_WALLET_PRIVATE_KEY (`parse_keypair_text`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from pathlib import Path
 import httpx
 
 LAMPORTS_PER_SOL = 1_000_000_000
+# Bitcoin's base58 alphabet, as Solana writes keys (psyche_common sits below psyche_solana,
+# whose b58 module it may not import).
+_BASE58_INDEX = {char: index for index, char in
+                 enumerate("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")}
 
 
 class WalletError(Exception):
@@ -39,37 +45,79 @@ def create_keypair_file(path: Path) -> str:
 
 
 def load_keypair_bytes(path: Path) -> bytes:
-    """Reads and checks a solana-keygen keypair file; returns its 64 bytes."""
+    """Reads and checks a keypair file; returns its 64 bytes (see `parse_keypair_text`)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise WalletError(f"cannot read {path}: no such file") from None
-    except OSError as error:
-        raise WalletError(f"cannot read {path}: {error.strerror}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not text"
+        raise WalletError(f"cannot read {path}: {reason}") from None
+    return parse_keypair_text(text, str(path))
+
+
+def parse_keypair_text(text: str, source: str) -> bytes:
+    """The 64 keypair bytes of `text`, in either form Psyche's run-manager takes.
+
+    A solana-keygen JSON array of 64 bytes, or the base58 string of those 64 bytes (how
+    wallets export a key, and the form Psyche's docs give RAW_WALLET_PRIVATE_KEY in).
+    `source` names the text in errors: a file path or a variable name.
+    """
+    stripped = text.strip()
+    if stripped.startswith("["):
+        raw = _json_keypair(stripped, source)
+    elif stripped and all(char in _BASE58_INDEX for char in stripped):
+        raw = _base58_keypair(stripped, source)
+    else:
+        raise WalletError(f"{source} is neither a JSON array of 64 bytes (solana-keygen) nor a "
+                          "base58 keypair")
+    from solders.keypair import Keypair
+
+    # The public half must be the one the secret seed derives (solana-keygen writes both).
+    if bytes(Keypair.from_seed(raw[:32]).pubkey()) != raw[32:]:
+        raise WalletError(f"{source}: public key half does not match the secret half")
+    return raw
+
+
+def _json_keypair(text: str, source: str) -> bytes:
     try:
         values = json.loads(text)
     except json.JSONDecodeError as error:
-        raise WalletError(f"{path} is not JSON ({error.msg}); expected a 64-byte array") from None
+        raise WalletError(f"{source} is not JSON ({error.msg}); expected a 64-byte array") from None
     except RecursionError:
-        raise WalletError(f"{path} is JSON nested too deeply; expected a 64-byte array") from None
+        raise WalletError(f"{source} is JSON nested too deeply; expected a 64-byte array") from None
     if (
         not isinstance(values, list)
         or len(values) != 64
         or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in values)
     ):
-        raise WalletError(f"{path} is not a solana-keygen keypair (a JSON array of 64 bytes)")
-    raw = bytes(values)
-    from solders.keypair import Keypair
+        raise WalletError(f"{source} is not a solana-keygen keypair (a JSON array of 64 bytes)")
+    return bytes(values)
 
-    # The public half must be the one the secret seed derives (solana-keygen writes both).
-    if bytes(Keypair.from_seed(raw[:32]).pubkey()) != raw[32:]:
-        raise WalletError(f"{path}: public key half does not match the secret half")
+
+def _base58_keypair(text: str, source: str) -> bytes:
+    # 64 bytes are at most 88 base58 digits; longer text cannot be a keypair (and would
+    # make the big-integer conversion below needlessly slow).
+    if len(text) > 88:
+        raise WalletError(f"{source} is {len(text)} base58 digits; a keypair is at most 88")
+    number = 0
+    for char in text:
+        number = number * 58 + _BASE58_INDEX[char]
+    zeros = len(text) - len(text.lstrip("1"))  # each leading "1" is a leading zero byte
+    raw = b"\0" * zeros + (number.to_bytes((number.bit_length() + 7) // 8, "big") if number else b"")
+    if len(raw) != 64:
+        raise WalletError(f"{source} decodes to {len(raw)} bytes; a base58 keypair is 64")
     return raw
 
 
 def public_key(path: Path) -> str:
     """The base58 public key of the keypair file at `path`."""
     return _base58(load_keypair_bytes(path)[32:])
+
+
+def keypair_public_key(raw: bytes) -> str:
+    """The base58 public key of 64 checked keypair bytes."""
+    return _base58(raw[32:])
 
 
 def get_balance(rpc_url: str, address: str, timeout_s: float = 10.0) -> int:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from run_manager.docker_supervisor import SupervisorEvent
     from run_manager.monitor import Part
+    from run_manager.settings import RunManagerSettings
     from run_manager.telemetry import RunManagerTelemetry
 
 EXIT_CONFIG_ERROR = 2
@@ -63,6 +64,18 @@ def run(
         str | None,
         typer.Option("--entrypoint", help="Override the image's entry point; its arguments follow `--`."),
     ] = None,
+    local: Annotated[
+        bool, typer.Option("--local", help="Run the client image on this machine; never pull it.")
+    ] = False,
+    authorizer: Annotated[
+        str | None,
+        typer.Option("--authorizer", help="Without RUN_ID: only join runs whose join authority is this key."),
+    ] = None,
+    coordinator_program_id: Annotated[
+        str | None,
+        typer.Option("--coordinator-program-id",
+                     help="The coordinator program (default: ours; env PSYCHE_COORDINATOR_PROGRAM_ID)."),
+    ] = None,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
@@ -76,16 +89,44 @@ def run(
         raise _fail("--env-file is required to run a client (see run-manager --help)", EXIT_CONFIG_ERROR)
     from run_manager.runner import RunOptions
 
+    for flag, key in (("--authorizer", authorizer), ("--coordinator-program-id", coordinator_program_id)):
+        if key is not None and not _is_pubkey(key):
+            raise _fail(f"{flag}: not a base58 public key: {key!r}", EXIT_CONFIG_ERROR)
+    if coordinator_program_id is not None:
+        _use_coordinator_program(coordinator_program_id)
     container_args = list((ctx.obj or {}).get("container_args", []))
-    options = RunOptions(client_version, entrypoint, container_args)
+    options = RunOptions(client_version, entrypoint, container_args, local=local,
+                         coordinator_program_id=coordinator_program_id, join_authority=authorizer)
     raise typer.Exit(_run_client(env_file, options, tui=not no_tui, telemetry=telemetry))
+
+
+def _is_pubkey(text: str) -> bool:
+    from solders.pubkey import Pubkey
+
+    try:
+        Pubkey.from_string(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _use_coordinator_program(program_id: str) -> None:
+    """Psyche's --coordinator-program-id: psyche_solana.ids reads the override from the
+    environment (and caches it), here and in the client, which gets it too."""
+    import os
+
+    from psyche_solana.ids import program_id as cached_program_id
+
+    os.environ["PSYCHE_COORDINATOR_PROGRAM_ID"] = program_id
+    cached_program_id.cache_clear()
 
 
 def _run_client(env_file: Path, options: object, tui: bool,
                 telemetry: TelemetryOptions | None = None) -> int:
     from psyche_common.metrics_source import HttpClientMetricsSource
-    from psyche_common.wallet import public_key
+    from psyche_common.wallet import keypair_public_key
     from run_manager import engine
+    from run_manager.discovery import DiscoveryFailed
     from run_manager.docker_supervisor import Supervisor, SupervisorFinished
     from run_manager.monitor import Monitor
     from run_manager.runner import (
@@ -97,9 +138,9 @@ def _run_client(env_file: Path, options: object, tui: bool,
     )
     from run_manager.settings import (
         SettingsError,
+        env_file_warnings,
         load_settings,
         read_env_file,
-        unread_variables,
     )
     from run_manager.view import Dashboard
 
@@ -107,9 +148,9 @@ def _run_client(env_file: Path, options: object, tui: bool,
     try:
         settings = load_settings(env_file)
         options.env_file_variables = read_env_file(env_file)
-        for name in unread_variables(options.env_file_variables):
-            typer.echo(f"run-manager: warning: {env_file}: {name} is read by neither the "
-                       "run-manager nor the client (a typo?)", err=True)
+        for warning in env_file_warnings(options.env_file_variables, settings):
+            typer.echo(f"run-manager: warning: {env_file}: {warning}", err=True)
+        settings = _pick_run(settings, options.join_authority)
         coordinator = make_coordinator_source(settings, options.pinned_version)
     except SettingsError as error:
         for problem in error.problems:
@@ -118,19 +159,23 @@ def _run_client(env_file: Path, options: object, tui: bool,
     except (SourceUnavailable, ValueError) as error:
         typer.echo(f"run-manager: {error}", err=True)
         return EXIT_CONFIG_ERROR
+    except DiscoveryFailed as error:
+        typer.echo(f"run-manager: {error}", err=True)
+        return EXIT_RUN_FAILED
     try:
         client = engine.connect()
     except engine.EngineError as error:
         typer.echo(f"run-manager: {error}", err=True)
         return EXIT_RUN_FAILED
     dashboard = Dashboard()
-    if settings.WALLET_PRIVATE_KEY_PATH is not None:
-        dashboard.wallet.address = public_key(settings.WALLET_PRIVATE_KEY_PATH)
+    wallet = settings.wallet_bytes()
+    if wallet is not None:
+        dashboard.wallet.address = keypair_public_key(wallet)
     config = supervisor_config(settings, options)
     metrics = HttpClientMetricsSource(settings.METRICS_LOCAL_PORT)
 
     try:
-        exporter = _start_telemetry(telemetry, settings.RUN_ID, dashboard.wallet.address)
+        exporter = _start_telemetry(telemetry, settings.run_id, dashboard.wallet.address)
     except OSError as error:
         typer.echo(f"run-manager: --prometheus-port: {error}", err=True)
         return EXIT_CONFIG_ERROR
@@ -166,6 +211,39 @@ def _run_client(env_file: Path, options: object, tui: bool,
         typer.echo(f"run-manager: {finished.message}", err=True)
         return EXIT_RUN_FAILED
     return 0
+
+
+def _pick_run(settings: RunManagerSettings, join_authority: str | None) -> RunManagerSettings:
+    """RUN_ID unset (a Solana run): Psyche's run selection (run_manager.discovery), said
+    aloud; the run chosen and the grantee the wallet joins through complete the settings.
+    Raises SettingsError (no run to join) or DiscoveryFailed (the cluster did not answer)."""
+    if settings.RUN_ID is not None:
+        if join_authority is not None:
+            typer.echo("run-manager: warning: --authorizer only filters the runs picked when "
+                       "RUN_ID is not set; RUN_ID is set, so it is not used", err=True)
+        return settings
+    from solders.pubkey import Pubkey
+
+    from psyche_common.wallet import keypair_public_key
+    from run_manager.discovery import NoJoinableRun, pick_run
+    from run_manager.settings import SettingsError
+
+    wallet = settings.wallet_bytes()
+    assert wallet is not None  # a Solana run has a wallet: the settings check it
+    user = Pubkey.from_string(keypair_public_key(wallet))
+    delegate = Pubkey.from_string(settings.AUTHORIZER) if settings.AUTHORIZER else None
+    authority = Pubkey.from_string(join_authority) if join_authority else None
+    try:
+        chosen, candidates = pick_run([settings.RPC, settings.RPC_2], user, authority, delegate)
+    except NoJoinableRun as error:
+        raise SettingsError([str(error)]) from None
+    typer.echo(f"run-manager: RUN_ID not set: {len(candidates)} run(s) open to wallet {user}:",
+               err=True)
+    for run in candidates:
+        typer.echo(f"run-manager:   {run.describe()}", err=True)
+    typer.echo(f"run-manager: selected run {chosen.describe()}; joining with "
+               f"AUTHORIZER={chosen.grantee}", err=True)
+    return settings.model_copy(update={"RUN_ID": chosen.run_id, "AUTHORIZER": str(chosen.grantee)})
 
 
 def _start_telemetry(options: TelemetryOptions | None, run_id: str,

@@ -50,6 +50,8 @@ class SupervisorConfig:
     healthy_uptime_s: float = 120.0
     version_change_delay_s: float = 5.0
     stop_timeout_s: int = 10
+    pull: bool = True
+    """False (Psyche's --local): run the local image, never pull one."""
 
 
 # Events, in the order a run produces them.
@@ -158,7 +160,8 @@ class Supervisor:
         while not self._stop.is_set():
             version = await self._coordinator.client_version()
             image = f"{self._config.image_repository}:{version}"
-            await asyncio.to_thread(engine.ensure_image, self._client, image, self._report_pull)
+            await asyncio.to_thread(engine.ensure_image, self._client, image, self._report_pull,
+                                    pull=self._config.pull)
             if self._stop.is_set():
                 break
             exit_code, uptime_s = await self._run_once(image, version)

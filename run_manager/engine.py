@@ -101,8 +101,11 @@ def ensure_image(
     client: docker.DockerClient,
     image: str,
     on_progress: Callable[[PullProgress], None] | None = None,
+    *,
+    pull: bool = True,
 ) -> None:
-    """Uses the local image when there is one; pulls it otherwise, reporting progress."""
+    """Uses the local image when there is one; pulls it otherwise (unless `pull` is
+    False, Psyche's --local), reporting progress."""
     try:
         client.images.get(image)
         return
@@ -110,6 +113,10 @@ def ensure_image(
         pass
     except docker.errors.APIError as error:
         raise EngineError(f"cannot inspect image {image}: {error.explanation}") from None
+    if not pull:
+        raise ImageUnavailableError(
+            f"image {image} is not on this machine and --local forbids pulling it: build it "
+            "(scripts/build_client_image.sh) or drop --local")
     repository, tag = split_image(image)
     layers: dict[str, tuple[int, int]] = {}
     try:

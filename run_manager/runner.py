@@ -35,7 +35,7 @@ def _tcp_source(settings: RunManagerSettings) -> CoordinatorSource:
 
     assert settings.COORDINATOR_ADDRESS is not None  # the "tcp" backend means it is set
     return TcpCoordinatorSource(
-        settings.COORDINATOR_ADDRESS, settings.RUN_ID, wait_s=settings.COORDINATOR_WAIT_S
+        settings.COORDINATOR_ADDRESS, settings.run_id, wait_s=settings.COORDINATOR_WAIT_S
     )
 
 
@@ -43,7 +43,7 @@ def _solana_source(settings: RunManagerSettings) -> CoordinatorSource:
     # Imported here: solders and the account decoders are not needed by --help.
     from run_manager.sources.solana_coordinator import SolanaCoordinatorSource
 
-    return SolanaCoordinatorSource([settings.RPC, settings.RPC_2], settings.RUN_ID)
+    return SolanaCoordinatorSource([settings.RPC, settings.RPC_2], settings.run_id)
 
 
 # Backends register how to build their coordinator source from the settings:
@@ -76,20 +76,26 @@ class RunOptions:
     wallet_address: str | None = None
     env_file_variables: dict[str, str] = field(default_factory=dict)
     """Every KEY=VALUE of the env file: the container gets them all, as in Psyche."""
+    local: bool = False
+    """Psyche's --local: use the image on this machine, never pull it."""
+    coordinator_program_id: str | None = None
+    """Psyche's --coordinator-program-id; the client in the container gets it too."""
+    join_authority: str | None = None
+    """Psyche's --authorizer: without RUN_ID, only runs whose join authority is this key."""
 
 
 def supervisor_config(settings: RunManagerSettings, options: RunOptions) -> SupervisorConfig:
     gpus = settings.GPUS == "all" or (settings.GPUS == "auto" and engine.gpus_present())
     environment = settings.container_environment(options.env_file_variables)
-    if settings.WALLET_PRIVATE_KEY_PATH is not None:
-        from psyche_common.wallet import load_keypair_bytes
-
-        # Psyche hands the key to the container as RAW_WALLET_PRIVATE_KEY (a JSON array):
-        # the container cannot see the host's wallet path.
-        raw = load_keypair_bytes(settings.WALLET_PRIVATE_KEY_PATH)
+    raw = settings.wallet_bytes()
+    if raw is not None:
+        # Psyche hands the key to the container as RAW_WALLET_PRIVATE_KEY: the container
+        # cannot see the host's wallet path. A JSON array, whichever form it came in.
         environment["RAW_WALLET_PRIVATE_KEY"] = str(list(raw)).replace(" ", "")
+    if options.coordinator_program_id is not None:
+        environment["PSYCHE_COORDINATOR_PROGRAM_ID"] = options.coordinator_program_id
     return SupervisorConfig(
-        run_id=settings.RUN_ID,
+        run_id=settings.run_id,
         image_repository=settings.CLIENT_IMAGE,
         environment=environment,
         gpus=gpus,
@@ -99,6 +105,7 @@ def supervisor_config(settings: RunManagerSettings, options: RunOptions) -> Supe
         max_crash_restarts=settings.MAX_CRASH_RESTARTS,
         backoff_base_s=settings.CRASH_BACKOFF_S,
         version_change_delay_s=settings.VERSION_CHANGE_DELAY_S,
+        pull=not options.local,
     )
 
 

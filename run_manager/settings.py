@@ -3,7 +3,10 @@
 `run-manager --env-file run.env` reads KEY=VALUE lines (and the process environment,
 which wins over the file: pydantic-settings precedence init > env > dotenv). Every
 missing or malformed value becomes one line naming its variable; nothing starts
-until all of them are right.
+until all of them are right. Psyche's keys and forms are accepted (the README's env
+table): RAW_WALLET_PRIVATE_KEY as a JSON array or base58, winning over the wallet file
+as in Psyche; no RUN_ID on Solana (the run-manager then picks a run, run_manager.discovery);
+the keys of Psyche we do not use are named in warnings (`env_file_warnings`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,14 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # NVIDIA Container Toolkit driver capabilities (NVIDIA_DRIVER_CAPABILITIES).
@@ -42,14 +52,16 @@ class RunManagerSettings(BaseSettings):
         populate_by_name=False,
     )
 
-    RUN_ID: str = Field(min_length=1)
-    """The run to join (at most 32 bytes, as the coordinator stores it)."""
     COORDINATOR_ADDRESS: str | None = Field(
         default=None, validation_alias=AliasChoices("COORDINATOR_ADDRESS", "SERVER_ADDR")
     )
     """host:port of a TCP coordinator (TCP runs); SERVER_ADDR is accepted too."""
     RPC: str | None = None
     """Solana JSON-RPC endpoint (Solana runs)."""
+    # After RPC: whether RUN_ID may be missing depends on it (validators see earlier fields).
+    RUN_ID: str | None = Field(default=None, min_length=1, validate_default=True)
+    """The run to join (at most 32 bytes, as the coordinator stores it). Optional on
+    Solana, as in Psyche: the run-manager then picks a run the wallet may join."""
     WS_RPC: str | None = None
     RPC_2: str | None = None
     """Fallback JSON-RPC endpoint."""
@@ -58,10 +70,14 @@ class RunManagerSettings(BaseSettings):
         default=None, validation_alias=AliasChoices("WALLET_PRIVATE_KEY_PATH", "WALLET_PATH")
     )
     """solana-keygen JSON keypair file; WALLET_PATH is accepted too (Psyche's docs)."""
+    RAW_WALLET_PRIVATE_KEY: str | None = Field(default=None, repr=False)
+    """The keypair itself, a JSON byte array or base58 (Psyche's forms); wins over the file."""
     AUTHORIZER: str | None = None
     """Public key of the join-authorization grantee the client joins as."""
     DATA_PARALLELISM: int = Field(default=1, ge=1, le=1024)
     TENSOR_PARALLELISM: int = Field(default=1, ge=1, le=1024)
+    PSYCHE_MAIN_HOST: str | None = None
+    """Psyche's sidecar switch: refused (run_manager.psyche_env.REFUSED)."""
     MICRO_BATCH_SIZE: int = Field(default=1, ge=1, le=65536)
     NVIDIA_DRIVER_CAPABILITIES: str = "compute,utility"
 
@@ -84,9 +100,49 @@ class RunManagerSettings(BaseSettings):
 
     @field_validator("RUN_ID")
     @classmethod
-    def _run_id_fits(cls, value: str) -> str:
+    def _run_id_fits(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            # Only a Solana run can look for a run to join (COORDINATOR_ADDRESS, when set,
+            # makes it a TCP run). An invalid RPC is reported on its own line (it is then
+            # missing from info.data): say nothing more here.
+            if "RPC" in info.data and (info.data["RPC"] is None
+                                       or info.data.get("COORDINATOR_ADDRESS") is not None):
+                raise ValueError("required for a TCP run, not set (a Solana run, with RPC, "
+                                 "may leave it out: the run-manager then picks one)")
+            return value
         if len(value.encode()) > 32:
             raise ValueError(f"must be at most 32 bytes, got {len(value.encode())}")
+        return value
+
+    @field_validator("DATA_PARALLELISM", "TENSOR_PARALLELISM")
+    @classmethod
+    def _one_device(cls, value: int) -> int:
+        # Psyche splits one client over several GPUs; ours trains on one device and its
+        # container would refuse the value and crash-loop: refuse it here, once.
+        if value != 1:
+            raise ValueError(f"must be 1, got {value}: a psyche-py client trains on one "
+                             "device (run one client per GPU)")
+        return value
+
+    @field_validator("RAW_WALLET_PRIVATE_KEY")
+    @classmethod
+    def _keypair(cls, value: str | None) -> str | None:
+        from psyche_common.wallet import WalletError, parse_keypair_text
+
+        if value is not None:
+            try:
+                parse_keypair_text(value, "the value")  # never echo the key itself
+            except WalletError as error:
+                raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("PSYCHE_MAIN_HOST")
+    @classmethod
+    def _refused(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from run_manager.psyche_env import REFUSED
+
+        if value is not None:
+            raise ValueError(f"refused: {REFUSED[str(info.field_name)]}")
         return value
 
     @field_validator("RPC", "RPC_2")
@@ -138,11 +194,27 @@ class RunManagerSettings(BaseSettings):
         if self.RPC is not None:
             if self.WS_RPC is None:
                 raise ValueError("WS_RPC: required with RPC (Solana run), not set")
-            if self.WALLET_PRIVATE_KEY_PATH is None:
-                raise ValueError(
-                    "WALLET_PRIVATE_KEY_PATH: required with RPC (Solana run), not set"
-                )
+            if self.WALLET_PRIVATE_KEY_PATH is None and self.RAW_WALLET_PRIVATE_KEY is None:
+                raise ValueError("WALLET_PRIVATE_KEY_PATH or RAW_WALLET_PRIVATE_KEY: one is "
+                                 "required with RPC (Solana run), neither is set")
         return self
+
+    @property
+    def run_id(self) -> str:
+        """RUN_ID, set by the env file or by run_manager.discovery."""
+        if self.RUN_ID is None:
+            raise SettingsError(["RUN_ID: not set, and no run was picked"])
+        return self.RUN_ID
+
+    def wallet_bytes(self) -> bytes | None:
+        """The wallet's 64 keypair bytes: RAW_WALLET_PRIVATE_KEY, else the file (as Psyche)."""
+        from psyche_common.wallet import load_keypair_bytes, parse_keypair_text
+
+        if self.RAW_WALLET_PRIVATE_KEY is not None:
+            return parse_keypair_text(self.RAW_WALLET_PRIVATE_KEY, "RAW_WALLET_PRIVATE_KEY")
+        if self.WALLET_PRIVATE_KEY_PATH is not None:
+            return load_keypair_bytes(self.WALLET_PRIVATE_KEY_PATH)
+        return None
 
     @property
     def backend(self) -> Literal["tcp", "solana"]:
@@ -169,6 +241,7 @@ class RunManagerSettings(BaseSettings):
         ]  # fmt: skip
         values = {name: getattr(self, name) for name in names}
         environment.update({name: str(value) for name, value in values.items() if value is not None})
+        environment.pop("RAW_WALLET_PRIVATE_KEY", None)  # the supervisor sets the resolved one
         if self.COORDINATOR_ADDRESS is not None:
             environment["SERVER_ADDR"] = self.COORDINATOR_ADDRESS
         return environment
@@ -179,7 +252,7 @@ HOST_ONLY_VARIABLES = frozenset({"WALLET_PRIVATE_KEY_PATH", "WALLET_PATH", "SCRA
 
 
 def unread_variables(variables: dict[str, str]) -> list[str]:
-    """Env-file keys that neither the run-manager nor the client reads (typos, mostly)."""
+    """Env-file keys that neither the run-manager nor the client reads (typos, or Psyche's)."""
     from psyche_common.client_env import read_by_client
 
     mine: set[str] = set(HOST_ONLY_VARIABLES)
@@ -187,7 +260,30 @@ def unread_variables(variables: dict[str, str]) -> list[str]:
         mine.add(name)
         if isinstance(field.validation_alias, AliasChoices):
             mine.update(str(choice) for choice in field.validation_alias.choices)
-    return sorted(name for name in variables if name not in mine and not read_by_client(name))
+    return sorted(name for name in variables
+                  if name not in mine and name not in PROGRAM_ID_VARIABLES
+                  and not read_by_client(name))
+
+
+# Read by psyche_solana.ids, in the run-manager and in the client (docs/solana.md).
+PROGRAM_ID_VARIABLES = frozenset(f"PSYCHE_{name}_PROGRAM_ID"
+                                 for name in ("COORDINATOR", "AUTHORIZER", "TREASURER"))
+
+
+def env_file_warnings(variables: dict[str, str],
+                      settings: RunManagerSettings | None = None) -> list[str]:
+    """One line per setting that will not take effect: Psyche's env-file keys we do not
+    use, keys nobody reads, and a wallet file that RAW_WALLET_PRIVATE_KEY overrides."""
+    from run_manager.psyche_env import IGNORED, ignored_warning
+
+    lines = [ignored_warning(name) if name in IGNORED
+             else f"{name} is read by neither the run-manager nor the client (a typo?)"
+             for name in unread_variables(variables)]
+    if (settings is not None and settings.RAW_WALLET_PRIVATE_KEY is not None
+            and settings.WALLET_PRIVATE_KEY_PATH is not None):
+        lines.append("RAW_WALLET_PRIVATE_KEY and WALLET_PRIVATE_KEY_PATH are both set: the "
+                     "wallet is RAW_WALLET_PRIVATE_KEY, as in Psyche (the file is not used)")
+    return lines
 
 
 def read_env_file(env_file: Path) -> dict[str, str]:
@@ -208,7 +304,7 @@ def load_settings(env_file: Path | None, overrides: dict[str, Any] | None = None
         settings = RunManagerSettings(_env_file=env_file, **(overrides or {}))  # type: ignore[call-arg]  # _env_file is a BaseSettings init option, not a field
     except ValidationError as error:
         raise SettingsError(describe_validation_error(error)) from None
-    if settings.WALLET_PRIVATE_KEY_PATH is not None:
+    if settings.RAW_WALLET_PRIVATE_KEY is None and settings.WALLET_PRIVATE_KEY_PATH is not None:
         from psyche_common.wallet import WalletError, load_keypair_bytes
 
         try:

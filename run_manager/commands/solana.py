@@ -4,8 +4,9 @@ to any cluster running our programs — by default the embedded `psyche-localnet
 
 Common options: `--rpc` (env RPC; default the local validator, `psyche-localnet`, on
 127.0.0.1:8899), `--rpc-2` (env RPC_2, the fallback endpoint), and for
-signing commands `--wallet-private-key-path` (env WALLET_PRIVATE_KEY_PATH) or
-RAW_WALLET_PRIVATE_KEY (a JSON array of 64 bytes). Every on-chain failure is printed as
+signing commands `-w/--wallet-private-key-path` (env WALLET_PRIVATE_KEY_PATH) or
+RAW_WALLET_PRIVATE_KEY (a JSON array of 64 bytes or their base58 string; it wins over the
+file, as in Psyche). Every on-chain failure is printed as
 its error's name and meaning (e.g. `NotAuthorized: no active join authorization ...`)
 and the command exits 1; bad arguments exit 2.
 """

@@ -23,8 +23,8 @@ Rpc = Annotated[str, typer.Option("--rpc", envvar="RPC", help="Solana JSON-RPC U
 Rpc2 = Annotated[str | None, typer.Option("--rpc-2", envvar="RPC_2", help="Fallback RPC URL.")]
 RunId = Annotated[str, typer.Option("--run-id", "-r", envvar="RUN_ID", help="The run id.")]
 Wallet = Annotated[Path | None, typer.Option(
-    "--wallet-private-key-path", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
-    help="Keypair file (or set RAW_WALLET_PRIVATE_KEY).")]
+    "--wallet-private-key-path", "-w", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
+    help="Keypair file (or set RAW_WALLET_PRIVATE_KEY, which wins, as in Psyche).")]
 TreasurerIndex = Annotated[int | None, typer.Option(
     "--treasurer-index", help="Treasurer run index (default: from the run id).")]
 
@@ -35,19 +35,25 @@ def _fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
 
 
 def _keypair(path: Path | None) -> Any:
+    """The signing wallet. RAW_WALLET_PRIVATE_KEY (a JSON byte array or base58) wins over
+    the keypair file, as in Psyche's run-manager; when both are set, a warning says so."""
     from solders.keypair import Keypair
 
-    from psyche_common.wallet import WalletError, load_keypair_bytes
+    from psyche_common.wallet import WalletError, load_keypair_bytes, parse_keypair_text
 
-    raw = os.environ.get("RAW_WALLET_PRIVATE_KEY")
+    raw = os.environ.get("RAW_WALLET_PRIVATE_KEY", "").strip()
     try:
+        if raw:
+            if path is not None:
+                typer.echo("run-manager: warning: RAW_WALLET_PRIVATE_KEY and "
+                           f"--wallet-private-key-path {path} are both set: signing with "
+                           "RAW_WALLET_PRIVATE_KEY, as Psyche does", err=True)
+            return Keypair.from_bytes(parse_keypair_text(raw, "RAW_WALLET_PRIVATE_KEY"))
         if path is not None:
             return Keypair.from_bytes(load_keypair_bytes(path))
-        if raw:
-            return Keypair.from_json(raw.strip())
-    except (WalletError, ValueError) as error:
+    except WalletError as error:
         raise _fail(f"wallet: {error}", EXIT_BAD_ARGUMENT) from None
-    raise _fail("a wallet is needed: --wallet-private-key-path or RAW_WALLET_PRIVATE_KEY",
+    raise _fail("a wallet is needed: -w/--wallet-private-key-path or RAW_WALLET_PRIVATE_KEY",
                 EXIT_BAD_ARGUMENT)
 
 

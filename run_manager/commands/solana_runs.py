@@ -54,25 +54,36 @@ def create_run(run_id: RunId,
 def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                   treasurer_index: TreasurerIndex = None,
                   config_path: Annotated[Path | None, typer.Option(
-                      help="state.toml with [config] and [model.LLM].")] = None,
+                      help="TOML with [config] and [model.LLM] (a state.toml or Psyche's "
+                           "solana-test configs).")] = None,
                   client_version: Annotated[str | None, typer.Option()] = None) -> None:
-    """Set a paused run's config and model (from a state.toml) and/or client version."""
-    from coordinator import ConfigError, load_state_file
-    from psyche_solana.runs import admin, find_run, update_instructions
+    """Set a paused run's config and model (from a TOML file) and/or client version."""
+    from coordinator import ConfigError
+    from psyche_solana import instructions as ix
+    from psyche_solana.runs import admin, find_run
+    from run_manager.commands.solana_config import load_run_config
 
     authority = _keypair(wallet)
     try:
-        state_file = load_state_file(config_path) if config_path else None
+        update = load_run_config(config_path, run_id, client_version) if config_path else None
     except ConfigError as error:
         raise _fail(f"invalid config:\n{error}", EXIT_BAD_ARGUMENT) from None
-    if state_file is None and client_version is None:
+    if update is None and client_version is None:
         raise _fail("nothing to update: give --config-path and/or --client-version",
                     EXIT_BAD_ARGUMENT)
+    for note in update.notes if update else []:
+        typer.echo(f"run-manager: note: {note}", err=True)
 
     async def work(client: Any) -> None:
         run = await find_run(client, run_id, treasurer_index)
-        await admin(client, run, authority, update_instructions(
-            run, _authority_of(run, authority), state_file, client_version))
+        signer = _authority_of(run, authority)
+        instructions = []
+        if update is not None:
+            instructions = [ix.update_config(run.address, signer, update.config),
+                            *ix.update_model(run.address, signer, update.model)]
+        if client_version is not None:
+            instructions.append(ix.update_client_version(run.address, signer, client_version))
+        await admin(client, run, authority, instructions)
 
     _run(rpc, rpc_2, work)
     typer.echo(f"updated run {run_id!r}")

@@ -1,4 +1,5 @@
 import os
+import stat
 from pathlib import Path
 
 import iroh
@@ -59,26 +60,57 @@ def test_bad_hex_is_named(text: str, message: str) -> None:
         Identity.from_hex(text)
 
 
-def test_cli_show_identity_from_file_and_env(tmp_path: Path) -> None:
+def test_cli_show_identity_from_file_and_env_in_psyches_format(tmp_path: Path) -> None:
     secret = os.urandom(32)
     path = tmp_path / "secret.key"
     path.write_bytes(secret)
-    expected = Identity(secret).node_id
+    # Psyche's print_identity_keys (shared/client/src/cli.rs): both keys, hex.
+    expected = f"Public key: {Identity(secret).node_id}\nSecret key: {secret.hex()}\n"
     result = runner.invoke(app, ["show-identity", "--identity-secret-key-path", str(path)], env={})
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == expected
+    assert result.output == expected
     result = runner.invoke(app, ["show-identity"], env={"RAW_IDENTITY_SECRET_KEY": secret.hex()})
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == expected
+    assert result.output == expected
+    result = runner.invoke(app, ["show-identity", "--public-key-only"],
+                           env={"RAW_IDENTITY_SECRET_KEY": secret.hex()})
+    assert result.output == f"{Identity(secret).node_id}\n"
+
+
+def test_cli_psyches_static_p2p_identity_commands(tmp_path: Path) -> None:
+    path = tmp_path / "p2p.key"
+    created = runner.invoke(app, ["create-static-p2p-identity", str(path)], env={})
+    assert created.exit_code == 0, created.output
+    secret = path.read_bytes()
+    assert len(secret) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    keys = f"Public key: {Identity(secret).node_id}\nSecret key: {secret.hex()}\n"
+    assert created.output == f"{keys}Wrote secret key to {path}\n"
+    shown = runner.invoke(app, ["show-static-p2p-identity", str(path)], env={})
+    assert shown.exit_code == 0 and shown.output == keys
+    shown = runner.invoke(app, ["show-static-p2p-identity"], env={"RAW_IDENTITY_SECRET_KEY": secret.hex()})
+    assert shown.exit_code == 0 and shown.output == keys
+
+
+def test_cli_create_static_p2p_identity_never_overwrites(tmp_path: Path) -> None:
+    path = tmp_path / "p2p.key"
+    path.write_bytes(b"precious")
+    result = runner.invoke(app, ["create-static-p2p-identity", str(path)], env={})
+    assert result.exit_code == 1
+    assert result.output == f"error: {path} exists; refusing to overwrite an identity\n"
+    assert path.read_bytes() == b"precious"
+    result = runner.invoke(app, ["create-static-p2p-identity", str(tmp_path / "no" / "dir.key")], env={})
+    assert result.exit_code == 1 and result.output.startswith("error: cannot create")
 
 
 def test_cli_show_identity_errors_are_clear(tmp_path: Path) -> None:
     (tmp_path / "bad").write_bytes(b"123")
-    result = runner.invoke(
-        app, ["show-identity", "--identity-secret-key-path", str(tmp_path / "bad")], env={}
-    )
-    assert result.exit_code == 2
-    assert "exactly 32 raw bytes" in result.output
+    for command in (["show-identity", "--identity-secret-key-path"], ["show-static-p2p-identity"]):
+        result = runner.invoke(app, [*command, str(tmp_path / "bad")], env={})
+        assert result.exit_code == 2
+        assert "exactly 32 raw bytes" in result.output and "Traceback" not in result.output
     result = runner.invoke(app, ["show-identity"], env={"RAW_IDENTITY_SECRET_KEY": ""})
     assert result.exit_code == 2
     assert "no identity given" in result.output
+    result = runner.invoke(app, ["show-static-p2p-identity"], env={"RAW_IDENTITY_SECRET_KEY": "zz"})
+    assert result.exit_code == 2
+    assert result.output == "error: RAW_IDENTITY_SECRET_KEY must be 64 hex digits, got 2 characters\n"

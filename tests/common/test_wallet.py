@@ -50,8 +50,10 @@ def test_wallet_show_prints_the_base58_public_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ("not json", "is not JSON"),
+        ("not json", "nor a base58 keypair"),
+        ("[1, 2", "is not JSON"),
         ("[1, 2, 3]", "JSON array of 64 bytes"),
+        ("3yZe7d", "decodes to 4 bytes; a base58 keypair is 64"),
         (json.dumps([300] * 64), "JSON array of 64 bytes"),
         (json.dumps(list(bytes(Keypair())[:32]) + [0] * 32), "does not match"),
     ],
@@ -87,3 +89,21 @@ def test_wallet_balance_asks_a_real_rpc_server(tmp_path: Path) -> None:
 def test_wallet_balance_reports_an_unreachable_rpc() -> None:
     with pytest.raises(WalletError, match="unreachable"):
         get_balance("http://127.0.0.1:9", str(Keypair().pubkey()), timeout_s=2)
+
+
+def test_a_base58_keypair_is_read_as_psyches_run_manager_reads_it(tmp_path: Path) -> None:
+    """Psyche's run-manager takes the wallet file's text as it takes RAW_WALLET_PRIVATE_KEY:
+    a JSON array or the base58 string of the 64 bytes (tools/rust-tools/run-manager)."""
+    from psyche_common.wallet import parse_keypair_text
+    from psyche_solana.b58 import b58encode
+
+    keypair = Keypair()
+    path = tmp_path / "k.b58"
+    path.write_text(f"{keypair}\n")
+    assert public_key(path) == str(keypair.pubkey())
+    assert parse_keypair_text(str(keypair), "X") == parse_keypair_text(keypair.to_json(), "X")
+    mismatched = b58encode(bytes(keypair)[:32] + bytes(Keypair())[32:])
+    with pytest.raises(WalletError, match="public key half does not match"):
+        parse_keypair_text(mismatched, "RAW_WALLET_PRIVATE_KEY")
+    with pytest.raises(WalletError, match="89 base58 digits"):
+        parse_keypair_text("2" * 89, "X")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,34 @@ def test_a_run_id_is_taken_once_and_found_through_its_claim(localnet, tmp_path):
     dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "contested").output)
     assert dump["coordinator_instance"]["address"] == str(ix.coordinator_instance_address("contested"))
     assert dump["coordinator_account"]["address"] == str(address)
+
+
+def test_psyches_wallet_forms_and_solana_test_config_shape(localnet, tmp_path):
+    """-w/--wallet-private-key-path and RAW_WALLET_PRIVATE_KEY in base58 (Psyche's forms,
+    the raw key winning as in Psyche), and update-config with a file holding only [config]
+    and [model] (the shape of Psyche's config/solana-test/*.toml)."""
+    import tomli_w
+
+    owner_path, owner = _wallet(tmp_path, "owner", localnet)
+    decoy_path, _ = _wallet(tmp_path, "decoy", localnet)
+    created = runner.invoke(app, ["create-run", "-r", "psyche-shape", "-c", "v1", "-w", str(owner_path)],
+                            env={"RPC": localnet.url})
+    assert created.exit_code == 0, created.output
+    state = tomllib.loads(STATE.read_text())
+    state["model"]["LLM"]["data_location"] = {"Http": {
+        "location": {"SingleUrl": "https://example.org/000.ds"},
+        "token_size_in_bytes": "TwoBytes", "shuffle": "DontShuffle"}}
+    config = tmp_path / "nano-like.toml"
+    config.write_text(tomli_w.dumps({"config": state["config"], "model": state["model"]}))
+    updated = runner.invoke(app, ["update-config", "-r", "psyche-shape", "--config-path", str(config),
+                                  "-w", str(decoy_path)],
+                            env={"RPC": localnet.url, "RAW_WALLET_PRIVATE_KEY": str(owner)})
+    assert updated.exit_code == 0, updated.output
+    assert "RAW_WALLET_PRIVATE_KEY and --wallet-private-key-path" in updated.output
+    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "psyche-shape").output)
+    assert dump["coordinator_account"]["setup"]["config"]["total_steps"] == state["config"]["total_steps"]
+    location = dump["coordinator_account"]["setup"]["model"]["data_location"]
+    assert "example.org/000.ds" in json.dumps(location)
+    bad = runner.invoke(app, ["tick", "-r", "psyche-shape", "--count", "1"],
+                        env={"RPC": localnet.url, "RAW_WALLET_PRIVATE_KEY": "[1, 2]"})
+    assert bad.exit_code == 2 and "wallet: RAW_WALLET_PRIVATE_KEY is not a solana-keygen keypair" in bad.output
