@@ -129,6 +129,11 @@ class RoundRunner:
                 self.tasks.spawn(self._cooldown(state), "cooldown")
         if not listed:
             self.counters.role = "NotInRound"
+            if state.run_state.active:
+                # A round goes on without us (we were dropped or withdrawn, or are not in
+                # this epoch): its results are applied everywhere but here, so the model in
+                # memory is no longer the run's; the next warm-up must load it.
+                self.model_fresh = False
 
     def on_broadcast(self, sender: bytes, broadcast: Broadcast) -> None:
         """A decoded gossip message from `sender` (verified by the gossip layer)."""

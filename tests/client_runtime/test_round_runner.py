@@ -176,6 +176,31 @@ async def test_a_silent_trainer_is_dropped_by_the_witness_health_check() -> None
     assert any(silent.key.hex()[:12] in e.unhealthy for e in swarm.events_of(HealthCheckSent))
 
 
+async def test_a_runner_left_out_of_a_round_reloads_the_model_at_the_next_epoch() -> None:
+    """Dropped mid-epoch but still connected, a runner misses the applies of the epoch's
+    later rounds: keeping its model for the next epoch would diverge from every peer (a
+    chaos run's two final checkpoints differed). It must load the model instead."""
+    swarm = FakeSwarm(3, epoch_time=30, warmup_time=5, max_round_train_time=3,
+                      min_clients=2, total_steps=60)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain
+                          and s.coordinator.state.current_round.height >= 1)
+    state = swarm.coordinator.state
+    silent = next(n for n in swarm.nodes if not elected(state, n))
+    runner = next(r for r in swarm.runners if r.me == silent)
+    assert runner.model_fresh
+    swarm.peers(silent).silent = True
+    await swarm.run_until(lambda s: s.coordinator.state.run_state.active
+                          and s.coordinator.state.index_of(silent) is None, max_turns=300)
+    await swarm.turn()
+    assert not runner.model_fresh
+    swarm.peers(silent).silent = False
+    loads_before = len(swarm.worker(silent).loads)
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch >= 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain
+                          and s.coordinator.state.index_of(silent) is not None, max_turns=600)
+    assert len(swarm.worker(silent).loads) > loads_before  # reloaded, not kept
+
+
 async def test_cooldown_checkpoints_and_shares_the_model(tmp_path: Path) -> None:
     swarm = FakeSwarm(3, checkpoint_dir=tmp_path, epoch_time=12, warmup_time=5,
                       max_round_train_time=5)
