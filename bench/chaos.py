@@ -2,7 +2,7 @@
 figures, then ONE JSON line.
 
     .venv/bin/python bench/chaos.py [--clients 3] [--kill-interval 20] [--total-steps 80]
-                                    [--epoch-time 30] [--timeout 1200]
+                                    [--epoch-time 30] [--timeout 1200] [--witness-nodes N]
 
 A real `psyche-coordinator run` and N real `psyche-client train` processes on this
 machine (the bundled tiny Llama and data, config/local-testnet with total_steps and
@@ -18,8 +18,12 @@ checkpoint_steps_compared, checkpoint_steps_differing
 steps_lost           steps the coordinator counted with batches to train (the rule the
                      clients apply: a batch assigned, and not one of the epoch's last two
                      apply-only rounds) that no client trained
-models_reset         checkpoints after step 0 whose weights equal the initial model's
-                     (a client that silently restarted from the Hub model)
+models_reset         epochs after the first that started from the run's stored checkpoint
+                     (here the initial model) because nobody holding the model was left:
+                     each restarts training from scratch
+checkpoints_equal_initial
+                     checkpoints after step 0 whose weights equal the initial model's (a
+                     reset epoch that then applied nothing; undercounts resets)
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ import tomli_w
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from local_testnet.audit import checkpoint_agreement, models_reset  # noqa: E402
+from local_testnet.audit import (  # noqa: E402
+    checkpoint_agreement,
+    hub_fallback_epochs,
+    models_reset,
+)
 from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
 
 CONFIG = ROOT / "config" / "local-testnet"
@@ -50,6 +58,8 @@ def main() -> None:
     parser.add_argument("--total-steps", type=int, default=80)
     parser.add_argument("--epoch-time", type=int, default=30)
     parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument("--witness-nodes", type=int, default=None,
+                        help="override the config's witness_nodes (0: every client witnesses)")
     parser.add_argument("--server-port", type=int, default=20400)
     args = parser.parse_args()
 
@@ -59,6 +69,8 @@ def main() -> None:
     state = tomllib.loads((CONFIG / "state.toml").read_text())
     state["config"].update(total_steps=args.total_steps, epoch_time=args.epoch_time,
                            init_min_clients=args.clients)
+    if args.witness_nodes is not None:
+        state["config"]["witness_nodes"] = args.witness_nodes
     checkpoint = state["model"]["LLM"]["checkpoint"]["Hub"]
     initial = ROOT / checkpoint["repo_id"] / "model.safetensors"
     checkpoint["repo_id"] = str(ROOT / checkpoint["repo_id"])
@@ -75,18 +87,21 @@ def main() -> None:
     summary = asyncio.run(run_headless(testnet))
     expected = sorted(step for step, has in testnet.trainable.items() if has)
     lost = testnet.untrained_steps()
-    reset, examined = models_reset(work / "run", args.clients, initial)
+    equal_initial, examined = models_reset(work / "run", args.clients, initial)
+    fallbacks = hub_fallback_epochs(work / "run", args.clients)
     compared, differing = checkpoint_agreement(work / "run", args.clients)
     print(f"run: {json.dumps(summary)}")
     print(f"steps with batches: {len(expected)}, trained by someone: "
           f"{len(expected) - len(lost)}, lost: {lost}")
-    print(f"checkpoints after step 0: {examined}, equal to the initial model: {reset}")
+    print(f"epochs restarted from the stored (initial) model: {fallbacks}")
+    print(f"checkpoints after step 0: {examined}, equal to the initial model: {equal_initial}")
     print(f"steps checkpointed by 2+ clients: {compared}, differing: {differing}")
     print(f"work dir: {work}")
     print(json.dumps({
         "kills": summary["killed"], "rejoins": summary["rejoined"],
         "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
-        "models_reset": reset, "checkpoint_steps_compared": compared,
+        "models_reset": len(fallbacks), "checkpoints_equal_initial": equal_initial,
+        "epochs": summary["epochs"], "checkpoint_steps_compared": compared,
         "checkpoint_steps_differing": len(differing), "final_step": summary["final_step"],
         "finished": summary["finished"], "checkpoints_examined": examined,
         "wall_s": summary["wall_s"],

@@ -54,3 +54,30 @@ def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
             savers[step] = savers.get(step, 0) + 1
     shared = sorted(step for step, count in savers.items() if count >= 2)
     return len(shared), [step for step in shared if len(digests[step]) > 1]
+
+
+def hub_fallback_epochs(work_dir: Path, clients: int) -> list[int]:
+    """Epochs after the first whose clients loaded the run's stored checkpoint instead of
+    the model from the previous epoch's clients (the coordinator fell back to it: nobody
+    who held the model was left). In a run whose stored checkpoint is its initial model,
+    each one restarts training from scratch, whatever the step counter says."""
+    import json
+
+    epochs: set[int] = set()
+    for i in range(1, clients + 1):
+        log = work_dir / f"client-{i}.log"
+        if not log.exists():
+            continue
+        epoch = 0
+        for line in log.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "state" and isinstance(event.get("epoch"), int):
+                epoch = event["epoch"]
+            elif event.get("event") == "model_loaded" and event.get("source") == "hub" and epoch:
+                epochs.add(epoch)
+    return sorted(epochs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from e2e_helpers import REPO, events, make_testnet
 
-from local_testnet.audit import checkpoint_agreement, models_reset
+from local_testnet.audit import checkpoint_agreement, hub_fallback_epochs, models_reset
 from local_testnet.testnet import run_headless
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,9 @@ async def test_random_kills_lose_no_step_reset_no_model_and_end_identical(tmp_pa
     # Killed clients came back into the run and trained again.
     assert summary["rejoined"] >= 2, summary
     assert all(events(work, i, "trained") for i in (2, 3))
-    # Nobody silently went back to the initial model, and nobody diverged.
+    # No epoch fell back to the stored (initial) model, nobody silently went back to it,
+    # and nobody diverged.
+    assert hub_fallback_epochs(work, 3) == [], summary
     reset, examined = models_reset(work, 3, INITIAL_MODEL)
     assert examined >= 3 and reset == 0, summary
     compared, differing = checkpoint_agreement(work, 3)
