@@ -282,7 +282,12 @@ class RoundRunner:
 
     async def _health_check(self, state: CoordinatorState, judged: StepRecord) -> None:
         expected = {node.key for node in judged.assignments.values()}
-        checks = unhealthy_trainers(state, expected)
+        # Never ourselves: the check is for peers whose results the witnesses missed. A
+        # client reporting itself gets dropped, and when it is the last holder of the
+        # model (a chaos run's spared client did this) the next epoch falls back to the
+        # stored checkpoint; if we really failed, our peers report it.
+        checks = [(node, proof) for node, proof in unhealthy_trainers(state, expected)
+                  if node != self.me]
         if not checks:
             return
         entries = [HealthCheckEntry.model_validate(

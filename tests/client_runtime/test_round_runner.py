@@ -23,7 +23,7 @@ from client_image.runtime.events import (
     WitnessSent,
 )
 from client_image.runtime.rounds import my_witness_proof
-from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
+from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState, selection_for_round
 from coordinator.config import HubCheckpoint, P2PCheckpoint
 from coordinator_tcp.protocol import HealthCheck, WitnessSubmit
 
@@ -199,6 +199,29 @@ async def test_a_runner_left_out_of_a_round_reloads_the_model_at_the_next_epoch(
                           and s.coordinator.state.run_state is RunState.RoundTrain
                           and s.coordinator.state.index_of(silent) is not None, max_turns=600)
     assert len(swarm.worker(silent).loads) > loads_before  # reloaded, not kept
+
+
+async def test_a_runner_never_reports_itself_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the witnesses' blooms say, a health check names only peers."""
+    from client_image.runtime import round_runner
+
+    swarm = FakeSwarm(3, max_round_train_time=3)
+    judged: list[NodeIdentity] = []
+
+    def everyone_unhealthy(state: CoordinatorState, expected: set[bytes]) -> list:
+        proofs = []
+        for node in swarm.nodes:
+            proof = selection_for_round(state).committee_of(state.index_of(node) or 0)
+            proofs.append((node, proof))
+        judged.extend(swarm.nodes)
+        return proofs
+
+    monkeypatch.setattr(round_runner, "unhealthy_trainers", everyone_unhealthy)
+    await swarm.run_until(lambda s: s.coordinator.state.current_round.height >= 3)
+    sent = [(who, message) for who, message, _ in swarm.sent if isinstance(message, HealthCheck)]
+    assert judged and sent
+    assert all(entry.node != who.key for who, message in sent for entry in message.checks)
+    assert all(len(message.checks) == 2 for _, message in sent)
 
 
 async def test_cooldown_checkpoints_and_shares_the_model(tmp_path: Path) -> None:
