@@ -89,8 +89,14 @@ class Coordinator(CoordinatorCore):
         witnesses = len(round_.witnesses)
         self.move_clients_to_exited(round_.height)
         if witnesses == 0:
-            # No witness: we cannot tell who is still there; end the epoch.
-            self.withdraw_all()
+            # No witness: we cannot tell who is still there; end the epoch. Psyche also
+            # withdraws everyone, so the next epoch restarts from the stored checkpoint
+            # (the initial model when nobody uploads one). Past the first round, though,
+            # every earlier round was witnessed by a quorum: the clients hold the model
+            # (often only the one witness died), so they stay and the next epoch fetches it
+            # from whichever of them are still there. In the first round nothing was proven.
+            if round_.height == 0:
+                self.withdraw_all()
             self.start_cooldown(now)
             return TickResult.Ticked
         # Two more rounds apply the last trained steps; the pipeline needs 4 rounds.

@@ -212,7 +212,11 @@ static u64 tick(State *s, u64 now, u64 seed) {
     Round *r = current_round(s);
     u64 witnesses = r->witnesses_len;
     move_clients_to_exited(s, r->height);
-    if (witnesses == 0) { withdraw_all(s); start_cooldown(s, now); return SUCCESS; }
+    if (witnesses == 0) {  /* past the first round the clients hold the model: they stay */
+      if (r->height == 0) withdraw_all(s);
+      start_cooldown(s, now);
+      return SUCCESS;
+    }
     if (now >= sat_add(s->start_timestamp, config->epoch_time) && s->last_step == 0) {
       /* two more rounds apply the last trained steps; the pipeline needs 4 rounds */
       if ((u64)s->step + 2 >= 4) s->last_step = s->step + 2;

@@ -299,11 +299,11 @@ async def test_with_no_peer_holding_the_model_a_runner_sits_the_epoch_out() -> N
 
 
 async def test_when_the_coordinator_falls_back_to_the_hub_every_runner_reloads_it() -> None:
-    """A round whose witness never reports ends the epoch with everyone withdrawn; the next
-    epoch starts from the stored (Hub) checkpoint. Runners whose in-memory model is still
-    fresh must load it too, or they would train on a model no other client has."""
+    """A first round whose witness never reports ends the epoch with everyone withdrawn;
+    the next epoch starts from the stored (Hub) checkpoint. Runners whose in-memory model
+    is still fresh must load it too, or they would train on a model no other client has."""
     swarm = FakeSwarm(3, epoch_time=60)
-    swarm.muted.add(swarm.nodes[0])  # its witness messages never arrive
+    swarm.muted.update(swarm.nodes)  # no witness message ever arrives
     await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown,
                           max_turns=600)
     swarm.muted.clear()
@@ -312,6 +312,29 @@ async def test_when_the_coordinator_falls_back_to_the_hub_every_runner_reloads_i
     assert isinstance(swarm.coordinator.state.model.checkpoint, HubCheckpoint)
     for n in swarm.nodes:
         assert swarm.worker(n).loads == ["hub:assets/tiny-llama"] * 2
+    await swarm.run_until(step_reached(swarm.coordinator.state.progress.step + 3))
+    applied = [swarm.worker(n).applied for n in swarm.nodes]
+    assert applied[0] == applied[1] == applied[2]
+
+
+async def test_when_a_later_round_loses_its_witness_the_next_epoch_keeps_the_model() -> None:
+    """The witness of a round past the first dies (here: is muted): the epoch ends, but its
+    clients hold the model, so the next epoch is P2P and nobody reloads the stored one."""
+    swarm = FakeSwarm(3, epoch_time=60)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundTrain
+                          and s.coordinator.state.current_round.height == 2)
+    state = swarm.coordinator.state
+    witness = next(n for n in swarm.nodes if elected(state, n))
+    swarm.muted.add(witness)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown,
+                          max_turns=600)
+    assert state.progress.step < 10  # ended by the lost witness, not by epoch_time
+    swarm.muted.clear()
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain)
+    assert isinstance(swarm.coordinator.state.model.checkpoint, P2PCheckpoint)
+    for n in swarm.nodes:
+        assert swarm.worker(n).loads == ["hub:assets/tiny-llama"]
     await swarm.run_until(step_reached(swarm.coordinator.state.progress.step + 3))
     applied = [swarm.worker(n).applied for n in swarm.nodes]
     assert applied[0] == applied[1] == applied[2]

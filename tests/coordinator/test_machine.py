@@ -202,6 +202,44 @@ def test_round_witness_without_witnesses_withdraws_everyone() -> None:
     assert all(c.state is ClientState.Withdrawn for c in state.epoch_state.clients)
 
 
+def test_a_later_round_without_witnesses_keeps_the_clients_holding_the_model() -> None:
+    """Past the first round every earlier round had a witness quorum: a round whose
+    witness died ends the epoch, but its clients stay Healthy, so the next epoch fetches
+    the model from those still there (P2P) instead of restarting from the stored one."""
+    coordinator, _ = make()
+    now = finish_round(coordinator, to_round_train(coordinator) + 1)
+    assert coordinator.state.current_round.height == 1
+    coordinator.tick([], now + 5, 1)  # RoundTrain times out: RoundWitness, no witness
+    coordinator.tick([], now + 7, 1)
+    state = coordinator.state
+    assert state.run_state is RunState.Cooldown
+    assert [c.state for c in state.epoch_state.clients] == [ClientState.Healthy] * 4
+    coordinator.tick([], now + 7 + state.config.cooldown_time, 1)
+    assert state.run_state is RunState.WaitingForMembers
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)
+    # Only client 3 of the last epoch is back, with a newcomer: it holds the model.
+    later = now + 20
+    coordinator.tick([node(3), node(9)], later, 1)
+    coordinator.tick([node(3), node(9)], later + state.config.waiting_for_members_extra_time, 1)
+    assert state.run_state is RunState.Warmup
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)
+
+
+def test_a_first_round_without_witnesses_falls_back_to_the_stored_checkpoint() -> None:
+    coordinator, _ = make()
+    now = to_round_train(coordinator)
+    coordinator.tick([], now + 5, 1)
+    coordinator.tick([], now + 7, 1)
+    state = coordinator.state
+    coordinator.tick([], now + 7 + state.config.cooldown_time, 1)
+    later = now + 20
+    clients = [node(i) for i in range(4)]
+    coordinator.tick(clients, later, 1)
+    coordinator.tick(clients, later + state.config.waiting_for_members_extra_time, 1)
+    assert state.run_state is RunState.Warmup
+    assert isinstance(state.model.checkpoint, HubCheckpoint)
+
+
 @pytest.mark.parametrize("reason", ["clients", "total_steps", "pause"])
 def test_round_witness_goes_to_cooldown(reason: str) -> None:
     coordinator, _ = make(total_steps=2 if reason == "total_steps" else 100)

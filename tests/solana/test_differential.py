@@ -361,6 +361,41 @@ def test_a_whole_epoch_is_identical_on_chain():
         assert harness.apply(("checkpoint", 0, foreign)) == "CheckpointNotRunRepository"
 
 
+def test_a_round_whose_witness_died_keeps_the_model_on_chain_too():
+    """Round 0 witnessed, round 1 not: the epoch ends with its clients still Healthy
+    (they hold the model), credited, and the next epoch stays P2P, on chain as in Python."""
+    harness = Harness(_state_file(2, 2, 1, 10, total_steps=40), random.Random(11))
+    for event in [("rates", 1000, None), ("join", 0), ("join", 1)]:
+        harness.apply(event)
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    harness.apply(("warmup_witness", 0, True))
+    for i in (0, 1):
+        harness.apply(("witness", i, True))
+    harness.svm.advance(3)
+    harness.apply(("tick",))
+    assert harness.python.state.current_round.height == 1
+    for _ in range(4):  # RoundTrain and RoundWitness time out with nobody witnessing
+        harness.svm.advance(11)
+        harness.apply(("tick",))
+        if harness.python.state.run_state is RunState.Cooldown:
+            break
+    state = harness.python.state
+    assert state.run_state is RunState.Cooldown, state.run_state
+    assert [c.state.name for c in state.epoch_state.clients] == ["Healthy", "Healthy"]
+    for _ in range(3):
+        harness.svm.advance(11)
+        harness.apply(("tick",))
+    assert harness.python.state.run_state is RunState.WaitingForMembers
+    assert harness.run.account().earned(CLIENTS[0].pubkey()) == 500
+    harness.apply(("join", 1))  # with a newcomer: client 1 holds the model
+    harness.apply(("join", 2))
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    assert harness.python.state.run_state is RunState.Warmup
+    assert harness.python.state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO)
+
+
 def test_only_the_authority_moves_the_checkpoint_repository():
     """A client's report may only advance the revision of the run's repository; the
     authority moves the repository with update-config on the paused run, on chain and in
