@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from local_testnet.audit import (  # noqa: E402
     checkpoint_agreement,
+    checkpoints_equal_initial,
     hub_fallback_epochs,
-    models_reset,
 )
 from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
 
@@ -87,7 +87,7 @@ def main() -> None:
     summary = asyncio.run(run_headless(testnet))
     expected = sorted(step for step, has in testnet.trainable.items() if has)
     lost = testnet.untrained_steps()
-    equal_initial, examined = models_reset(work / "run", args.clients, initial)
+    equal_initial, examined = checkpoints_equal_initial(work / "run", args.clients, initial)
     fallbacks = hub_fallback_epochs(work / "run", args.clients)
     compared, differing = checkpoint_agreement(work / "run", args.clients)
     print(f"run: {json.dumps(summary)}")

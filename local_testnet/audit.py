@@ -1,7 +1,9 @@
 """After a local run: what its clients' checkpoints say about it.
 
-models_reset          checkpoints after step 0 whose weights equal the initial model's
-                      (a client that restarted from the stored model, losing progress)
+checkpoints_equal_initial
+                      checkpoints after step 0 whose weights equal the initial model's
+                      (a reset epoch that then applied nothing; undercounts resets)
+hub_fallback_epochs   epochs after the first that restarted from the stored checkpoint
 checkpoint_agreement  the steps saved by two or more clients, and those whose
                       safetensors differ (clients that diverged)
 """
@@ -11,8 +13,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from local_testnet.client_log import client_events
 
-def models_reset(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]:
+
+def checkpoints_equal_initial(work_dir: Path, clients: int, initial: Path) -> tuple[int, int]:
     """(checkpoints equal to the initial model, checkpoints examined), after step 0."""
     import torch
     from safetensors.torch import load_file
@@ -61,23 +65,12 @@ def hub_fallback_epochs(work_dir: Path, clients: int) -> list[int]:
     the model from the previous epoch's clients (the coordinator fell back to it: nobody
     who held the model was left). In a run whose stored checkpoint is its initial model,
     each one restarts training from scratch, whatever the step counter says."""
-    import json
-
     epochs: set[int] = set()
     for i in range(1, clients + 1):
-        log = work_dir / f"client-{i}.log"
-        if not log.exists():
-            continue
         epoch = 0
-        for line in log.read_text(errors="replace").splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "state" and isinstance(event.get("epoch"), int):
+        for event in client_events(work_dir, i):
+            if event["event"] == "state" and isinstance(event.get("epoch"), int):
                 epoch = event["epoch"]
-            elif event.get("event") == "model_loaded" and event.get("source") == "hub" and epoch:
+            elif event["event"] == "model_loaded" and event.get("source") == "hub" and epoch:
                 epochs.add(epoch)
     return sorted(epochs)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import random
 import re
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from client_image.runtime.rounds import trains_this_round
 from coordinator import (
     ClientState,
     CoordinatorState,
@@ -44,6 +44,7 @@ from coordinator import (
     decode_state,
 )
 from coordinator.config import ConfigError, ServerDataLocation, load_data_config, load_state_file
+from local_testnet.client_log import log_path, parse_event
 from psyche_common.identity import Identity
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -175,19 +176,14 @@ class Testnet:
                 # N clients share this machine's cores: one torch thread each avoids
                 # oversubscription (a client's own --torch-threads in client_args wins).
                 "--torch-threads", "1", *self.options.client_args]
-        client.process = await self._spawn(argv, f"client-{i}.log",
+        client.process = await self._spawn(argv, log_path(Path(), i).name,
                                            {"RAW_IDENTITY_SECRET_KEY": client_secret_hex(i)},
                                            lambda line: self._client_line(client, line))
 
     def _client_line(self, client: ClientProcess, line: str) -> None:
         client.last_line = line[-200:]
-        if not line.startswith("{"):
-            return
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(event, dict) and event.get("event") == "trained":
+        event = parse_event(line)
+        if event is not None and event["event"] == "trained":
             step, loss = event.get("step"), event.get("loss")
             if isinstance(step, int) and isinstance(loss, int | float):
                 client.losses[step] = float(loss)
@@ -257,7 +253,7 @@ class Testnet:
         if state.run_state is RunState.RoundTrain:
             step, last = state.progress.step, state.epoch_state.last_step
             has_batches = bool(assign_data_for_state(state))
-            self.trainable.setdefault(step, has_batches and (last == 0 or step < last - 2))
+            self.trainable.setdefault(step, has_batches and trains_this_round(step, last))
 
     def untrained_steps(self) -> list[int]:
         """Steps whose round had batches to train that no client reported training: a

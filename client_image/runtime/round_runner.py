@@ -58,6 +58,7 @@ from client_image.runtime.rounds import (
     consensus_winners,
     make_witness,
     my_witness_proof,
+    trains_this_round,
     unhealthy_trainers,
 )
 from client_image.runtime.tasks import GuardedTasks
@@ -202,15 +203,16 @@ class RoundRunner:
         """Peers that may hold the run's model: this epoch's clients that went through the
         last cooldown, or after a restart (we saw none) all the others; shared models carry
         their step and the fetch accepts only this epoch's start step."""
-        others = [c.id.key for c in state.epoch_state.clients if c.id.key != self.me.key]
+        others = self._other_clients(state)
         if not self.previous_epoch_clients:
             return others
         listed = set(others)
         return [key for key in self.previous_epoch_clients if key in listed]
 
-    def _other_clients(self) -> list[bytes]:
-        """This epoch's other clients: who may hold a result besides its producer."""
-        clients = self.state.epoch_state.clients if self.state is not None else []
+    def _other_clients(self, state: CoordinatorState | None) -> list[bytes]:
+        """This epoch's other clients: who may hold a result besides its producer, or the
+        model besides the last epoch's clients."""
+        clients = state.epoch_state.clients if state is not None else []
         return [c.id.key for c in clients if c.id.key != self.me.key]
 
     # ------------------------------------------------------------------ training round
@@ -252,7 +254,7 @@ class RoundRunner:
                 await self._apply(state, step)
         last_step = state.epoch_state.last_step
         batch = record.batch_of(self.me.key)
-        if batch is not None and (last_step == 0 or step < last_step - 2):
+        if batch is not None and trains_this_round(step, last_step):
             with self._phase("train", state):
                 await self._train(state, record, batch)
         record.trained = True
@@ -343,7 +345,7 @@ class RoundRunner:
         try:
             data = await self.peers.download_result(
                 announced.blob_hash, announced.blob_size, announced.sender, record.step,
-                also_from=self._other_clients())
+                also_from=self._other_clients(self.state))
         except Exception as exc:
             self.counters.apply_message_failure += 1
             self.events.emit(DownloadFailed(step=record.step, batch=batch, error=str(exc)[:200]))

@@ -148,6 +148,12 @@ def consensus_winners(record: StepRecord, vouching_round: Round) -> dict[BatchKe
     return winners
 
 
+def trains_this_round(step: int, last_step: int) -> bool:
+    """Whether a round's assigned batches are trained: every round but an epoch's last two
+    (`last_step` set), which only apply what was already trained (docs/distro.md)."""
+    return last_step == 0 or step < last_step - 2
+
+
 def my_witness_proof(state: CoordinatorState, me: NodeIdentity) -> tuple[int, int, bool] | None:
     """(index, position, elected) for the current round, None if not a client."""
     index = state.index_of(me)

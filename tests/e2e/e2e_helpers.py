@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from loopback import free_port
 
 from coordinator import CoordinatorState, load_data_config, load_state_file
 from coordinator.config import ServerDataLocation
+from local_testnet.client_log import client_events
 from local_testnet.testnet import Testnet, TestnetOptions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,13 +82,4 @@ def checkpoint_digests(work_dir: Path, client: int) -> dict[int, str]:
 
 
 def events(work_dir: Path, client: int, name: str) -> list[dict[str, Any]]:
-    found = []
-    for line in (work_dir / f"client-{client}.log").read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == name:
-                found.append(event)
-    return found
+    return list(client_events(work_dir, client, name))

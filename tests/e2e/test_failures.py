@@ -13,7 +13,7 @@ import pytest
 from e2e_helpers import REPO, checkpoint_digests, events, make_testnet, wait_for
 
 from coordinator import ClientState, CoordinatorState, RunState
-from local_testnet.audit import hub_fallback_epochs, models_reset
+from local_testnet.audit import checkpoints_equal_initial, hub_fallback_epochs
 from local_testnet.testnet import Testnet, client_key, run_headless
 
 pytestmark = pytest.mark.slow
@@ -121,7 +121,7 @@ async def test_coordinator_killed_in_every_phase_loses_no_step(tmp_path) -> None
     assert testnet.untrained_steps() == [], restarts
     work = testnet.options.work_dir
     assert hub_fallback_epochs(work, 2) == [], restarts
-    reset, examined = models_reset(work, 2, INITIAL_MODEL)
+    reset, examined = checkpoints_equal_initial(work, 2, INITIAL_MODEL)
     assert examined >= 2 and reset == 0, restarts
     digests = [checkpoint_digests(work, i) for i in (1, 2)]
     last = max(digests[0])
