@@ -187,16 +187,25 @@ class Transport:
             direct = tuple(self._require_endpoint().addr().direct_addresses())
         return PeerAddress(self.node_id, direct[:16])
 
-    def add_peer_address(self, address: PeerAddress) -> None:
-        """Remember how to reach a peer (e.g. from the coordinator's client list)."""
+    def add_peer_address(self, address: PeerAddress, *, hint: bool = False) -> None:
+        """Remember how to reach a peer. An address from the coordinator's client list (or
+        the operator's bootstrap list) is authoritative: it replaces what we knew. A `hint`
+        (an address another peer gossiped) is only used for a peer we know nothing about:
+        it may be stale (the peer restarted on a new port since) or forged, and must never
+        replace a good address or drop our connections to it."""
         if address.node_id == self.node_id:
             return
         known = self._peers.addresses.get(address.node_id)
+        if hint and known is not None:
+            return
         if known is None or address.direct_addresses or address.relay_url:
             self._peers.addresses[address.node_id] = address
         if known is not None and known.direct_addresses and address.direct_addresses and not (
                 set(known.direct_addresses) & set(address.direct_addresses)):
             self._forget_connections(address.node_id)
+
+    def known_address(self, node_id: bytes) -> PeerAddress | None:
+        return self._peers.addresses.get(node_id)
 
     def _forget_connections(self, node_id: bytes) -> None:
         """The peer moved (a restarted process binds a new port): a pooled connection to

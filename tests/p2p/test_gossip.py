@@ -15,6 +15,7 @@ from client_image.p2p import (
     Identity,
     NodeConfig,
     P2PNode,
+    PeerAddress,
     ResultAnnouncement,
     SignedMessage,
     decode_broadcast,
@@ -217,3 +218,36 @@ async def test_messages_sent_while_alone_reach_peers_that_join_later() -> None:
         )
         await asyncio.sleep(0.3)
         assert late_topic.stats.delivered == 1 and late_topic.stats.grafts == 1
+
+
+async def test_a_gossiped_address_never_replaces_a_known_one() -> None:
+    """A peer's HELLO naming another node at a stale or forged port (in chaos runs: the
+    old port of a restarted client, still in some peer's passive view) must not move that
+    node in our address book: everything sent to it would go to a dead port."""
+    async with started_nodes(2, gossip_config=SPARSE) as nodes:
+        target, victim = nodes
+        target.add_peer_addresses([victim.address])
+        before = target.transport.known_address(victim.node_id)
+        attacker = Transport(Identity.generate(), NodeConfig.loopback())
+        await attacker.start()
+        try:
+            attacker.add_peer_address(target.address)
+            connection = await attacker.connect(target.node_id, GOSSIP_ALPN)
+            stream = await connection.open_bi()
+            send, recv = stream.send(), stream.recv()
+            forged = PeerAddress(victim.node_id, ("127.0.0.1:9",)).to_string()
+            hello = {"topic": target.gossip.subscribe(RUN).topic.hex(), "address": forged}
+            await send.write_all(framing.encode_frame(encode_control(FrameKind.HELLO, hello)))
+            await asyncio.wait_for(framing.read_frame(recv, 1 << 16), 5)
+            assert target.transport.known_address(victim.node_id) == before
+            # The sender's own address, on its authenticated connection, is taken as given.
+            own = attacker.address
+            hello = {"topic": target.gossip.subscribe(RUN).topic.hex(),
+                     "address": own.to_string()}
+            stream = await connection.open_bi()
+            send2, recv2 = stream.send(), stream.recv()
+            await send2.write_all(framing.encode_frame(encode_control(FrameKind.HELLO, hello)))
+            await asyncio.wait_for(framing.read_frame(recv2, 1 << 16), 5)
+            assert target.transport.known_address(attacker.node_id) == own
+        finally:
+            await attacker.stop()

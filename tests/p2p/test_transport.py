@@ -126,9 +126,28 @@ async def test_a_peer_killed_and_restarted_on_a_new_port_is_reached_at_once() ->
             process, new_address, digest = await _blob_peer(secret)
             assert new_address != address
             node.add_peer_addresses([PeerAddress(peer_id, (new_address,))])
+            # Another peer still gossips the corpse's address: a hint never replaces the
+            # coordinator's (it once sent every download to the dead port for a whole round).
+            node.transport.add_peer_address(PeerAddress(peer_id, (address,)), hint=True)
+            assert node.transport.known_address(peer_id) == PeerAddress(peer_id, (new_address,))
             started = time.monotonic()
             assert len(await node.blobs.download(digest, 6338, [peer_id])) == 6338
             assert time.monotonic() - started < 2.0  # not the 10 s read timeout on the corpse
         finally:
             process.kill()
             await process.wait()
+
+
+def test_a_gossiped_address_only_fills_in_an_unknown_peer() -> None:
+    transport = P2PNode(config=NodeConfig.loopback()).transport
+    known, other = Identity.generate().public_key, Identity.generate().public_key
+    transport.add_peer_address(PeerAddress(known, ("127.0.0.1:4000",)))
+    transport.add_peer_address(PeerAddress(known, ("127.0.0.1:4001",)), hint=True)
+    transport.add_peer_address(PeerAddress(other, ("127.0.0.1:5000",)), hint=True)
+    assert transport.known_address(known) == PeerAddress(known, ("127.0.0.1:4000",))
+    assert transport.known_address(other) == PeerAddress(other, ("127.0.0.1:5000",))
+    # The coordinator's word replaces both.
+    transport.add_peer_address(PeerAddress(known, ("127.0.0.1:4002",)))
+    transport.add_peer_address(PeerAddress(other, ("127.0.0.1:5002",)))
+    assert transport.known_address(known) == PeerAddress(known, ("127.0.0.1:4002",))
+    assert transport.known_address(other) == PeerAddress(other, ("127.0.0.1:5002",))

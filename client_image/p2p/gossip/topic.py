@@ -117,19 +117,20 @@ class GossipTopic:
     def neighbours(self) -> list[bytes]:
         return sorted(self._active)
 
-    def add_peers(self, addresses: Iterable[PeerAddress]) -> None:
-        """Known peers (e.g. the coordinator's client list) become join candidates."""
+    def add_peers(self, addresses: Iterable[PeerAddress], *, hint: bool = False) -> None:
+        """Known peers (e.g. the coordinator's client list) become join candidates; `hint`:
+        addresses gossiped by peers, used only for peers we know nothing about (see
+        Transport.add_peer_address)."""
         own = self._gossip.transport.node_id
-        for address in addresses:
-            if address.node_id == own:
+        transport = self._gossip.transport
+        for offered in addresses:
+            peer = offered.node_id
+            if peer == own or (hint and peer in self._passive):
                 continue
-            self._gossip.transport.add_peer_address(address)
-            if (
-                address.node_id not in self._passive
-                and len(self._passive) >= self._config.max_passive_view
-            ):
+            transport.add_peer_address(offered, hint=hint)
+            if peer not in self._passive and len(self._passive) >= self._config.max_passive_view:
                 self._passive.pop(random.choice(list(self._passive)))
-            self._passive[address.node_id] = address
+            self._passive[peer] = transport.known_address(peer) or offered
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -212,7 +213,9 @@ class GossipTopic:
         self, peer: bytes, hello: dict[str, object]
     ) -> tuple[FrameKind, dict[str, object]]:
         """Accept a HELLO unless a duplicate or the active view is full (HyParView-like)."""
-        self._learn_peers([hello.get("address")])
+        # The dialler's own address, on a connection authenticated as `peer`, is its own
+        # word about itself (a restarted peer says where it is now); anything else a hint.
+        self._learn_peers([hello.get("address")], sender=peer)
         peers = [a.to_string() for a in self._sample_addresses(exclude=peer)]
         existing = self._active.get(peer)
         # Both sides may dial at once. Both keep the stream dialled by the smaller id,
@@ -244,7 +247,8 @@ class GossipTopic:
         known = {p: a for p, a in self._passive.items() if p != exclude}
         return random.sample(list(known.values()), min(8, len(known)))
 
-    def _learn_peers(self, raw: object) -> None:
+    def _learn_peers(self, raw: object, sender: bytes | None = None) -> None:
+        """Addresses a peer sent: hints, except `sender`'s own address (see add_peers)."""
         if not isinstance(raw, list):
             return
         parsed = []
@@ -253,7 +257,8 @@ class GossipTopic:
                 parsed.append(PeerAddress.parse(text))
             except AddressError:
                 self._stats.malformed += 1
-        self.add_peers(parsed)
+        self.add_peers([a for a in parsed if a.node_id == sender])
+        self.add_peers([a for a in parsed if a.node_id != sender], hint=True)
 
     def _add_neighbour(
         self, peer: bytes, send: iroh.SendStream, recv: iroh.RecvStream, dialled_by_us: bool
