@@ -82,11 +82,12 @@ class RunFinished(RuntimeEvent):
 @dataclass(frozen=True)
 class ModelLoaded(RuntimeEvent):
     NAME: ClassVar[str] = "model_loaded"
-    source: str  # "p2p" | "hub"
+    source: str  # "p2p" | "hub" | "local" (this client's own checkpoint of the last cooldown)
     seconds: float
     peers: int = 0
     bytes: int = 0
     repo: str = ""
+    detail: str = ""  # for "local": why no peer could serve it
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
     load(state, sources)   the run's current model. A P2P checkpoint means the clients of the
                            last epoch hold it: it comes from `sources` (peers that may have
                            gone through the last cooldown), at exactly the epoch's start step,
-                           or not at all (never the stale Hub model). Otherwise from the Hub
-                           (or the local directory) the checkpoint names.
+                           else from this client's own checkpoint of that cooldown (a holder
+                           that restarted), or not at all (never the stale Hub model).
+                           Otherwise from the Hub (or the local directory) it names.
     save_and_share(state)  round the weights to bf16 (as Psyche does), write the checkpoint
                            (when a directory is set), upload it in the background (when a
                            Hub repo is set) and report it to the coordinator, then serve
@@ -32,17 +33,14 @@ from client_image.runtime.events import (
     UploadFailed,
 )
 from client_image.runtime.observability import EventLog
-from client_image.runtime.ports import CoordinatorLink, Peers, Worker
+from client_image.runtime.ports import CoordinatorLink, ModelUnavailable, Peers, Worker
+from client_image.training.checkpoint import checkpoint_name, read_checkpoint
 from coordinator import CoordinatorError, CoordinatorState, NodeIdentity
 from coordinator.checkpoint_reports import report_problem
 from coordinator.config import Checkpoint, HubCheckpoint, P2PCheckpoint
 from coordinator_tcp.protocol import CheckpointReport
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], object]
-
-
-class ModelUnavailable(RuntimeError):
-    """No source can give this client the run's current model."""
 
 
 REFUSED = CoordinatorError.CheckpointNotRunRepository
@@ -81,11 +79,28 @@ class ModelKeeper:
         start_step = state.epoch_state.start_step
         started = time.monotonic()
         if isinstance(checkpoint, P2PCheckpoint):
-            if not sources:
-                raise ModelUnavailable(
-                    f"the run's model of step {start_step} is held by the last epoch's "
-                    "clients and none of them is in this epoch: sitting this epoch out")
-            fetched = await self.peers.fetch_model(sources, start_step)
+            try:
+                if not sources:
+                    raise ModelUnavailable(
+                        f"the run's model of step {start_step} is held by the last epoch's "
+                        "clients and none of them is in this epoch: sitting this epoch out")
+                fetched = await self.peers.fetch_model(sources, start_step)
+            except ModelUnavailable as exc:
+                # No peer can serve it. If this client went through the last cooldown
+                # before it restarted, its own checkpoint of that cooldown is the model,
+                # bit for bit (the bf16 weights it shared): load it and serve it, or the
+                # run would restart from the stored checkpoint with its holder alive.
+                local = self.own_checkpoint(state)
+                if local is None:
+                    raise
+                config_json, tokenizer_json, weights = await asyncio.to_thread(
+                    read_checkpoint, local)
+                await self.worker.load_from_peers(config_json, tokenizer_json, weights, llm,
+                                                  start_step)
+                await self._serve(start_step)
+                self.events.emit(ModelLoaded(source="local", repo=str(local), detail=str(exc)[:200],
+                                             seconds=round(time.monotonic() - started, 2)))
+                return
             await self.worker.load_from_peers(fetched.config_json, fetched.tokenizer_json,
                                               fetched.state_dict, llm, start_step)
             self.events.emit(ModelLoaded(source="p2p", peers=fetched.peers, bytes=fetched.bytes,
@@ -113,9 +128,22 @@ class ModelKeeper:
             self.events.emit(Checkpointed(step=step, epoch=state.progress.epoch, path=str(path)))
             if options.hub_repo:
                 self.spawn(self._upload(state, path, step, options.hub_repo), f"upload-{step}")
-        weights, config_json, tokenizer_json = await asyncio.to_thread(self.worker.sharing_payload)
         # The next epoch starts at this step: joiners ask for exactly this model.
-        self.peers.share_model(weights, config_json, tokenizer_json, state.progress.step)
+        await self._serve(state.progress.step)
+
+    async def _serve(self, start_step: int) -> None:
+        weights, config_json, tokenizer_json = await asyncio.to_thread(self.worker.sharing_payload)
+        self.peers.share_model(weights, config_json, tokenizer_json, start_step)
+
+    def own_checkpoint(self, state: CoordinatorState) -> Path | None:
+        """This client's checkpoint of the cooldown before this epoch (the model of its
+        start step), if it wrote one and it is complete (written under a staging name,
+        then renamed: a crash never leaves a partial one under the final name)."""
+        directory = self.options.checkpoint_dir
+        if directory is None or state.epoch_state.start_step < 1:
+            return None
+        path = directory / checkpoint_name(state.run_id, state.epoch_state.start_step - 1)
+        return path if (path / "config.json").is_file() else None
 
     async def _upload(self, state: CoordinatorState, path: Path, step: int, repo: str) -> None:
         """Upload the checkpoint to the hub in the background, then tell the coordinator where

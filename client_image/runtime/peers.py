@@ -16,11 +16,12 @@ import torch
 from client_image.p2p import (
     GossipTopic,
     ModelFetchOptions,
+    ModelSharingError,
     P2PNode,
     encode_broadcast,
     step_tag,
 )
-from client_image.runtime.ports import Broadcast, FetchedModel
+from client_image.runtime.ports import Broadcast, FetchedModel, ModelUnavailable
 
 
 class IrohPeers:
@@ -52,8 +53,11 @@ class IrohPeers:
         self.node.blob_store.remove_steps_before(step)
 
     async def fetch_model(self, sources: Sequence[bytes], step: int) -> FetchedModel:
-        manifest, state_dict, report = await self.node.model_sharing.fetch_model(
-            sources, self.fetch_options, progress=self.progress, step=step)
+        try:
+            manifest, state_dict, report = await self.node.model_sharing.fetch_model(
+                sources, self.fetch_options, progress=self.progress, step=step)
+        except ModelSharingError as exc:
+            raise ModelUnavailable(str(exc)) from None
         return FetchedModel(manifest.config_json, manifest.tokenizer_json, state_dict,
                             peers=len(report.served_by), bytes=report.total_bytes)
 

@@ -33,6 +33,10 @@ class CoordinatorLink(Protocol):
     async def send(self, message: BaseModel) -> bool: ...
 
 
+class ModelUnavailable(RuntimeError):
+    """No source can give this client the run's current model."""
+
+
 @dataclass(frozen=True)
 class FetchedModel:
     config_json: str
@@ -58,7 +62,8 @@ class Peers(Protocol):
     def forget_results_before(self, step: int) -> None: ...
 
     async def fetch_model(self, sources: Sequence[bytes], step: int) -> FetchedModel:
-        """The model at coordinator step `step` from any of `sources`; raises if none has it."""
+        """The model at coordinator step `step` from any of `sources`; ModelUnavailable
+        if none of them serves it."""
         ...
 
     def share_model(self, weights: dict[str, torch.Tensor], config_json: str,

@@ -189,6 +189,21 @@ def save_checkpoint(
     return final
 
 
+def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor]]:
+    """(config.json text, tokenizer.json text or None, weights as saved) of a checkpoint
+    written by `save_checkpoint`: what a peer shares of the same model."""
+    from safetensors.torch import load_file
+
+    config_json = (path / "config.json").read_text()
+    tokenizer = path / "tokenizer.json"
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        state.update(load_file(file))
+    if not state:
+        raise CheckpointError(f"{path} holds no safetensors weights")
+    return config_json, tokenizer.read_text() if tokenizer.is_file() else None, state
+
+
 def _give_normal_file_modes(directory: Path) -> None:
     """chmod every file to 0666 less the umask. safetensors (0.8) creates its files 0600
     whatever the umask, and copies could keep their source's mode; a checkpoint is meant to

@@ -28,7 +28,7 @@ from client_image.p2p import Finished, ResultAnnouncement
 from client_image.runtime.events import RuntimeEvent
 from client_image.runtime.model_keeper import CheckpointOptions
 from client_image.runtime.observability import EventLog
-from client_image.runtime.ports import Broadcast, FetchedModel
+from client_image.runtime.ports import Broadcast, FetchedModel, ModelUnavailable
 from client_image.runtime.round_runner import RoundRunner, RunnerOptions
 from client_image.training import TrainStepOutput
 from coordinator import (
@@ -100,9 +100,13 @@ class FakeWorker:
 
     async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
                               keep_steps: int) -> Path:
+        from safetensors.torch import save_file
+
         self.saved.append(step)
         path = checkpoint_dir / f"{run_id}-step{step}"
         path.mkdir(parents=True, exist_ok=True)
+        save_file({"w": torch.zeros(2)}, str(path / "model.safetensors"))
+        (path / "config.json").write_text("{}")
         return path
 
     def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
@@ -155,7 +159,7 @@ class FakePeers:
         self.fetched_from, self.fetched_step = list(sources), step
         holders = [s for s in sources if step in self.swarm.peers_of(s).shared]
         if not holders:
-            raise RuntimeError(f"no source shares the model of step {step}")
+            raise ModelUnavailable(f"no source shares the model of step {step}")
         return FetchedModel("{}", None, {"w": torch.zeros(2)}, peers=len(holders), bytes=8)
 
     def share_model(self, weights: dict[str, torch.Tensor], config_json: str,

@@ -281,6 +281,30 @@ async def test_a_restarted_runner_gets_the_epochs_model_from_its_peers_never_the
     assert [s for s, _ in worker.trained]  # it trains this epoch, on the fetched model
 
 
+async def test_holders_restarted_at_once_resume_from_their_own_checkpoints(tmp_path) -> None:
+    """Every runner restarted at once, but each wrote its checkpoint at the last cooldown:
+    no peer serves the model, so each loads its own checkpoint of that cooldown (the
+    model of the epoch's start step), serves it, and the epoch trains; nobody goes back
+    to the stored model."""
+    swarm = FakeSwarm(3, checkpoint_dir=tmp_path, epoch_time=12, warmup_time=5,
+                      max_round_train_time=5)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown)
+    await swarm.settle()
+    for n in swarm.nodes:
+        await swarm.restart(n)
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain)
+    start = swarm.coordinator.state.epoch_state.start_step
+    assert isinstance(swarm.coordinator.state.model.checkpoint, P2PCheckpoint)
+    for n in swarm.nodes:
+        loaded = swarm.events_of(ModelLoaded, n)
+        assert [e.source for e in loaded] == ["hub", "local"]  # before and after the restart
+        assert loaded[-1].repo.endswith(f"local-testnet-step{start - 1}")
+        assert swarm.peers(n).shared == [start]  # served to whoever asks next
+    await swarm.run_until(step_reached(start + 2))
+    assert all(swarm.worker(n).trained for n in swarm.nodes)
+
+
 async def test_with_no_peer_holding_the_model_a_runner_sits_the_epoch_out() -> None:
     """Every runner restarted at once: the run's model (P2P) is held by nobody, so nobody
     may train on the stale Hub model; all of them desync instead."""

@@ -1,6 +1,7 @@
 """The cooldown's bf16 rounding across clients (TrainingWorker on the tiny model): the client
 that keeps its model, one that loads it from that client's shared weights and one that
-loads its checkpoint all hold bit-identical weights, write bit-identical checkpoints and go
+loads its checkpoint (from the Hub path, or as a restarted holder does) all hold
+bit-identical weights, write bit-identical checkpoints and go
 on training identically."""
 
 import hashlib
@@ -11,6 +12,7 @@ import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
 from client_image.runtime.worker import TrainingWorker
+from client_image.training.checkpoint import read_checkpoint
 from coordinator.config import state_file_from_dict
 from psyche_common.token_files.local import LocalDataProvider
 
@@ -61,7 +63,13 @@ async def test_keepers_joiners_and_checkpoint_loaders_continue_bit_identically(t
     await joiner.load_from_peers(config_json, tokenizer_json, weights, LLM, start_step=6)
     loader = TrainingWorker(device="cpu", micro_batch_size=2)
     await loader.load_from_hub(str(checkpoint), None, LLM, start_step=6)
-    workers = (keeper, joiner, loader)
+    # A holder that restarted and no peer could serve: it reads its own checkpoint of the
+    # cooldown through the joiners' path (ModelKeeper.load), then serves it.
+    restarted = TrainingWorker(device="cpu", micro_batch_size=2)
+    await restarted.load_from_peers(*read_checkpoint(checkpoint), LLM, start_step=6)
+    assert restarted.sharing_payload()[0].keys() == weights.keys()
+    assert all(torch.equal(t, weights[n]) for n, t in restarted.sharing_payload()[0].items())
+    workers = (keeper, joiner, loader, restarted)
     for other in workers[1:]:
         _assert_same_weights(keeper, other)
 
