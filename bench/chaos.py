@@ -21,6 +21,8 @@ steps_lost           steps the coordinator counted with batches to train (the ru
 models_reset         epochs after the first that started from the run's stored checkpoint
                      (here the initial model) because nobody holding the model was left:
                      each restarts training from scratch
+local_resumes        restarted holders that loaded their own checkpoint of the last
+                     cooldown because no peer could serve the model
 checkpoints_equal_initial
                      checkpoints after step 0 whose weights equal the initial model's (a
                      reset epoch that then applied nothing; undercounts resets)
@@ -46,6 +48,7 @@ from local_testnet.audit import (  # noqa: E402
     checkpoints_equal_initial,
     hub_fallback_epochs,
 )
+from local_testnet.client_log import client_events  # noqa: E402
 from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
 
 CONFIG = ROOT / "config" / "local-testnet"
@@ -90,6 +93,9 @@ def main() -> None:
     equal_initial, examined = checkpoints_equal_initial(work / "run", args.clients, initial)
     fallbacks = hub_fallback_epochs(work / "run", args.clients)
     compared, differing = checkpoint_agreement(work / "run", args.clients)
+    resumed = sum(1 for i in range(1, args.clients + 1)
+                  for event in client_events(work / "run", i, "model_loaded")
+                  if event.get("source") == "local")
     print(f"run: {json.dumps(summary)}")
     print(f"steps with batches: {len(expected)}, trained by someone: "
           f"{len(expected) - len(lost)}, lost: {lost}")
@@ -104,7 +110,7 @@ def main() -> None:
         "epochs": summary["epochs"], "checkpoint_steps_compared": compared,
         "checkpoint_steps_differing": len(differing), "final_step": summary["final_step"],
         "finished": summary["finished"], "checkpoints_examined": examined,
-        "wall_s": summary["wall_s"],
+        "local_resumes": resumed, "wall_s": summary["wall_s"],
     }))
 
 

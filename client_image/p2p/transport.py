@@ -240,7 +240,9 @@ class Transport:
                 )
             except (TimeoutError, iroh.IrohError) as error:
                 self._dial_failed_at[key] = time.monotonic()
-                reason = error or f"no answer within {self.config.connect_timeout_s}s"
+                reason = (f"no answer within {self.config.connect_timeout_s}s"
+                          if isinstance(error, TimeoutError)
+                          else str(error) or type(error).__name__)
                 raise TransportError(f"cannot connect to {node_id.hex()[:10]}: {reason}") from None
             self._dial_failed_at.pop(key, None)
             self._outgoing[key] = connection
