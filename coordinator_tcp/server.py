@@ -387,7 +387,13 @@ class CoordinatorServer:
             return
         if self.peers.get(peer.identity) is peer:
             del self.peers[peer.identity]
-            if self.options.withdraw_on_disconnect:
+            # Between epochs the listed clients are the last epoch's: they hold its model
+            # (in memory, and in the checkpoint of its cooldown). Withdrawing one that
+            # restarts would make the next warm-up fall back to the stored checkpoint
+            # though it comes back and can serve the model; whether it is in the next
+            # epoch is decided by its joining again, not by this list.
+            between_epochs = self.state.run_state is RunState.WaitingForMembers
+            if self.options.withdraw_on_disconnect and not between_epochs:
                 index = self.state.index_of(peer.identity)
                 if index is not None and not self.state.run_state.halted:
                     self.coordinator.withdraw(index)

@@ -26,6 +26,7 @@ from coordinator import (
     WitnessProof,
     decode_state,
 )
+from coordinator.config import P2PCheckpoint
 from coordinator_tcp.client import JoinRefused, ProtocolConnection
 from coordinator_tcp.protocol import (
     Challenge,
@@ -274,6 +275,36 @@ async def test_pending_leaves_out_dropped_clients_unless_the_run_could_not_start
     finally:
         for connection in connections:
             await connection.close()
+        await server.stop()
+
+
+async def test_a_last_epoch_client_that_restarts_between_epochs_still_holds_the_model() -> None:
+    """Between epochs the listed clients hold the last epoch's model: one that disconnects
+    (killed) and joins again before the warm-up must still count as a holder, so the next
+    epoch stays P2P instead of falling back to the stored checkpoint."""
+    clock = Clock()
+    coordinator = Coordinator.from_state_file(make_state_file(init_min_clients=2))
+    server = CoordinatorServer(coordinator, server_options(), clock=clock)
+    state = server.state
+    state.run_state_start_unix_timestamp = int(clock.now)
+    state.model = state.model.model_copy(update={
+        "checkpoint": P2PCheckpoint(repo_id=state.model.checkpoint.repo_id)})
+    state.epoch_state.clients = [Client(NodeIdentity(identity(1).public_key))]
+    await server.start()
+    holder = await join(server, identity(1))
+    other = await join(server, identity(2))
+    try:
+        await wait_for(lambda: len(server.peers) == 2)
+        await holder.close()  # killed...
+        await wait_for(lambda: len(server.peers) == 1)
+        assert server.state.epoch_state.clients[0].state is ClientState.Healthy
+        holder = await join(server, identity(1))  # ...and back
+        clock.now += 3
+        await wait_for(lambda: server.state.run_state is RunState.Warmup)
+        assert isinstance(server.state.model.checkpoint, P2PCheckpoint)
+    finally:
+        await holder.close()
+        await other.close()
         await server.stop()
 
 
