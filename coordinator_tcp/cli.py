@@ -75,7 +75,8 @@ def run(
         "--save-state-dir", help="save every state change here; resume from it")] = None,
     withdraw_on_disconnect: Annotated[str, typer.Option(
         "--withdraw-on-disconnect", help="true|false: withdraw a client whose connection "
-        "drops")] = "true",
+        "drops during a warm-up or a round (from the cooldown on, the listed clients stay: "
+        "they hold the epoch's model)")] = "true",
     init_warmup_time: Annotated[int | None, typer.Option(
         "--init-warmup-time", min=0, help="warmup_time until the run first becomes active "
         "(seconds)")] = None,

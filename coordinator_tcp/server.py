@@ -387,12 +387,16 @@ class CoordinatorServer:
             return
         if self.peers.get(peer.identity) is peer:
             del self.peers[peer.identity]
-            # Between epochs the listed clients are the last epoch's: they hold its model
-            # (in memory, and in the checkpoint of its cooldown). Withdrawing one that
-            # restarts would make the next warm-up fall back to the stored checkpoint
-            # though it comes back and can serve the model; whether it is in the next
-            # epoch is decided by its joining again, not by this list.
-            between_epochs = self.state.run_state is RunState.WaitingForMembers
+            # From the cooldown on, the listed clients are the epoch's holders of its model
+            # (in memory, and in the checkpoint they write in the cooldown). Withdrawing one
+            # that restarts would make the next warm-up fall back to the stored checkpoint
+            # though it comes back and can serve the model from that checkpoint; whether
+            # it is in the next epoch is decided by its joining again, not by this list.
+            # (Killed before it wrote the checkpoint, it cannot serve: if it was the only
+            # holder, the next epoch's first round goes unwitnessed and the one after
+            # falls back, one epoch later than before.)
+            between_epochs = self.state.run_state in (RunState.Cooldown,
+                                                      RunState.WaitingForMembers)
             if self.options.withdraw_on_disconnect and not between_epochs:
                 index = self.state.index_of(peer.identity)
                 if index is not None and not self.state.run_state.halted:

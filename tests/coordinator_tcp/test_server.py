@@ -278,15 +278,19 @@ async def test_pending_leaves_out_dropped_clients_unless_the_run_could_not_start
         await server.stop()
 
 
-async def test_a_last_epoch_client_that_restarts_between_epochs_still_holds_the_model() -> None:
-    """Between epochs the listed clients hold the last epoch's model: one that disconnects
-    (killed) and joins again before the warm-up must still count as a holder, so the next
-    epoch stays P2P instead of falling back to the stored checkpoint."""
+@pytest.mark.parametrize("phase", [RunState.Cooldown, RunState.WaitingForMembers])
+async def test_a_last_epoch_client_that_restarts_between_epochs_still_holds_the_model(
+        phase: RunState) -> None:
+    """Between epochs (and in the cooldown) the listed clients hold the last epoch's model:
+    one that disconnects (killed) and joins again before the warm-up must still count as
+    a holder, so the next epoch stays P2P instead of falling back to the stored
+    checkpoint."""
     clock = Clock()
     coordinator = Coordinator.from_state_file(make_state_file(init_min_clients=2))
     server = CoordinatorServer(coordinator, server_options(), clock=clock)
     state = server.state
     state.run_state_start_unix_timestamp = int(clock.now)
+    state.run_state = phase
     state.model = state.model.model_copy(update={
         "checkpoint": P2PCheckpoint(repo_id=state.model.checkpoint.repo_id)})
     state.epoch_state.clients = [Client(NodeIdentity(identity(1).public_key))]
@@ -299,8 +303,12 @@ async def test_a_last_epoch_client_that_restarts_between_epochs_still_holds_the_
         await wait_for(lambda: len(server.peers) == 1)
         assert server.state.epoch_state.clients[0].state is ClientState.Healthy
         holder = await join(server, identity(1))  # ...and back
-        clock.now += 3
-        await wait_for(lambda: server.state.run_state is RunState.Warmup)
+        for _ in range(40):  # through the cooldown, if in it, and WaitingForMembers
+            if server.state.run_state is RunState.Warmup:
+                break
+            clock.now += 1
+            await asyncio.sleep(0.1)
+        assert server.state.run_state is RunState.Warmup
         assert isinstance(server.state.model.checkpoint, P2PCheckpoint)
     finally:
         await holder.close()
