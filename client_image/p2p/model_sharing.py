@@ -213,6 +213,32 @@ class ModelSharing:
                 await send.finish()
 
     # -- fetching --------------------------------------------------------------------------
+    async def _first_manifest(self, peers: list[bytes], step: int | None,
+                              timeout: float) -> ModelManifest:
+        """Ask every source at once; the first manifest (of `step`, if given) wins. One at a
+        time, each dead source (a restarted holder, common under churn) cost a whole
+        timeout before the next was asked."""
+        async def ask(peer: bytes) -> ModelManifest:
+            offered = await self.fetch_manifest(peer, timeout)
+            if step is not None and offered.step != step:
+                raise ModelSharingError(f"peer {peer.hex()[:8]} shares the model of step "
+                                        f"{offered.step}, not {step}")
+            return offered
+
+        tasks = [asyncio.ensure_future(ask(peer)) for peer in peers]
+        errors = []
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    return await next_done
+                except ModelSharingError as error:
+                    errors.append(str(error))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        raise ModelSharingError("no source served a manifest: " + "; ".join(errors))
+
     async def fetch_manifest(self, source: bytes, timeout: float = 10.0) -> ModelManifest:
         async def request() -> bytes | None:
             connection = await self.transport.connect(source, MODEL_SHARING_ALPN)
@@ -258,22 +284,7 @@ class ModelSharing:
         peers = list(dict.fromkeys(s for s in sources if s != self.transport.node_id))
         if not peers:
             raise ModelSharingError("no peers to fetch the model from")
-        manifest = None
-        errors = []
-        for peer in peers:
-            try:
-                offered = await self.fetch_manifest(peer, options.manifest_timeout_s)
-            except ModelSharingError as error:
-                errors.append(str(error))
-                continue
-            if step is not None and offered.step != step:
-                errors.append(f"peer {peer.hex()[:8]} shares the model of step {offered.step}, "
-                              f"not {step}")
-                continue
-            manifest = offered
-            break
-        if manifest is None:
-            raise ModelSharingError("no source served a manifest: " + "; ".join(errors))
+        manifest = await self._first_manifest(peers, step, options.manifest_timeout_s)
 
         limiter = (
             RateLimiter(options.bandwidth_bytes_per_second)

@@ -117,3 +117,29 @@ def test_manifest_with_inconsistent_sizes_is_rejected() -> None:
     ok = entry.model_copy(update={"size": 24})
     with pytest.raises(ModelSharingError, match="twice"):
         ModelManifest(parameters=[ok, ok]).validate_sizes()
+
+
+async def test_a_silent_source_does_not_hold_up_the_live_one() -> None:
+    """Sources are asked at once: a holder that restarted (its old address now a socket
+    that never answers) costs nothing while another source serves the manifest."""
+    import socket
+    import time
+
+    from client_image.p2p import Identity, PeerAddress
+
+    _, state = tiny_llama()
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # receives, never answers
+    silent.bind(("127.0.0.1", 0))
+    ghost = Identity.generate().public_key
+    try:
+        async with started_nodes(2) as (current, joiner):
+            current.model_sharing.share(state, step=57)
+            joiner.add_peer_addresses([
+                PeerAddress(ghost, (f"127.0.0.1:{silent.getsockname()[1]}",)), current.address])
+            started = time.monotonic()
+            manifest, fetched, _ = await joiner.model_sharing.fetch_model(
+                [ghost, current.node_id], ModelFetchOptions(manifest_timeout_s=10), step=57)
+            assert time.monotonic() - started < 4  # not the ghost's 10 s timeout first
+            assert manifest.step == 57 and state_hash(fetched) == state_hash(state)
+    finally:
+        silent.close()
