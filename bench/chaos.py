@@ -3,6 +3,7 @@ figures, then ONE JSON line.
 
     .venv/bin/python bench/chaos.py [--clients 3] [--kill-interval 20] [--total-steps 80]
                                     [--epoch-time 30] [--timeout 1200] [--witness-nodes N]
+                                    [--spare I ...]
 
 A real `psyche-coordinator run` and N real `psyche-client train` processes on this
 machine (the bundled tiny Llama and data, config/local-testnet with total_steps and
@@ -19,8 +20,10 @@ steps_lost           steps the coordinator counted with batches to train (the ru
                      clients apply: a batch assigned, and not one of the epoch's last two
                      apply-only rounds) that no client trained
 models_reset         epochs after the first that started from the run's stored checkpoint
-                     (here the initial model) because nobody holding the model was left:
-                     each restarts training from scratch
+                     (here the initial model) because nobody holding the model was left,
+                     throwing away training applied since the last such start
+fallback_epochs      all epochs after the first that started from the stored checkpoint
+                     (also those right after another, which lose nothing)
 local_resumes        restarted holders that loaded their own checkpoint of the last
                      cooldown because no peer could serve the model
 checkpoints_equal_initial
@@ -63,6 +66,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--witness-nodes", type=int, default=None,
                         help="override the config's witness_nodes (0: every client witnesses)")
+    parser.add_argument("--spare", type=int, nargs="*", default=[],
+                        help="clients (1..N) never killed: the run's model always has a "
+                             "living holder")
     parser.add_argument("--server-port", type=int, default=20400)
     args = parser.parse_args()
 
@@ -86,12 +92,14 @@ def main() -> None:
         num_clients=args.clients, config_path=config, work_dir=work / "run",
         server_port=args.server_port, data_port=args.server_port + 1, random_kill_num=1,
         random_kill_interval_s=args.kill_interval, timeout_s=args.timeout,
+        allowed_to_kill=[i for i in range(1, args.clients + 1) if i not in args.spare],
         client_args=["--keep-steps", "1000"]))  # every epoch's checkpoint stays to compare
     summary = asyncio.run(run_headless(testnet))
     expected = sorted(step for step, has in testnet.trainable.items() if has)
     lost = testnet.untrained_steps()
     equal_initial, examined = checkpoints_equal_initial(work / "run", args.clients, initial)
     fallbacks = hub_fallback_epochs(work / "run", args.clients)
+    lossy = hub_fallback_epochs(work / "run", args.clients, lossy_only=True)
     compared, differing = checkpoint_agreement(work / "run", args.clients)
     resumed = sum(1 for i in range(1, args.clients + 1)
                   for event in client_events(work / "run", i, "model_loaded")
@@ -99,14 +107,15 @@ def main() -> None:
     print(f"run: {json.dumps(summary)}")
     print(f"steps with batches: {len(expected)}, trained by someone: "
           f"{len(expected) - len(lost)}, lost: {lost}")
-    print(f"epochs restarted from the stored (initial) model: {fallbacks}")
+    print(f"epochs restarted from the stored (initial) model: {fallbacks}, "
+          f"of which threw applied training away: {lossy}")
     print(f"checkpoints after step 0: {examined}, equal to the initial model: {equal_initial}")
     print(f"steps checkpointed by 2+ clients: {compared}, differing: {differing}")
     print(f"work dir: {work}")
     print(json.dumps({
         "kills": summary["killed"], "rejoins": summary["rejoined"],
         "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
-        "models_reset": len(fallbacks), "checkpoints_equal_initial": equal_initial,
+        "models_reset": len(lossy), "fallback_epochs": len(fallbacks), "checkpoints_equal_initial": equal_initial,
         "epochs": summary["epochs"], "checkpoint_steps_compared": compared,
         "checkpoint_steps_differing": len(differing), "final_step": summary["final_step"],
         "finished": summary["finished"], "checkpoints_examined": examined,

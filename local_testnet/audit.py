@@ -4,6 +4,7 @@ checkpoints_equal_initial
                       checkpoints after step 0 whose weights equal the initial model's
                       (a reset epoch that then applied nothing; undercounts resets)
 hub_fallback_epochs   epochs after the first that restarted from the stored checkpoint
+                      (optionally only those that threw applied training away)
 checkpoint_agreement  the steps saved by two or more clients, and those whose
                       safetensors differ (clients that diverged)
 """
@@ -11,6 +12,7 @@ checkpoint_agreement  the steps saved by two or more clients, and those whose
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 
 from local_testnet.client_log import client_events
@@ -60,17 +62,32 @@ def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
     return len(shared), [step for step in shared if len(digests[step]) > 1]
 
 
-def hub_fallback_epochs(work_dir: Path, clients: int) -> list[int]:
+def hub_fallback_epochs(work_dir: Path, clients: int, *, lossy_only: bool = False) -> list[int]:
     """Epochs after the first whose clients loaded the run's stored checkpoint instead of
     the model from the previous epoch's clients (the coordinator fell back to it: nobody
     who held the model was left). In a run whose stored checkpoint is its initial model,
-    each one restarts training from scratch, whatever the step counter says."""
-    epochs: set[int] = set()
+    each one restarts training from scratch, whatever the step counter says.
+
+    lossy_only: only those that threw training away, i.e. some client had applied peers'
+    results since the stored model was last loaded (a fallback right after another one,
+    before anything was applied, loses nothing)."""
+    loads: dict[int, float] = {}  # epoch -> first load of the stored checkpoint in it
+    applied: list[float] = []  # times results were applied to the model
     for i in range(1, clients + 1):
         epoch = 0
         for event in client_events(work_dir, i):
+            when = event.get("time")
+            if not isinstance(when, int | float):
+                continue
             if event["event"] == "state" and isinstance(event.get("epoch"), int):
                 epoch = event["epoch"]
-            elif event["event"] == "model_loaded" and event.get("source") == "hub" and epoch:
-                epochs.add(epoch)
-    return sorted(epochs)
+            elif event["event"] == "model_loaded" and event.get("source") == "hub":
+                loads[epoch] = min(when, loads.get(epoch, when))
+            elif event["event"] == "applied" and (event.get("results") or 0) > 0:
+                applied.append(when)
+    epochs = sorted(loads)
+    fallbacks = [epoch for epoch in epochs if epoch]
+    if not lossy_only:
+        return fallbacks
+    return [epoch for previous, epoch in itertools.pairwise(epochs)
+            if any(loads[previous] <= t < loads[epoch] for t in applied)]
