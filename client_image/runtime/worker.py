@@ -38,6 +38,24 @@ class WorkerError(RuntimeError):
     """The model cannot be loaded or trained with this run's configuration."""
 
 
+def _check_tied(model: torch.nn.Module, config: object) -> None:
+    """A config that ties the output embedding to the input one must get a model whose two
+    are one tensor: the shared weights carry it once, so an untied output head would keep
+    its random init and this client would diverge from its peers without a word."""
+    if not getattr(config, "tie_word_embeddings", False):
+        return
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    inputs = get_in() if callable(get_in) else None
+    outputs = get_out() if callable(get_out) else None
+    if inputs is not None and outputs is not None and outputs.weight is not inputs.weight:
+        raise WorkerError("the config ties the output embedding to the input one, but the "
+                          "model built from it holds them apart")
+
+
 class TrainingWorker:
     def __init__(self, *, device: str = "cpu", micro_batch_size: int = 1):
         self.device = device
@@ -94,6 +112,7 @@ class TrainingWorker:
                 if unexpected or really_missing:
                     raise WorkerError(f"peer model does not match its config: missing "
                                       f"{really_missing[:5]}, unexpected {unexpected[:5]}")
+            _check_tied(model, config)
             model.to(self.device)
             model.train()
             self.model_dir = directory
