@@ -22,6 +22,9 @@ steps_lost           steps the coordinator counted with batches to train (the ru
 models_reset         epochs after the first that started from the run's stored checkpoint
                      (here the initial model) because nobody holding the model was left,
                      throwing away training applied since the last such start
+models_reset_no_holder_left
+                     those after an epoch that reached its cooldown with no client left
+                     (all killed in it): only a stored checkpoint could have kept it
 fallback_epochs      all epochs after the first that started from the stored checkpoint
                      (also those right after another, which lose nothing)
 local_resumes        restarted holders that loaded their own checkpoint of the last
@@ -49,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 from local_testnet.audit import (  # noqa: E402
     checkpoint_agreement,
     checkpoints_equal_initial,
+    clients_at_cooldown,
     hub_fallback_epochs,
 )
 from local_testnet.client_log import client_events  # noqa: E402
@@ -100,6 +104,8 @@ def main() -> None:
     equal_initial, examined = checkpoints_equal_initial(work / "run", args.clients, initial)
     fallbacks = hub_fallback_epochs(work / "run", args.clients)
     lossy = hub_fallback_epochs(work / "run", args.clients, lossy_only=True)
+    holders = clients_at_cooldown(work / "run", args.clients)
+    no_holder_left = [epoch for epoch in lossy if holders.get(epoch - 1) == 0]
     compared, differing = checkpoint_agreement(work / "run", args.clients)
     resumed = sum(1 for i in range(1, args.clients + 1)
                   for event in client_events(work / "run", i, "model_loaded")
@@ -108,14 +114,16 @@ def main() -> None:
     print(f"steps with batches: {len(expected)}, trained by someone: "
           f"{len(expected) - len(lost)}, lost: {lost}")
     print(f"epochs restarted from the stored (initial) model: {fallbacks}, "
-          f"of which threw applied training away: {lossy}")
+          f"of which threw applied training away: {lossy}, after an epoch whose every "
+          f"client was killed before its cooldown (no holder left): {no_holder_left}")
     print(f"checkpoints after step 0: {examined}, equal to the initial model: {equal_initial}")
     print(f"steps checkpointed by 2+ clients: {compared}, differing: {differing}")
     print(f"work dir: {work}")
     print(json.dumps({
         "kills": summary["killed"], "rejoins": summary["rejoined"],
         "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
-        "models_reset": len(lossy), "fallback_epochs": len(fallbacks), "checkpoints_equal_initial": equal_initial,
+        "models_reset": len(lossy), "fallback_epochs": len(fallbacks),
+        "models_reset_no_holder_left": len(no_holder_left), "checkpoints_equal_initial": equal_initial,
         "epochs": summary["epochs"], "checkpoint_steps_compared": compared,
         "checkpoint_steps_differing": len(differing), "final_step": summary["final_step"],
         "finished": summary["finished"], "checkpoints_examined": examined,

@@ -5,6 +5,7 @@ checkpoints_equal_initial
                       (a reset epoch that then applied nothing; undercounts resets)
 hub_fallback_epochs   epochs after the first that restarted from the stored checkpoint
                       (optionally only those that threw applied training away)
+clients_at_cooldown   per epoch, the clients listed when its cooldown began (its holders)
 checkpoint_agreement  the steps saved by two or more clients, and those whose
                       safetensors differ (clients that diverged)
 """
@@ -91,3 +92,20 @@ def hub_fallback_epochs(work_dir: Path, clients: int, *, lossy_only: bool = Fals
         return fallbacks
     return [epoch for previous, epoch in itertools.pairwise(epochs)
             if any(loads[previous] <= t < loads[epoch] for t in applied)]
+
+
+def clients_at_cooldown(work_dir: Path, clients: int) -> dict[int, int]:
+    """epoch -> how many clients the coordinator listed when the epoch's cooldown began
+    (the first Cooldown state any client logged): the epoch's holders of the model. An
+    epoch that reached its cooldown with none lost its model with its clients' processes,
+    and only a stored checkpoint could have kept it."""
+    first: dict[int, tuple[float, int]] = {}
+    for i in range(1, clients + 1):
+        for event in client_events(work_dir, i, "state"):
+            epoch, when, count = event.get("epoch"), event.get("time"), event.get("clients")
+            if (event.get("phase") != "Cooldown" or not isinstance(epoch, int)
+                    or not isinstance(when, int | float) or not isinstance(count, int)):
+                continue
+            if epoch not in first or when < first[epoch][0]:
+                first[epoch] = (when, count)
+    return {epoch: count for epoch, (_, count) in first.items()}
