@@ -114,8 +114,20 @@ def train(
     ] = "local",
     device: Annotated[str, typer.Option("--device", envvar="DEVICE")] = "auto",
     micro_batch_size: Annotated[
-        int, typer.Option("--micro-batch-size", envvar="MICRO_BATCH_SIZE", min=1)
+        int, typer.Option("--micro-batch-size", envvar="MICRO_BATCH_SIZE", min=1,
+                          help="sequences per forward/backward; the assigned batch runs in as "
+                               "many as needed, gradients accumulating in fp32")
     ] = 1,
+    dtype: Annotated[
+        str, typer.Option("--dtype", envvar="DTYPE",
+                          help="compute dtype: auto (bf16 on CUDA, else fp32) | bf16 | fp32; "
+                               "weights stay fp32, so clients of either dtype share one model")
+    ] = "auto",
+    activation_checkpointing: Annotated[
+        bool, typer.Option("--activation-checkpointing/--no-activation-checkpointing",
+                           envvar="ACTIVATION_CHECKPOINTING",
+                           help="recompute activations in backward: less memory, more compute")
+    ] = False,
     data_parallelism: Annotated[
         int, typer.Option("--data-parallelism", envvar="DATA_PARALLELISM", min=1)
     ] = 1,
@@ -212,6 +224,12 @@ def train(
 
     bind_ip, interface = bind_address(bind_p2p_interface)
     device = resolve_device(device)
+    from client_image.training.precision import PrecisionError, resolve_compute_dtype
+
+    try:
+        resolve_compute_dtype(dtype, device)
+    except PrecisionError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--dtype") from None
     mode = cast(LogMode, logs)  # checked against the four log modes at the top
     configure_logging("none" if mode == "tui" else mode)
     if torch_threads:
@@ -238,6 +256,8 @@ def train(
         ),
         device=device,
         micro_batch_size=micro_batch_size,
+        dtype=dtype,
+        activation_checkpointing=activation_checkpointing,
         checkpoint_dir=checkpoint_dir,
         hub_repo=hub_repo,
         hub_token=os.environ.get("HF_TOKEN") or None,

@@ -68,6 +68,8 @@ class ClientOptions:
     node_config: NodeConfig
     device: str = "cpu"
     micro_batch_size: int = 1
+    dtype: str = "auto"  # compute dtype: auto (bf16 on CUDA, else fp32) | bf16 | fp32
+    activation_checkpointing: bool = False
     checkpoint_dir: Path | None = None
     hub_repo: str | None = None  # upload each epoch's checkpoint here, then report it
     hub_token: str | None = None
@@ -101,7 +103,9 @@ class PsycheClient:
         self.me = NodeIdentity(options.identity.public_key)
         self.node = P2PNode(options.identity, options.node_config)
         self.worker = TrainingWorker(device=options.device,
-                                     micro_batch_size=options.micro_batch_size)
+                                     micro_batch_size=options.micro_batch_size,
+                                     dtype=options.dtype,
+                                     activation_checkpointing=options.activation_checkpointing)
         self.counters = Counters()
         self.state: CoordinatorState | None = None
         self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)

@@ -26,6 +26,11 @@ from client_image.training import (
 )
 from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
 from client_image.training.model import round_to_bf16_
+from client_image.training.precision import (
+    configure_backends,
+    enable_activation_checkpointing,
+    resolve_compute_dtype,
+)
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -57,9 +62,14 @@ def _check_tied(model: torch.nn.Module, config: object) -> None:
 
 
 class TrainingWorker:
-    def __init__(self, *, device: str = "cpu", micro_batch_size: int = 1):
+    def __init__(self, *, device: str = "cpu", micro_batch_size: int = 1,
+                 dtype: str = "auto", activation_checkpointing: bool = False):
         self.device = device
         self.micro_batch_size = micro_batch_size
+        # The compute dtype only: weights stay fp32 on every client (training/precision.py).
+        self.compute = resolve_compute_dtype(dtype, device)
+        self.activation_checkpointing = activation_checkpointing
+        configure_backends(device)
         self.model: torch.nn.Module | None = None
         self.trainer: DistroTrainer | None = None
         self.model_dir: Path | None = None  # where config/tokenizer files live
@@ -78,10 +88,13 @@ class TrainingWorker:
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
         if not isinstance(llm.optimizer, DistroOptimizer):
             raise WorkerError("a networked run needs the Distro optimizer (AdamW shares nothing)")
+        if self.activation_checkpointing:
+            enable_activation_checkpointing(model)
         self.model = model
         self.trainer = DistroTrainer(
             model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
-            cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step)
+            cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
+            compute=self.compute)
 
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:

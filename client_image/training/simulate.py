@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from client_image.training.model import load_causal_lm
+from client_image.training.precision import ComputeDType
 from client_image.training.trainer import AdamWTrainer, DistroTrainer, Timings
 from coordinator.config import (
     AdamWOptimizer,
@@ -42,7 +43,9 @@ class SimulationConfig:
     seq_len: int = 128
     seed: int = 0
     device: str = "cpu"
-    dtype: Literal["bf16", "fp32"] = "fp32"
+    dtype: Literal["bf16", "fp32"] = "fp32"  # the weights'
+    compute: ComputeDType = "fp32"  # forward/backward (precision.py)
+    buffer_dtype: Literal["bf16", "fp32"] = "fp32"  # DisTrO's delta
     distro: DistroOptimizer = field(
         default_factory=lambda: DistroOptimizer(
             # decay 0.95: tuned on the tiny model (0.999, 0.99, 0.95, 0.9 tried; see bench/distro.py)
@@ -112,12 +115,15 @@ class Simulation:
             for _ in range(n_models)
         ]
         self.params = sum(p.numel() for p in models[0].parameters() if p.requires_grad)
+        buffer_dtype = torch.bfloat16 if config.buffer_dtype == "bf16" else torch.float32
         self.distro = [
-            DistroTrainer(m, config.distro, schedule, micro_batch_size=config.micro_batch)
+            DistroTrainer(m, config.distro, schedule, micro_batch_size=config.micro_batch,
+                          compute=config.compute, buffer_dtype=buffer_dtype)
             for m in models
         ] if config.optimizer == "distro" else []
         self.adamw = (
-            AdamWTrainer(models[0], config.adamw, schedule, micro_batch_size=config.micro_batch)
+            AdamWTrainer(models[0], config.adamw, schedule, micro_batch_size=config.micro_batch,
+                         compute=config.compute)
             if config.optimizer == "adamw" else None
         )
         self.model = models[0]

@@ -42,6 +42,7 @@ from client_image.training.distro import (
     plan_model,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
+from client_image.training.precision import ComputeDType, compute_context
 from client_image.training.wire import DistroResult, ResultDecodeError, decode_result, encode_result
 from coordinator.config import AdamWOptimizer, DistroOptimizer, LRSchedule
 
@@ -81,12 +82,16 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int) -> float:
-    """Forward/backward over micro-batches; gradients accumulate the mean loss. Returns it."""
+def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int,
+                   compute: ComputeDType = "fp32") -> float:
+    """Forward/backward over micro-batches; the fp32 gradients accumulate the mean loss
+    (each micro-batch's loss is divided by their count). `compute` bf16 runs forward and
+    backward under autocast (precision.py). Returns the mean loss."""
     micro_batches = torch.split(batch, micro_batch_size)
     total = 0.0
     for micro in micro_batches:
-        loss = model(input_ids=micro, labels=micro).loss / len(micro_batches)
+        with compute_context(compute, micro.device):
+            loss = model(input_ids=micro, labels=micro).loss.float() / len(micro_batches)
         loss.backward()
         total += float(loss.detach())
     return total
@@ -109,10 +114,13 @@ class DistroTrainer:
         micro_batch_size: int,
         cold_start_warmup_steps: int = 0,
         start_step: int = 0,
+        compute: ComputeDType = "fp32",
+        buffer_dtype: torch.dtype = torch.float32,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model = model
+        self.compute = compute
         self.config = optimizer
         self.lr_schedule = lr_schedule
         self.micro_batch_size = micro_batch_size
@@ -126,9 +134,11 @@ class DistroTrainer:
             optimizer.compression_chunk,
             optimizer.compression_topk,
         )
-        # delta lives in the block layout: one (N, a, b) buffer per block shape.
+        # delta lives in the block layout: one (N, a, b) buffer per block shape; fp32
+        # whatever the parameters' dtype (precision.py, "DisTrO buffers"; bf16 only to
+        # measure why not).
         self.layout = BlockLayout(self.plans)
-        self.delta = self.layout.zeros(self.params[0].dtype, self.params[0].device)
+        self.delta = self.layout.zeros(buffer_dtype, self.params[0].device)
         self.trainer_nonce = 0  # train() calls since this process started
         self.timings = Timings()
         self._pending: _PendingOwnResult | None = None
@@ -209,7 +219,8 @@ class DistroTrainer:
         self.timings.apply_s += time.perf_counter() - started
 
         started = time.perf_counter()
-        loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size)
+        loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size,
+                              self.compute)
         grad_norm = _clip(self.params, self.config.clip_grad_norm)
         self.timings.forward_backward_s += time.perf_counter() - started
 
@@ -254,8 +265,10 @@ class AdamWTrainer:
         lr_schedule: LRSchedule,
         *,
         micro_batch_size: int,
+        compute: ComputeDType = "fp32",
     ) -> None:
         self.model = model
+        self.compute = compute
         self.config = optimizer
         self.lr_schedule = lr_schedule
         self.micro_batch_size = micro_batch_size
@@ -272,7 +285,8 @@ class AdamWTrainer:
     def train(self, step: int, batch: torch.Tensor, **_: object) -> TrainStepOutput:
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size)
+        loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size,
+                              self.compute)
         grad_norm = _clip(self.params, self.config.clip_grad_norm)
         self.timings.forward_backward_s += time.perf_counter() - started
         started = time.perf_counter()

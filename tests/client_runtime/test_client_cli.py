@@ -19,6 +19,7 @@ BASE = ["train", "--run-id", "r", "--server-addr", "127.0.0.1:9", "--logs", "non
     pytest.param(["--device", "cuda"], "cuda: this host has no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA host")),
     (["--device", "meta"], "meta: this client trains on cpu or cuda devices"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'; use auto, bf16 or fp32"),
     (["--bind-p2p-interface", "nosuchif*"],
      "no network interface matching 'nosuchif*' has an IPv4 address"),
 ])
