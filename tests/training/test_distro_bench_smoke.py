@@ -21,3 +21,19 @@ def test_bench_distro_prints_its_figures_as_a_last_json_line():
     assert figures["dense_fp32_bytes_per_step"] == 4 * figures["params"]
     for key in ("val_loss_distro", "val_loss_adamw", "loss_ratio", "optimizer_overhead_pct"):
         assert figures[key] > 0
+
+
+def test_bench_train_step_prints_its_figures_as_a_last_json_line():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "train_step.py"), "--device", "cpu",
+         "--steps", "2", "--batch", "2", "--micro-batch", "1", "--seq-len", "32",
+         "--loss-steps", "12"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (figures["device"], figures["dtype"], figures["params"]) == ("cpu", "fp32", 1_901_696)
+    assert figures["mfu"] is None  # no bf16 peak for a CPU
+    assert figures["tokens_per_s"] > 0 and figures["peak_mem_mb"] > 0
+    assert 0 < figures["distro_overhead_pct"] < 1000
+    for key in ("bf16_vs_fp32_loss_ratio", "bf16_buffers_vs_fp32_loss_ratio"):
+        assert 0.5 < figures[key] < 2, figures
