@@ -38,15 +38,24 @@ def _root() -> None:
 identity_cli.register(app)  # show-identity, show-static-p2p-identity, create-static-p2p-identity
 
 
+# Psyche's own relays, its client's default (`--iroh-relay psyche`).
+PSYCHE_RELAYS = ("https://use1-1.relay.nousresearch.psyche.iroh.link",
+                 "https://usw1-1.relay.nousresearch.psyche.iroh.link")
+
+
 def _relay(value: str) -> tuple[Literal["disabled", "default", "custom"], tuple[str, ...]]:
+    """Psyche's values (psyche, n0, disabled), `default` (iroh's, as n0) or relay URLs."""
     if value == "disabled":
         return "disabled", ()
-    if value == "default":
+    if value in ("default", "n0"):
         return "default", ()
+    if value == "psyche":
+        return "custom", PSYCHE_RELAYS
     if value.startswith(("http://", "https://")):
         return "custom", tuple(v for v in value.split(",") if v)
     raise typer.BadParameter(
-        "use disabled, default, or relay URLs (https://...)", param_hint="--iroh-relay"
+        "use psyche, n0 (or default), disabled, or relay URLs (https://...)",
+        param_hint="--iroh-relay"
     )
 
 
@@ -102,7 +111,9 @@ def train(
     ] = None,
     iroh_relay: Annotated[
         str,
-        typer.Option("--iroh-relay", envvar="IROH_RELAY", help="disabled | default | relay URLs"),
+        typer.Option("--iroh-relay", envvar="IROH_RELAY",
+                     help="psyche (Psyche's relays) | n0 or default (iroh's) | disabled | "
+                          "relay URLs"),
     ] = "default",
     iroh_discovery: Annotated[
         str,

@@ -52,3 +52,19 @@ def test_the_run_managers_list_of_client_variables_is_the_clients() -> None:
             envvar = getattr(param, "envvar", None)
             names.update([envvar] if isinstance(envvar, str) else envvar or [])
     assert names == CLIENT_OPTION_VARIABLES
+
+
+def test_psyches_relay_names_are_accepted() -> None:
+    from client_image.cli import PSYCHE_RELAYS, _relay
+
+    assert _relay("psyche") == ("custom", PSYCHE_RELAYS)
+    assert _relay("n0") == _relay("default") == ("default", ())
+    assert _relay("disabled") == ("disabled", ())
+    assert _relay("https://a.example,https://b.example") == (
+        "custom", ("https://a.example", "https://b.example"))
+
+
+def test_an_unknown_relay_is_a_usage_error() -> None:
+    result = runner.invoke(app, [*BASE, "--iroh-relay", "nearest"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "use psyche, n0 (or default), disabled" in " ".join(result.output.split())
