@@ -242,7 +242,7 @@ class BlobService:
                 await asyncio.sleep(backoff_delay(attempt, self.config))
         raise BlobDownloadError(
             f"blob {digest.hex()[:12]} ({size} bytes) failed after {self.config.max_attempts} attempts: "
-            + "; ".join(errors[-4:])
+            + "; ".join(list(dict.fromkeys(errors))[:4])  # distinct, the first (the cause) first
         )
 
     def _segment_count(self, size: int) -> int:

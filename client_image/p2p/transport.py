@@ -211,11 +211,19 @@ class Transport:
         """The peer moved (a restarted process binds a new port): a pooled connection to
         its old incarnation would stall every request until QUIC's idle timeout, and a
         cached dial failure would refuse the new address; drop both so the next request
-        dials the new one."""
+        dials the new one. Its connections *to us* go too, the old incarnation's and any
+        the new one opened already: while they stay open, iroh (1.2) never completes our
+        dials to the new incarnation (every dial timed out; tests/p2p/test_transport.py).
+        The new incarnation's requests on them fail once and are retried on a new
+        connection."""
         for key in [key for key in self._outgoing if key[0] == node_id]:
             self.drop_connection(*key)
         for key in [key for key in self._dial_failed_at if key[0] == node_id]:
             del self._dial_failed_at[key]
+        for connection in self._incoming:
+            if connection.remote_id().to_bytes() == node_id:
+                with contextlib.suppress(Exception):
+                    connection.close(0, b"you moved: dial again")
 
     # -- connections -------------------------------------------------------------------
     async def connect(self, node_id: bytes, alpn: bytes) -> iroh.Connection:

@@ -98,9 +98,11 @@ async def test_junk_on_our_alpns_never_takes_the_node_down() -> None:
         assert isinstance(server.transport._endpoint, iroh.Endpoint)
 
 
-async def _blob_peer(secret_hex: str) -> tuple[asyncio.subprocess.Process, str, bytes]:
+async def _blob_peer(secret_hex: str, *fetch_from: str
+                     ) -> tuple[asyncio.subprocess.Process, str, bytes]:
+    extra = ["--fetch-from", *fetch_from] if fetch_from else []
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.p2p.blob_peer_process", secret_hex,
+        sys.executable, "-m", "tests.p2p.blob_peer_process", secret_hex, *extra,
         stdout=asyncio.subprocess.PIPE, cwd=REPO_ROOT)
     assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), 30)
@@ -133,6 +135,34 @@ async def test_a_peer_killed_and_restarted_on_a_new_port_is_reached_at_once() ->
             started = time.monotonic()
             assert len(await node.blobs.download(digest, 6338, [peer_id])) == 6338
             assert time.monotonic() - started < 2.0  # not the 10 s read timeout on the corpse
+        finally:
+            process.kill()
+            await process.wait()
+
+
+async def test_a_restarted_peer_that_dialed_us_first_is_reached_at_once() -> None:
+    """As in a chaos run: the restarted client dials its peers (downloading their results)
+    before they learn its new address. iroh (1.2) then never completed our dials to it
+    while its connections to us stayed open: every download from it timed out for a
+    whole round. Learning the new address closes them; the peer redials, we dial."""
+    secret = os.urandom(32).hex()
+    peer_id = Identity.from_hex(secret).public_key
+    async with P2PNode(config=NodeConfig.loopback()) as node:
+        ours = node.blob_store.add(bytes(100))
+        fetch = (node.address.to_string(), ours.hex(), "100")
+        process, address, digest = await _blob_peer(secret, *fetch)
+        try:
+            node.add_peer_addresses([PeerAddress(peer_id, (address,))])
+            assert len(await node.blobs.download(digest, 6338, [peer_id])) == 6338
+            for _restart in range(3):
+                process.kill()
+                await process.wait()
+                process, address, digest = await _blob_peer(secret, *fetch)
+                await asyncio.sleep(1.0)  # it dials us first
+                node.add_peer_addresses([PeerAddress(peer_id, (address,))])
+                started = time.monotonic()
+                assert len(await node.blobs.download(digest, 6338, [peer_id])) == 6338
+                assert time.monotonic() - started < 2.0
         finally:
             process.kill()
             await process.wait()
