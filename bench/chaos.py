@@ -19,6 +19,9 @@ checkpoint_steps_compared, checkpoint_steps_differing
 steps_lost           steps the coordinator counted with batches to train (the rule the
                      clients apply: a batch assigned, and not one of the epoch's last two
                      apply-only rounds) that no client trained
+steps_unapplied      steps some client trained whose results no client applied: the last
+                     one or two steps of an epoch cut short (a missing witness quorum,
+                     too few clients), dropped as Psyche drops them
 models_reset         epochs after the first that started from the run's stored checkpoint
                      (here the initial model) because nobody holding the model was left,
                      throwing away training applied since the last such start
@@ -110,9 +113,17 @@ def main() -> None:
     resumed = sum(1 for i in range(1, args.clients + 1)
                   for event in client_events(work / "run", i, "model_loaded")
                   if event.get("source") == "local")
+    trained = {event["step"] for i in range(1, args.clients + 1)
+               for event in client_events(work / "run", i, "trained")}
+    applied = {event["of_step"] for i in range(1, args.clients + 1)
+               for event in client_events(work / "run", i, "applied")
+               if (event.get("results") or 0) > 0}
+    unapplied = sorted(trained - applied)
     print(f"run: {json.dumps(summary)}")
     print(f"steps with batches: {len(expected)}, trained by someone: "
           f"{len(expected) - len(lost)}, lost: {lost}")
+    print(f"steps trained but never applied (an epoch cut short drops its last one or two "
+          f"steps' results, as Psyche's does): {unapplied}")
     print(f"epochs restarted from the stored (initial) model: {fallbacks}, "
           f"of which threw applied training away: {lossy}, after an epoch whose every "
           f"client was killed before its cooldown (no holder left): {no_holder_left}")
@@ -122,6 +133,7 @@ def main() -> None:
     print(json.dumps({
         "kills": summary["killed"], "rejoins": summary["rejoined"],
         "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
+        "steps_unapplied": len(unapplied),
         "models_reset": len(lossy), "fallback_epochs": len(fallbacks),
         "models_reset_no_holder_left": len(no_holder_left), "checkpoints_equal_initial": equal_initial,
         "epochs": summary["epochs"], "checkpoint_steps_compared": compared,
