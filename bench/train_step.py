@@ -40,6 +40,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from client_image.training import DistroTrainer, load_causal_lm  # noqa: E402
 from client_image.training.precision import (  # noqa: E402
@@ -142,6 +143,8 @@ def main() -> None:
     parser.add_argument("--loss-steps", type=int, default=50,
                         help="steps of the tiny-model runs behind the loss ratios")
     args = parser.parse_args()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     device = args.device if args.device != "auto" else (
         "cuda" if torch.cuda.is_available() else "cpu")
     compute = resolve_compute_dtype(args.dtype, device)
