@@ -157,3 +157,22 @@ def test_env_file_keys_nobody_reads_are_named() -> None:
                  "DEVICE": "cuda", "NCCL_DEBUG": "INFO", "HF_TOKEN": "t", "GPUS": "all",
                  "COORDINATR_ADDRESS": "typo:1", "MICRO_BATCH": "4"}
     assert unread_variables(variables) == ["COORDINATR_ADDRESS", "MICRO_BATCH"]
+
+
+def test_the_shell_wins_for_settings_and_the_file_feeds_client_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in Psyche: the run-manager's own settings take the shell's value over the env
+    file's (and the container gets that one); the client's other options reach the
+    container from the env file, as `docker run --env-file` passes them."""
+    from run_manager.settings import read_env_file
+
+    path = write_env(tmp_path, "RUN_ID=from-file\nCOORDINATOR_ADDRESS=127.0.0.1:4000\n"
+                               "IROH_RELAY=disabled\nMICRO_BATCH_SIZE=2\n")
+    monkeypatch.setenv("RUN_ID", "from-shell")
+    monkeypatch.setenv("MICRO_BATCH_SIZE", "8")
+    monkeypatch.setenv("IROH_RELAY", "n0")
+    settings = load_settings(path)
+    assert settings.RUN_ID == "from-shell" and settings.MICRO_BATCH_SIZE == 8
+    env = settings.container_environment(read_env_file(path))
+    assert env["RUN_ID"] == "from-shell" and env["MICRO_BATCH_SIZE"] == "8"
+    assert env["IROH_RELAY"] == "disabled"
