@@ -74,7 +74,10 @@ def assign_data_for_state(state: CoordinatorState) -> dict[BatchId, NodeIdentity
 
 
 def data_index_for_step(config: CoordinatorConfig, max_seq_len: int, step: int) -> int:
-    """First sample index of `step`, replaying the batch-size ramp from index 0 at step 1."""
+    """First sample index of `step`, replaying the batch-size ramp from index 0 at step 1;
+    0 for a step outside 1..total_steps, as Psyche's get_data_index_for_step returns."""
+    if step <= 1 or step > config.total_steps:
+        return 0
     index = 0
     for _ in range(1, step):
         index += config.batch_size(index * max_seq_len)

@@ -112,6 +112,9 @@ def test_data_index_for_step(case: dict[str, Any]) -> None:
     assert [data_index_for_step(config, case["max_seq_len"], s) for s in steps] == case["data_index"]
     sizes = [config.batch_size(i * case["max_seq_len"]) for i in case["data_index"]]
     assert sizes == case["batch_size_at_data_index"]
+    # Past the run's last step (and before step 2) Psyche's function returns 0.
+    assert data_index_for_step(config, case["max_seq_len"], case["total_steps"] + 1) == 0
+    assert data_index_for_step(config, case["max_seq_len"], 0) == 0
 
 
 @pytest.mark.parametrize("case", VECTORS["get_batch_size"], ids=case_id)
