@@ -124,7 +124,7 @@ def throughput(args: argparse.Namespace, model_dir: Path, device: str,
 
 def final_loss(device: str, steps: int, **overrides: object) -> float:
     config = SimulationConfig(model=TINY, data=DATA, steps=steps, total_batch=4, micro_batch=2,
-                              peers=2, seq_len=64, device=device, **overrides)  # type: ignore[arg-type]
+                              peers=2, seq_len=64, device=device, **overrides)  # type: ignore[arg-type]  # overrides are SimulationConfig fields
     losses = [report.loss for report in Simulation(config).run()]
     tail = losses[-10:]
     return sum(tail) / len(tail)
