@@ -56,9 +56,19 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
                   config_path: Annotated[Path | None, typer.Option(
                       help="TOML with [config] and [model.LLM] (a state.toml or Psyche's "
                            "solana-test configs).")] = None,
-                  client_version: Annotated[str | None, typer.Option()] = None) -> None:
-    """Set a paused run's config and model (from a TOML file) and/or client version."""
-    from coordinator import ConfigError
+                  client_version: Annotated[str | None, typer.Option()] = None,
+                  restart_from_step: Annotated[int | None, typer.Option(
+                      min=1, envvar="RESTART_FROM_STEP",
+                      help="Set the run's step (and its data index, replaying the batch-size "
+                           "ramp) to this one, as Psyche's does.")] = None,
+                  switch_to_hub: Annotated[bool, typer.Option(
+                      envvar="SWITCH_TO_HUB",
+                      help="A P2P or Dummy checkpoint becomes the Hub one of the same "
+                           "repository: the next epoch loads the stored model.")] = False,
+                  ) -> None:
+    """Set a paused run's config and model (from a TOML file), client version, step
+    (--restart-from-step) and checkpoint source (--switch-to-hub)."""
+    from coordinator import ConfigError, data_index_for_step
     from psyche_solana import instructions as ix
     from psyche_solana.runs import admin, find_run
     from run_manager.commands.solana_config import load_run_config
@@ -68,25 +78,55 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
         update = load_run_config(config_path, run_id, client_version) if config_path else None
     except ConfigError as error:
         raise _fail(f"invalid config:\n{error}", EXIT_BAD_ARGUMENT) from None
-    if update is None and client_version is None:
-        raise _fail("nothing to update: give --config-path and/or --client-version",
-                    EXIT_BAD_ARGUMENT)
+    if (update is None and client_version is None and restart_from_step is None
+            and not switch_to_hub):
+        raise _fail("nothing to update: give --config-path, --client-version, "
+                    "--restart-from-step and/or --switch-to-hub", EXIT_BAD_ARGUMENT)
     for note in update.notes if update else []:
         typer.echo(f"run-manager: note: {note}", err=True)
 
     async def work(client: Any) -> None:
         run = await find_run(client, run_id, treasurer_index)
         signer = _authority_of(run, authority)
+        current = run.account.state
+        config = update.config if update else current.config if current else None
+        model = update.model if update else current.model if current else None
+        if (restart_from_step is not None or switch_to_hub) and (config is None or model is None):
+            raise _fail(f"run {run_id!r} has no config and model yet: give --config-path",
+                        EXIT_BAD_ARGUMENT)
         instructions = []
         if update is not None:
-            instructions = [ix.update_config(run.address, signer, update.config),
-                            *ix.update_model(run.address, signer, update.model)]
+            instructions.append(ix.update_config(run.address, signer, update.config))
+        if switch_to_hub:
+            assert model is not None
+            model = model.model_copy(update={"checkpoint": hub_of(model.checkpoint)})
+        if update is not None or switch_to_hub:
+            assert model is not None
+            model_instructions = ix.update_model(run.address, signer, model)
+            # Only the checkpoint changed: its head instruction carries it, and resending
+            # the unchanged rest would repeat an earlier transaction byte for byte.
+            instructions.extend(model_instructions if update else model_instructions[:1])
+        if restart_from_step is not None:
+            assert config is not None and model is not None and current is not None
+            index = data_index_for_step(config, model.max_seq_len, restart_from_step)
+            instructions.append(ix.update_progress(run.address, signer, current.progress.epoch,
+                                                   restart_from_step, index))
         if client_version is not None:
             instructions.append(ix.update_client_version(run.address, signer, client_version))
         await admin(client, run, authority, instructions)
 
     _run(rpc, rpc_2, work)
     typer.echo(f"updated run {run_id!r}")
+
+
+def hub_of(checkpoint: Any) -> Any:
+    """Psyche's --switch-to-hub: P2P and Dummy become Hub of the same repository and
+    revision; any other checkpoint is left as it is."""
+    from coordinator.config import DummyCheckpoint, HubCheckpoint, P2PCheckpoint
+
+    if isinstance(checkpoint, P2PCheckpoint | DummyCheckpoint):
+        return HubCheckpoint(repo_id=checkpoint.repo_id, revision=checkpoint.revision)
+    return checkpoint
 
 
 def _authority_of(run: Any, authority: Any) -> Any:

@@ -234,3 +234,39 @@ def test_psyches_wallet_forms_and_solana_test_config_shape(localnet, tmp_path):
     bad = runner.invoke(app, ["tick", "-r", "psyche-shape", "--count", "1"],
                         env={"RPC": localnet.url, "RAW_WALLET_PRIVATE_KEY": "[1, 2]"})
     assert bad.exit_code == 2 and "wallet: RAW_WALLET_PRIVATE_KEY is not a solana-keygen keypair" in bad.output
+
+
+def test_update_config_restarts_from_a_step_and_switches_to_the_hub(localnet, tmp_path):
+    """Psyche's --restart-from-step (the step, and its data index replayed through the
+    batch-size ramp) and --switch-to-hub (a P2P or Dummy checkpoint becomes Hub)."""
+    import tomli_w
+
+    from coordinator import data_index_for_step, load_state_file
+    from coordinator.config import HubCheckpoint
+    from psyche_solana.rpc import SolanaRpc
+    from psyche_solana.runs import find_run
+
+    owner_path, _ = _wallet(tmp_path, "owner", localnet)
+    assert _cli(localnet, owner_path, "create-run", "-r", "restarted", "-c", "v1").exit_code == 0
+    state = tomllib.loads(STATE.read_text())
+    state["model"]["LLM"]["checkpoint"] = {"Dummy": {"repo_id": "org/model"}}
+    config = tmp_path / "dummy.toml"
+    config.write_text(tomli_w.dumps(state))
+    first = _cli(localnet, owner_path, "update-config", "-r", "restarted", "--config-path", str(config))
+    assert first.exit_code == 0, first.output
+    restarted = _cli(localnet, owner_path, "update-config", "-r", "restarted",
+                     "--restart-from-step", "7", "--switch-to-hub")
+    assert restarted.exit_code == 0, restarted.output
+
+    async def read() -> object:
+        async with SolanaRpc([localnet.url]) as rpc:
+            return (await find_run(rpc, "restarted")).account.state
+
+    on_chain = asyncio.run(read())
+    expected = load_state_file(config)
+    assert on_chain.progress.step == 7
+    assert on_chain.progress.epoch_start_data_index == data_index_for_step(
+        expected.config, expected.model.max_seq_len, 7) > 0
+    assert on_chain.model.checkpoint == HubCheckpoint(repo_id="org/model")
+    nothing = _cli(localnet, owner_path, "update-config", "-r", "restarted")
+    assert nothing.exit_code == 2 and "--restart-from-step" in nothing.output
