@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -41,6 +42,13 @@ TOKENIZER_FILE = "tokenizer.json"
 
 class WorkerError(RuntimeError):
     """The model cannot be loaded or trained with this run's configuration."""
+
+
+# transformers keeps loading flags in module globals (weight init on/off) that it sets and
+# restores around each load: two loads at once in one process (in-process clients in
+# tests and simulations) can restore them wrongly and leave every later model untied.
+# One client loads one model at a time anyway; this makes it one per process.
+_TRANSFORMERS_LOADING = threading.Lock()
 
 
 def _check_tied(model: torch.nn.Module, config: object) -> None:
@@ -99,7 +107,8 @@ class TrainingWorker:
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:
         def load() -> None:
-            model = load_causal_lm(repo_id, device=self.device, revision=revision)
+            with _TRANSFORMERS_LOADING:
+                model = load_causal_lm(repo_id, device=self.device, revision=revision)
             self.model_dir = Path(repo_id) if Path(repo_id).is_dir() else None
             self._make_trainer(model, llm, start_step)
         await self._run(load)
@@ -117,7 +126,8 @@ class TrainingWorker:
             config = AutoConfig.from_pretrained(directory)
             # fp32 like the Hub path (load_causal_lm): from_config would take the config's
             # `dtype`, which is the original's (say bfloat16), not what the peers train in.
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            with _TRANSFORMERS_LOADING:
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             missing, unexpected = model.load_state_dict(state_dict, strict=False)
             if unexpected or [m for m in missing if m not in state_dict]:
                 tied = set(getattr(model, "_tied_weights_keys", None) or [])
