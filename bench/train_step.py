@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from client_image.host import resolve_device  # noqa: E402
 from client_image.training import DistroTrainer, load_causal_lm  # noqa: E402
 from client_image.training.precision import (  # noqa: E402
     ComputeDType,
@@ -145,8 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    device = args.device if args.device != "auto" else (
-        "cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)  # the client's rule: auto is CUDA when present
     compute = resolve_compute_dtype(args.dtype, device)
     configure_backends(device)
     with tempfile.TemporaryDirectory() as scratch:

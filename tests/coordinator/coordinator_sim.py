@@ -22,8 +22,13 @@ from coordinator.config import StateFile, state_file_from_dict
 DEV_STATE = Path(__file__).resolve().parents[2] / "config" / "llama2-20m-dev" / "state.toml"
 
 
+def dev_dict() -> dict[str, Any]:
+    """The llama2-20m-dev state file as a fresh dict, to edit before validating."""
+    return tomllib.loads(DEV_STATE.read_text())
+
+
 def state_file(**config: Any) -> StateFile:
-    data = tomllib.loads(DEV_STATE.read_text())
+    data = dev_dict()
     model = config.pop("model", {})
     top = {k: config.pop(k) for k in ("run_state", "progress") if k in config}
     data["config"].update(config)

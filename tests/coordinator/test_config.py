@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomli_w
+from coordinator_sim import DEV_STATE, dev_dict
 
 from coordinator.config import (
     AdamWOptimizer,
@@ -35,13 +35,8 @@ from coordinator.config import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-DEV_STATE = ROOT / "config" / "llama2-20m-dev" / "state.toml"
 DEV_DATA = ROOT / "config" / "llama2-20m-dev" / "data.toml"
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def dev_dict() -> dict[str, Any]:
-    return tomllib.loads(DEV_STATE.read_text())
 
 
 def errors_of(data: dict[str, Any]) -> list[str]:

@@ -4,12 +4,12 @@ accepted."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomli_w
+from coordinator_sim import dev_dict
 
 from coordinator.config import (
     ConfigError,
@@ -20,13 +20,7 @@ from coordinator.config import (
     state_file_from_dict,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-DEV_STATE = ROOT / "config" / "llama2-20m-dev" / "state.toml"
 PSYCHE = "(Psyche ignores unknown keys; psyche-py refuses them so that a misspelt key is not silently dropped)"
-
-
-def dev_dict() -> dict[str, Any]:
-    return tomllib.loads(DEV_STATE.read_text())
 
 
 def errors_of(data: dict[str, Any]) -> list[str]:
