@@ -83,16 +83,17 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int,
-                   compute: ComputeDType = "fp32") -> float:
+                   compute: ComputeDType = "fp32", weight: float = 1.0) -> float:
     """Forward/backward over micro-batches; the fp32 gradients accumulate the mean loss
-    (each micro-batch's loss is divided by their count). `compute` bf16 runs forward and
-    backward under autocast (precision.py). Returns the mean loss."""
+    (each micro-batch's loss is divided by their count), times `weight` (a data-parallel
+    rank's share, parallel.dp_slice). `compute` bf16 runs forward and backward under
+    autocast (precision.py). Returns the mean loss (unweighted)."""
     micro_batches = torch.split(batch, micro_batch_size)
     total = 0.0
     for micro in micro_batches:
         with compute_context(compute, micro.device):
             loss = model(input_ids=micro, labels=micro).loss.float() / len(micro_batches)
-        loss.backward()
+        (loss * weight if weight != 1.0 else loss).backward()
         total += float(loss.detach())
     return total
 
@@ -165,12 +166,12 @@ class DistroTrainer:
         self.timings.decompress_s += time.perf_counter() - started
         return result
 
-    @torch.no_grad()
-    def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
-        """Step 1: theta -= lr(step) * sign(mean of the peers' decoded results). False if none."""
+    @staticmethod
+    def _results_of_step(step: int, results: Sequence[DistroResult]) -> list[DistroResult]:
+        """The results of step - 2 among `results` (a warning for none or for others)."""
         if not results:
             logger.warning("step %d: no results to apply, weights unchanged", step)
-            return False
+            return []
         # The step field is the peer's word: a mismatch is dropped, never raised, so one
         # peer's payload cannot stop the round (decode(expected_step=...) rejects it earlier).
         stale = [r for r in results if r.step != step - 2]
@@ -179,9 +180,14 @@ class DistroTrainer:
                 "step %d: dropping %d results of steps %s (expected %d)",
                 step, len(stale), sorted({r.step for r in stale}), step - 2,
             )
-            results = [r for r in results if r.step == step - 2]
-            if not results:
-                return False
+        return [r for r in results if r.step == step - 2]
+
+    @torch.no_grad()
+    def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
+        """Step 1: theta -= lr(step) * sign(mean of the peers' decoded results). False if none."""
+        results = self._results_of_step(step, results)
+        if not results:
+            return False
         started = time.perf_counter()
         aggregate = decompress_blocks(
             [r.tensors for r in results], self.layout, self.params[0].dtype, self.params[0].device
