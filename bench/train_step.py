@@ -18,9 +18,13 @@ distro_overhead_pct              (compress + encode + decompress + apply) / (fwd
 peak_mem_mb                      CUDA: max allocated; CPU: the process's max RSS
 bf16_vs_fp32_loss_ratio          final loss (mean of the last 10 steps), bf16 / fp32 compute
 bf16_buffers_vs_fp32_loss_ratio  the same with DisTrO's delta kept in bf16 instead of fp32
-dp_result_max_abs_diff, tp_logits_max_abs_diff
-                                 null: data and tensor parallelism inside one client are
-                                 not built yet (issue 13)
+dp_result_max_abs_diff           a client split over D = 2 ranks (FSDP2, two processes,
+                                 gloo on CPU) vs one device, same batches, tiny model:
+                                 max |decoded result difference| over 4 steps (values mode)
+tp_logits_max_abs_diff           T = 2 (tensor parallel) vs one device: max |logits diff|
+layouts_weights_identical        after applying the same results, every layout's weights
+                                 are bit-identical to one device's (client_image/training/
+                                 layout_check.py)
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ import transformers  # noqa: E402
 
 from client_image.host import resolve_device  # noqa: E402
 from client_image.training import DistroTrainer, load_causal_lm  # noqa: E402
+from client_image.training.layout_check import check_layout  # noqa: E402
+from client_image.training.parallel import ParallelDims  # noqa: E402
 from client_image.training.precision import (  # noqa: E402
     ComputeDType,
     configure_backends,
@@ -160,11 +166,19 @@ def main() -> None:
     bf16_buffers = final_loss(device, args.loss_steps, compute="fp32", buffer_dtype="bf16")
     print(f"tiny model, {args.loss_steps} steps: final loss fp32 {fp32:.4f}, bf16 compute {bf16:.4f}, "
           f"bf16 DisTrO buffers {bf16_buffers:.4f}")
+    dp = check_layout(ParallelDims(2, 1))
+    tp = check_layout(ParallelDims(1, 2))
+    print(f"layouts vs one device (tiny model, CPU/gloo): D=2 result diff "
+          f"{dp['result_max_abs_diff']:.3g}, grad diff {dp['grad_max_abs_diff']:.3g}; T=2 logits "
+          f"diff {tp['logits_max_abs_diff']:.3g}, result diff {tp['result_max_abs_diff']:.3g}; "
+          f"weights identical: {dp['weights_identical'] and tp['weights_identical']}")
     print(json.dumps({
         "device": device, "dtype": compute, "params": speed["params"],
         "tokens_per_s": speed["tokens_per_s"], "mfu": speed["mfu"],
         "distro_overhead_pct": speed["distro_overhead_pct"], "peak_mem_mb": speed["peak_mem_mb"],
-        "dp_result_max_abs_diff": None, "tp_logits_max_abs_diff": None,
+        "dp_result_max_abs_diff": dp["result_max_abs_diff"],
+        "tp_logits_max_abs_diff": tp["logits_max_abs_diff"],
+        "layouts_weights_identical": dp["weights_identical"] and tp["weights_identical"],
         "bf16_vs_fp32_loss_ratio": round(bf16 / fp32, 4),
         "bf16_buffers_vs_fp32_loss_ratio": round(bf16_buffers / fp32, 4),
         "model": str(args.generate or args.model.name), "batch": args.batch,

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
-from client_image import identity_cli
+from client_image import identity_cli, sidecar_cli
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
 if TYPE_CHECKING:
     from client_image.runtime.client import PsycheClient
+    from client_image.training.rank_group import RankSetup
     from psyche_common.telemetry import Telemetry
 
 app = typer.Typer(
@@ -30,12 +31,40 @@ app = typer.Typer(
 )
 
 
+def _rank_setup(dp: int, tp: int, local_ranks: int | None, main_port: int,
+                device: str) -> RankSetup | None:
+    """The D x T ranks of this client, checked against this host now (not at warm-up)."""
+    from client_image.training.parallel import ParallelDims, ParallelismError
+    from client_image.training.rank_group import DEFAULT_MAIN_PORT, RankSetup
+
+    dims = ParallelDims(dp, tp)
+    if not dims.enabled:
+        return None
+    here = dims.world_size if local_ranks is None else local_ranks
+    if device.startswith("cuda"):
+        import torch
+
+        if device != "cuda":
+            raise typer.BadParameter("with several ranks each uses its own GPU: use --device "
+                                     "cuda, not one device", param_hint="--device")
+        if here > torch.cuda.device_count():
+            raise typer.BadParameter(
+                f"{here} ranks on this host, but it has {torch.cuda.device_count()} CUDA "
+                "device(s)", param_hint="--data-parallelism/--tensor-parallelism/--local-ranks")
+    port = main_port or (DEFAULT_MAIN_PORT if here < dims.world_size else 0)
+    try:
+        return RankSetup(dims, main_port=port, local_ranks=local_ranks)
+    except ParallelismError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--local-ranks") from None
+
+
 @app.callback()
 def _root() -> None:
     """Psyche client."""
 
 
 identity_cli.register(app)  # show-identity, show-static-p2p-identity, create-static-p2p-identity
+sidecar_cli.register(app)  # more ranks of a client, on another host
 
 
 # Psyche's own relays, its client's default (`--iroh-relay psyche`).
@@ -140,11 +169,23 @@ def train(
                            help="recompute activations in backward: less memory, more compute")
     ] = False,
     data_parallelism: Annotated[
-        int, typer.Option("--data-parallelism", envvar="DATA_PARALLELISM", min=1)
+        int, typer.Option("--data-parallelism", envvar="DATA_PARALLELISM", min=1,
+                          help="D: ranks that shard the model (FSDP2) and split the batch")
     ] = 1,
     tensor_parallelism: Annotated[
-        int, typer.Option("--tensor-parallelism", envvar="TENSOR_PARALLELISM", min=1)
+        int, typer.Option("--tensor-parallelism", envvar="TENSOR_PARALLELISM", min=1,
+                          help="T: ranks that split each block's attention and MLP")
     ] = 1,
+    local_ranks: Annotated[
+        int | None, typer.Option("--local-ranks", envvar="LOCAL_RANKS", min=1,
+                                 help="of the D x T ranks, how many run on this host (default "
+                                      "all); `psyche-client sidecar` runs the others")
+    ] = None,
+    main_port: Annotated[
+        int, typer.Option("--main-port", envvar="PSYCHE_MAIN_PORT", min=0, max=65535,
+                          help="the ranks' rendezvous port (0: any free port; sidecars need "
+                               "a fixed one)")
+    ] = 0,
     checkpoint_dir: Annotated[
         Path | None, typer.Option("--checkpoint-dir", envvar="CHECKPOINT_DIR")
     ] = None,
@@ -195,13 +236,6 @@ def train(
 
     if logs not in ("tui", "console", "json", "none"):
         raise typer.BadParameter("use tui, console, json or none", param_hint="--logs")
-    if data_parallelism != 1 or tensor_parallelism != 1:
-        typer.echo(
-            "error: data/tensor parallelism > 1 needs several GPUs in one client; "
-            "this client trains on one device (use 1)",
-            err=True,
-        )
-        raise typer.Exit(code=2)
     if iroh_discovery not in ("local", "n0"):
         raise typer.BadParameter("use local or n0", param_hint="--iroh-discovery")
     relay_mode, relay_urls = _relay(iroh_relay)
@@ -241,6 +275,7 @@ def train(
         resolve_compute_dtype(dtype, device)
     except PrecisionError as exc:
         raise typer.BadParameter(str(exc), param_hint="--dtype") from None
+    ranks = _rank_setup(data_parallelism, tensor_parallelism, local_ranks, main_port, device)
     mode = cast(LogMode, logs)  # checked against the four log modes at the top
     configure_logging("none" if mode == "tui" else mode)
     if torch_threads:
@@ -269,6 +304,7 @@ def train(
         micro_batch_size=micro_batch_size,
         dtype=dtype,
         activation_checkpointing=activation_checkpointing,
+        ranks=ranks,
         checkpoint_dir=checkpoint_dir,
         hub_repo=hub_repo,
         hub_token=os.environ.get("HF_TOKEN") or None,

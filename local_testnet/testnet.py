@@ -85,6 +85,7 @@ class TestnetOptions:
     metrics_base_port: int = METRICS_BASE_PORT  # client i serves metrics on base + i
     server_args: list[str] = field(default_factory=list)  # extra `psyche-coordinator run` flags
     client_args: list[str] = field(default_factory=list)  # extra `psyche-client train` flags
+    client_args_of: dict[int, list[str]] = field(default_factory=dict)  # more, for client i
 
 
 @dataclass
@@ -175,7 +176,8 @@ class Testnet:
                 "--metrics-local-port", str(self.options.metrics_base_port + i),
                 # N clients share this machine's cores: one torch thread each avoids
                 # oversubscription (a client's own --torch-threads in client_args wins).
-                "--torch-threads", "1", *self.options.client_args]
+                "--torch-threads", "1", *self.options.client_args,
+                *self.options.client_args_of.get(i, [])]
         client.process = await self._spawn(argv, log_path(Path(), i).name,
                                            {"RAW_IDENTITY_SECRET_KEY": client_secret_hex(i)},
                                            lambda line: self._client_line(client, line))

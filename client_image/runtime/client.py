@@ -46,6 +46,7 @@ from client_image.runtime.peers import IrohPeers
 from client_image.runtime.round_runner import RoundRunner, RunnerOptions
 from client_image.runtime.tasks import GuardedTasks
 from client_image.runtime.worker import TrainingWorker
+from client_image.training.rank_group import RankSetup
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator.checkpoint_reports import describe_location
 from coordinator.config import HttpDataLocation, LocalDataLocation, ServerDataLocation
@@ -70,6 +71,7 @@ class ClientOptions:
     micro_batch_size: int = 1
     dtype: str = "auto"  # compute dtype: auto (bf16 on CUDA, else fp32) | bf16 | fp32
     activation_checkpointing: bool = False
+    ranks: RankSetup | None = None  # D x T > 1: several processes train this client's model
     checkpoint_dir: Path | None = None
     hub_repo: str | None = None  # upload each epoch's checkpoint here, then report it
     hub_token: str | None = None
@@ -105,7 +107,8 @@ class PsycheClient:
         self.worker = TrainingWorker(device=options.device,
                                      micro_batch_size=options.micro_batch_size,
                                      dtype=options.dtype,
-                                     activation_checkpointing=options.activation_checkpointing)
+                                     activation_checkpointing=options.activation_checkpointing,
+                                     ranks=options.ranks)
         self.counters = Counters()
         self.state: CoordinatorState | None = None
         self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)

@@ -113,6 +113,7 @@ class Trained(RuntimeEvent):
     payload_bytes: int
     seconds: float
     tokens: int
+    ranks: int = 1  # processes that trained this client's share (D x T)
 
 
 @dataclass(frozen=True)

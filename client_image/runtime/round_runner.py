@@ -324,7 +324,8 @@ class RoundRunner:
         self.counters.tokens_per_sec = tokens.numel() / max(elapsed, 1e-9)
         self.events.emit(Trained(step=step, epoch=state.progress.epoch, loss=round(out.loss, 5),
                                  batch=batch, payload_bytes=len(payload),
-                                 seconds=round(elapsed, 3), tokens=tokens.numel()))
+                                 seconds=round(elapsed, 3), tokens=tokens.numel(),
+                                 ranks=out.ranks))
 
     # ------------------------------------------------------------------ peers' results
     def _on_announcement(self, record: StepRecord, sender: bytes,

@@ -27,11 +27,13 @@ from client_image.training import (
 )
 from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
 from client_image.training.model import round_to_bf16_
+from client_image.training.parallel import ParallelismError
 from client_image.training.precision import (
     configure_backends,
     enable_activation_checkpointing,
     resolve_compute_dtype,
 )
+from client_image.training.rank_group import BuildSpec, RankGroup, RankSetup
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -71,8 +73,14 @@ def _check_tied(model: torch.nn.Module, config: object) -> None:
 
 class TrainingWorker:
     def __init__(self, *, device: str = "cpu", micro_batch_size: int = 1,
-                 dtype: str = "auto", activation_checkpointing: bool = False):
+                 dtype: str = "auto", activation_checkpointing: bool = False,
+                 ranks: RankSetup | None = None):
         self.device = device
+        # D x T > 1: the model lives on several ranks (training/rank_group.py); this
+        # process is rank 0 and runs every model call as a command all ranks run.
+        self.rank_setup = ranks if ranks is not None and ranks.dims.enabled else None
+        self.ranks: RankGroup | None = None
+        self._checkpoint_config: dict[str, object] = {}  # the ranks' model (as written)
         self.micro_batch_size = micro_batch_size
         # The compute dtype only: weights stay fp32 on every client (training/precision.py).
         self.compute = resolve_compute_dtype(dtype, device)
@@ -96,6 +104,9 @@ class TrainingWorker:
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
         if not isinstance(llm.optimizer, DistroOptimizer):
             raise WorkerError("a networked run needs the Distro optimizer (AdamW shares nothing)")
+        if self.rank_setup is not None:
+            self._build_on_ranks(model, llm.optimizer, llm, start_step)
+            return
         if self.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.model = model
@@ -103,6 +114,53 @@ class TrainingWorker:
             model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
             cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
             compute=self.compute)
+
+    def _build_on_ranks(self, model: torch.nn.Module, optimizer: DistroOptimizer,
+                        llm: LLMConfig, start_step: int) -> None:
+        """Hand the loaded model to every rank (config + full fp32 weights); each builds
+        its part of the mesh. This process keeps only its own shards."""
+        assert self.rank_setup is not None
+        if self.ranks is None:
+            try:
+                self.ranks = RankGroup(self.rank_setup, self.device)
+            except ParallelismError as exc:
+                raise WorkerError(str(exc)) from None
+        config = getattr(model, "config", None)
+        to_json = getattr(config, "to_json_string", None)
+        if not callable(to_json):
+            raise WorkerError("only transformers models can be split across devices")
+        spec = BuildSpec(
+            config_json=to_json(), state={k: v.detach().cpu() for k, v in model.state_dict().items()},
+            optimizer=optimizer, lr_schedule=llm.lr_schedule,
+            cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
+            dims=self.rank_setup.dims, compute=self.compute,
+            micro_batch_size=self.micro_batch_size,
+            activation_checkpointing=self.activation_checkpointing)
+        self._checkpoint_config = checkpoint_config(model, self.model_dir)
+        del model
+        try:
+            self.ranks.run("build", spec)
+        except ParallelismError as exc:
+            raise WorkerError(str(exc)) from None
+        self.model = self.ranks.executor.model
+        self.trainer = self.ranks.executor.trainer
+
+    def _full_model(self) -> torch.nn.Module:
+        """A plain bf16 model holding the all-gathered weights (for save_pretrained)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        assert self.ranks is not None
+        state = self.ranks.run("full_state_dict")
+        directory = Path(self._scratch.name) / "full"
+        directory.mkdir(exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(self._checkpoint_config))
+        config = AutoConfig.from_pretrained(directory)
+        with torch.device("meta"), _TRANSFORMERS_LOADING:
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.load_state_dict(state, strict=False, assign=True)
+        if getattr(config, "tie_word_embeddings", False):
+            model.tie_weights()
+        return model
 
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:
@@ -146,6 +204,9 @@ class TrainingWorker:
         """Psyche's cooldown: round the weights to bf16 in place, before they are saved and
         shared, so that this client goes on from exactly the model its joiners load."""
         assert self.model is not None
+        if self.ranks is not None:
+            await self._run(self.ranks.run, "round_to_bf16")
+            return
         await self._run(round_to_bf16_, self.model)
 
     def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
@@ -153,9 +214,13 @@ class TrainingWorker:
         The config is the checkpoint's (the original config.json's fields kept), so that a
         joiner's checkpoints carry the same config.json as this client's."""
         assert self.model is not None
-        # A copy even of bf16 CPU weights: they are served while training goes on.
-        state = bf16_state_dict(self.model, copy=True)
-        config_json = json.dumps(checkpoint_config(self.model, self.model_dir))
+        if self.ranks is not None:  # gathered copies, by a command the ranks run in turn
+            state = self.ranks.run("full_state_dict")
+            config_json = json.dumps(self._checkpoint_config)
+        else:
+            # A copy even of bf16 CPU weights: they are served while training goes on.
+            state = bf16_state_dict(self.model, copy=True)
+            config_json = json.dumps(checkpoint_config(self.model, self.model_dir))
         tokenizer = None
         if self.model_dir is not None and (self.model_dir / TOKENIZER_FILE).is_file():
             tokenizer = (self.model_dir / TOKENIZER_FILE).read_text()
@@ -166,7 +231,8 @@ class TrainingWorker:
                     cold_start: bool) -> TrainStepOutput:
         assert self.trainer is not None
         trainer = self.trainer
-
+        if self.ranks is not None:
+            return await self._run(self.ranks.run, "train", step, batch, batch_id, cold_start)
         return await self._run(trainer.train, step, batch, batch_id=batch_id,
                                cold_start=cold_start)
 
@@ -179,6 +245,8 @@ class TrainingWorker:
         """Apply the consensus payloads of an earlier step; returns how many applied."""
         assert self.trainer is not None
         trainer = self.trainer
+        if self.ranks is not None:
+            return await self._run(self.ranks.run, "apply", step, list(payloads))
 
         def run() -> int:
             results = []
@@ -195,8 +263,16 @@ class TrainingWorker:
                               keep_steps: int) -> Path:
         assert self.model is not None
         model = self.model
+        if self.ranks is not None:
+            def save_gathered() -> Path:
+                return save_checkpoint(self._full_model(), checkpoint_dir, run_id, step,
+                                       tokenizer_dir=self.model_dir, keep_steps=keep_steps)
+            return await self._run(save_gathered)
         return await self._run(save_checkpoint, model, checkpoint_dir, run_id, step,
                                tokenizer_dir=self.model_dir, keep_steps=keep_steps)
 
     def close(self) -> None:
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
         self._scratch.cleanup()

@@ -74,13 +74,14 @@ def backend_for(device_type: str) -> str:
 
 
 def init_process_group(rank: int, world_size: int, main_addr: str, main_port: int,
-                       device_type: str) -> None:
+                       device_type: str, local_rank: int | None = None) -> None:
     """Join the client's process group (TCP rendezvous at the main rank's address).
-    On CUDA the NCCL group carries tensors and a gloo group (rank_group.py) the commands."""
+    On CUDA the NCCL group carries tensors and a gloo group (rank_group.py) the commands;
+    a rank uses the CUDA device of its index on its host (`local_rank`)."""
     if dist.is_initialized():
         return
     if device_type == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device(rank if local_rank is None else local_rank)
     dist.init_process_group(
         backend="cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo",
         init_method=f"tcp://{main_addr}:{main_port}", rank=rank, world_size=world_size,

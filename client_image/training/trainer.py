@@ -69,6 +69,7 @@ class TrainStepOutput:
     loss: float  # mean next-token cross-entropy over the batch
     payload: bytes | None  # this step's result in the wire format (None for AdamW)
     grad_norm: float
+    ranks: int = 1  # processes that trained it (D x T, training/sharded.py)
 
 
 @dataclass

@@ -13,6 +13,44 @@ BASE = ["train", "--run-id", "r", "--server-addr", "127.0.0.1:9", "--logs", "non
 
 
 @pytest.mark.parametrize(("args", "message"), [
+    (["--data-parallelism", "2", "--local-ranks", "3"], "3 local ranks for a world of 2"),
+    (["--data-parallelism", "2", "--tensor-parallelism", "2", "--local-ranks", "5"],
+     "5 local ranks for a world of 4"),
+])
+def test_an_impossible_rank_layout_is_a_usage_error(args: list[str], message: str) -> None:
+    result = runner.invoke(app, [*BASE, "--device", "cpu", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_ranks_meet_on_a_free_port_unless_sidecars_need_a_known_one() -> None:
+    from client_image.cli import _rank_setup
+
+    assert _rank_setup(1, 1, None, 0, "cpu") is None  # one device: no ranks at all
+    alone = _rank_setup(2, 1, None, 0, "cpu")
+    assert alone is not None and alone.main_port == 0 and alone.here == 2
+    spread = _rank_setup(2, 2, 2, 0, "cpu")
+    assert spread is not None and spread.main_port == 29500 and spread.here == 2
+    chosen = _rank_setup(2, 2, 1, 31000, "cpu")
+    assert chosen is not None and chosen.main_port == 31000
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--world-size", "2", "--start-rank", "2"], "ranks 2..2 do not fit a world of 2"),
+    (["--world-size", "4", "--start-rank", "1", "--local-ranks", "4"],
+     "ranks 1..4 do not fit a world of 4"),
+    (["--world-size", "2", "--start-rank", "1", "--device", "tpu"], "use cpu or cuda"),
+])
+def test_a_sidecar_that_cannot_fit_the_world_is_refused(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["sidecar", "--main-host", "127.0.0.1", *args],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
     (["--device", "bogus"], "'bogus' is not a torch device"),
     pytest.param(["--device", "cuda:0"], "cuda:0: this host has no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA host")),
