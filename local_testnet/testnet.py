@@ -322,6 +322,8 @@ class Testnet:
             "wall_s": round(time.monotonic() - self.started, 1),
             "finished": self.finished,
             "final_step": self.state.progress.step if self.state else 0,
+            # where a run that timed out stood (None: the observer never got a state)
+            "run_state": self.state.run_state.name if self.state else None,
             "checkpoints_compared": checked,
             "error": error,
         }

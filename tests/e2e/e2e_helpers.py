@@ -83,3 +83,13 @@ def checkpoint_digests(work_dir: Path, client: int) -> dict[int, str]:
 
 def events(work_dir: Path, client: int, name: str) -> list[dict[str, Any]]:
     return list(client_events(work_dir, client, name))
+
+
+def log_tails(work_dir: Path, lines: int = 8) -> str:
+    """The last lines of the server's and every client's log: what a failed run's
+    assertion message shows (CI keeps nothing else)."""
+    tails = []
+    for log in sorted(work_dir.glob("*.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        tails.append(f"--- {log.name}\n" + "\n".join(line[:300] for line in text))
+    return "\n".join(tails)

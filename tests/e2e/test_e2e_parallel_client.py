@@ -4,7 +4,7 @@ trains in a run beside one-device clients, and every model ends bit-identical.""
 from __future__ import annotations
 
 import pytest
-from e2e_helpers import checkpoint_digests, events, make_testnet
+from e2e_helpers import checkpoint_digests, events, log_tails, make_testnet
 
 from local_testnet.testnet import run_headless
 
@@ -16,7 +16,7 @@ async def test_a_two_rank_client_and_one_device_clients_end_identical(tmp_path) 
                            config={"total_steps": 12, "epoch_time": 30, "warmup_time": 25})
     summary = await run_headless(testnet)
 
-    assert summary["error"] is None, summary
+    assert summary["error"] is None, f"{summary}\n{log_tails(testnet.options.work_dir)}"
     assert summary["finished"] and summary["final_step"] == 12
     assert summary["last_loss"] < summary["first_loss"], summary
     # The two-rank client trained its share of rounds, and its results were applied by

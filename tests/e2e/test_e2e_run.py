@@ -8,7 +8,7 @@ import contextlib
 import os
 
 import pytest
-from e2e_helpers import checkpoint_digests, events, make_testnet
+from e2e_helpers import checkpoint_digests, events, log_tails, make_testnet
 
 from coordinator_tcp.client import JoinRefused, ProtocolConnection
 from local_testnet.testnet import client_key, run_headless
@@ -74,7 +74,7 @@ async def test_three_clients_two_epochs_identical_and_finished(tmp_path, monkeyp
     summary = await run_headless(testnet)
     await attack
 
-    assert summary["error"] is None, summary
+    assert summary["error"] is None, f"{summary}\n{log_tails(testnet.options.work_dir)}"
     assert summary["finished"] and summary["final_step"] == 20
     assert summary["epochs"] >= 2
     assert summary["last_loss"] < summary["first_loss"] - 0.5, summary
