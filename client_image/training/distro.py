@@ -359,6 +359,23 @@ def decompress_blocks(
     return out
 
 
+def compress_parameter(tensor: torch.Tensor, plan: BlockPlan) -> SparseResult:
+    """One parameter's top-k: the same per-block math as compress_blocks, with only this
+    parameter's blocks in memory."""
+    idx, val = topk_blocks(dct_blocks(to_blocks(tensor, plan)), plan.topk)
+    return SparseResult(idx, val)
+
+
+def decompress_parameter(peer_tensors: Sequence[SparseResult], plan: BlockPlan,
+                         dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """The aggregate of one parameter, parameter-shaped. Applying results always decodes
+    one parameter at a time (trainer.py, sharded.py): every layout of every client then
+    runs the very same operations on the same bytes, so the weights stay bit-identical
+    (a batched matmul need not round alike for every batch size)."""
+    layout = BlockLayout([plan])
+    return layout.scatter(decompress_blocks([[t] for t in peer_tensors], layout, dtype, device))[0]
+
+
 def compress(tensors: Sequence[torch.Tensor], plans: Sequence[BlockPlan]) -> list[SparseResult]:
     """compress_blocks for parameter-shaped tensors."""
     layout = BlockLayout(plans)

@@ -29,8 +29,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from client_image.training.distro import (
     BlockLayout,
     BlockPlan,
-    compress_blocks,
-    decompress_blocks,
+    compress_parameter,
+    decompress_parameter,
     plan_model,
 )
 from client_image.training.parallel import dp_slice
@@ -125,10 +125,6 @@ class ShardedDistroTrainer(DistroTrainer):
     def delta_tensors(self) -> list[torch.Tensor]:
         return [full_tensor(d).clone() for d in self.sharded_delta]
 
-    def _decoded_full(self, results: Sequence[Sequence], dtype: torch.dtype) -> list[torch.Tensor]:
-        """The aggregate of `results` as full parameter-shaped tensors (same on every rank)."""
-        return self.layout.scatter(decompress_blocks(results, self.layout, dtype, self.device))
-
     @torch.no_grad()
     def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
         """theta -= lr(step) * sign(mean of the peers' results), on this rank's shards."""
@@ -136,13 +132,13 @@ class ShardedDistroTrainer(DistroTrainer):
         if not current:
             return False
         started = time.perf_counter()
-        aggregate = self._decoded_full([r.tensors for r in current], self.params[0].dtype)
-        decoded_at = time.perf_counter()
         lr = self.learning_rate(step)
-        for param, update in zip(self.params, aggregate, strict=True):
+        # One parameter at a time: the full-size scratch is the largest parameter's.
+        for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
+            update = decompress_parameter([r.tensors[i] for r in current], plan, param.dtype,
+                                          self.device)
             param.add_(shard_like(update.sign_(), param), alpha=-lr)
-        self.timings.decompress_s += decoded_at - started
-        self.timings.apply_s += time.perf_counter() - decoded_at
+        self.timings.decompress_s += time.perf_counter() - started
         return True
 
     def train(
@@ -152,6 +148,7 @@ class ShardedDistroTrainer(DistroTrainer):
         *,
         batch_id: tuple[int, int] = (0, 0),
         cold_start: bool = False,
+        decay_weights: bool = True,
     ) -> TrainStepOutput:
         """DistroTrainer.train on this rank's share of `batch` (the whole assigned batch,
         the same on every rank); every rank returns the same payload."""
@@ -184,14 +181,15 @@ class ShardedDistroTrainer(DistroTrainer):
             for param, copy in zip(self.params, saved, strict=False):
                 param.copy_(copy)
             del saved
-            if self.config.weight_decay:
+            if self.config.weight_decay and decay_weights:
                 for param in self.params:
                     param.mul_(1 - lr_now * self.config.weight_decay)
             applied_at = time.perf_counter()
             self.timings.apply_s += applied_at - started
-            if self._pending is not None:  # error feedback
-                sent = self._decoded_full([self._pending.tensors], self.sharded_delta[0].dtype)
-                for delta, full in zip(self.sharded_delta, sent, strict=True):
+            if self._pending is not None:  # error feedback, one parameter at a time
+                for delta, plan, sent in zip(self.sharded_delta, self.plans,
+                                             self._pending.tensors, strict=True):
+                    full = decompress_parameter([sent], plan, delta.dtype, self.device)
                     delta.sub_(shard_like(full, delta))
             decompressed_at = time.perf_counter()
             self.timings.decompress_s += decompressed_at - applied_at
@@ -199,10 +197,9 @@ class ShardedDistroTrainer(DistroTrainer):
                 delta.mul_(self.config.compression_decay)
                 if param.grad is not None:
                     delta.add_(param.grad, alpha=lr_now)
-            # The full delta, gathered one parameter at a time, compressed by every rank.
-            buffers = self.layout.gather([full_tensor(d) for d in self.sharded_delta])
-            sparse = compress_blocks(buffers, self.layout)
-            del buffers
+            # The full delta, gathered and compressed one parameter at a time by every rank.
+            sparse = [compress_parameter(full_tensor(delta), plan)
+                      for delta, plan in zip(self.sharded_delta, self.plans, strict=True)]
             payload = encode_result(
                 sparse, self.plans, step=step, trainer_nonce=self.trainer_nonce,
                 batch_start=batch_id[0], batch_end=batch_id[1], one_bit=self.config.quantize_1bit,

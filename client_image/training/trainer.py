@@ -39,6 +39,7 @@ from client_image.training.distro import (
     SparseResult,
     compress_blocks,
     decompress_blocks,
+    decompress_parameter,
     plan_model,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
@@ -190,13 +191,12 @@ class DistroTrainer:
         if not results:
             return False
         started = time.perf_counter()
-        aggregate = decompress_blocks(
-            [r.tensors for r in results], self.layout, self.params[0].dtype, self.params[0].device
-        )
-        decoded_at = time.perf_counter()
-        self.layout.add_to(self.params, torch._foreach_sign(aggregate), alpha=-self.learning_rate(step))
-        self.timings.decompress_s += decoded_at - started
-        self.timings.apply_s += time.perf_counter() - decoded_at
+        lr = self.learning_rate(step)
+        for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
+            update = decompress_parameter([r.tensors[i] for r in results], plan, param.dtype,
+                                          param.device)
+            param.add_(update.sign_(), alpha=-lr)
+        self.timings.decompress_s += time.perf_counter() - started
         return True
 
     def train(
@@ -206,8 +206,11 @@ class DistroTrainer:
         *,
         batch_id: tuple[int, int] = (0, 0),
         cold_start: bool = False,
+        decay_weights: bool = True,
     ) -> TrainStepOutput:
-        """Step 2: train on `batch` ([n, seq_len] token ids) and produce this step's payload."""
+        """Step 2: train on `batch` ([n, seq_len] token ids) and produce this step's payload.
+        `decay_weights=False` leaves the weights exactly as they were (a verifier's shadow
+        trainer, verification/replay.py)."""
         lr_now = self.learning_rate(step)
         lr_prev = self.learning_rate(max(step - 1, 0))
         started = time.perf_counter()
@@ -236,7 +239,7 @@ class DistroTrainer:
             if lr_prev:
                 torch._foreach_copy_(self.params, saved)
             del saved
-            if self.config.weight_decay:
+            if self.config.weight_decay and decay_weights:
                 torch._foreach_mul_(self.params, 1 - lr_now * self.config.weight_decay)
             applied_at = time.perf_counter()
             self.timings.apply_s += applied_at - started
