@@ -1,0 +1,94 @@
+"""Replay verification: re-train a trainer's assigned batches and compare.
+
+A DisTrO result depends on the trainer's private delta (its momentum and error
+feedback), but every input of that delta is public: the weights all clients share, the
+trainer's assigned batches, the run's schedule. A verifier that follows a trainer from a
+point where its delta is zero (its join, a cold start) keeps a *shadow* trainer: its own
+DistroTrainer on the verifier's model, fed the trainer's batches, whose results are what
+an honest trainer publishes. The shadow never changes the verifier's weights (its
+lookahead is undone exactly and it skips weight decay, `decay_weights=False`), and it
+continues from its own honest results, so one deviation does not mask the next.
+
+An honest trainer's result differs from the shadow's only by numerics (thread counts,
+bf16, another device); `Thresholds.from_honest` sets the limits from measured honest
+distances with a margin. The cost is one forward/backward and one compression per
+verified result: a verifier following one trainer does a trainer's work again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from client_image.training.precision import ComputeDType
+from client_image.training.trainer import DistroTrainer
+from client_image.training.wire import DistroResult
+from client_image.verification.similarity import Distances, similarity
+from coordinator.config import DistroOptimizer, LRSchedule
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A result farther than any of these from the shadow's fails verification."""
+
+    jaccard: float
+    hamming: float
+    manhattan: float
+
+    @classmethod
+    def from_honest(cls, honest: Sequence[Distances], margin: float = 3.0,
+                    floor: float = 0.02) -> Thresholds:
+        """margin x the largest honest distance, and never below `floor` (identical honest
+        results would otherwise leave no room for the next machine's rounding)."""
+        def limit(values: list[float]) -> float:
+            return max(floor, margin * max(values, default=0.0))
+        return cls(jaccard=limit([d.jaccard for d in honest]),
+                   hamming=limit([d.hamming for d in honest]),
+                   manhattan=limit([d.manhattan for d in honest]))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    distances: Distances
+    reason: str  # "" when ok, else which distances exceeded their thresholds
+
+
+def judge(distances: Distances, thresholds: Thresholds) -> Verdict:
+    over = [f"{name} {getattr(distances, name):.4f} > {getattr(thresholds, name):.4f}"
+            for name in ("jaccard", "hamming", "manhattan")
+            if getattr(distances, name) > getattr(thresholds, name)]
+    return Verdict(not over, distances, "; ".join(over))
+
+
+class ReplayVerifier:
+    """Follows one trainer on the verifier's model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: DistroOptimizer,
+                 lr_schedule: LRSchedule, *, micro_batch_size: int,
+                 compute: ComputeDType = "fp32", start_step: int = 0,
+                 cold_start_warmup_steps: int = 0) -> None:
+        self.shadow = DistroTrainer(
+            model, optimizer, lr_schedule, micro_batch_size=micro_batch_size,
+            cold_start_warmup_steps=cold_start_warmup_steps, start_step=start_step,
+            compute=compute)
+        self.block_numels = [plan.block_numel for plan in self.shadow.plans]
+
+    def expected(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],
+                 cold_start: bool = False) -> DistroResult:
+        """What an honest trainer publishes for `batch` at `step`. Call it after the
+        step's apply and before the verifier's own train of the step (which decays the
+        weights)."""
+        out = self.shadow.train(step, batch, batch_id=batch_id, cold_start=cold_start,
+                                decay_weights=False)
+        assert out.payload is not None
+        return self.shadow.decode(out.payload)
+
+    def distances(self, published: DistroResult, expected: DistroResult) -> Distances:
+        return similarity(published.tensors, expected.tensors, self.block_numels).overall
+
+    def verify(self, published: DistroResult, expected: DistroResult,
+               thresholds: Thresholds) -> Verdict:
+        return judge(self.distances(published, expected), thresholds)
