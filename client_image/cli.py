@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
-from client_image import identity_cli, sidecar_cli
+from client_image import identity_cli, plan_cli, sidecar_cli
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ def _root() -> None:
 
 
 identity_cli.register(app)  # show-identity, show-static-p2p-identity, create-static-p2p-identity
+plan_cli.register(app)  # plan: bytes per device, and whether the run fits
 sidecar_cli.register(app)  # more ranks of a client, on another host
 
 

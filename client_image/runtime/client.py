@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 EXIT_VERSION_MISMATCH = 10
+EXIT_UNRUNNABLE = 3  # this client cannot train the run as configured (the model won't fit)
 
 
 @dataclass
@@ -183,7 +184,11 @@ class PsycheClient:
         return RoundRunner(self.me, backend=backend, peers=peers, worker=self.worker,
                            open_data=self._open_data, events=self.events,
                            counters=self.counters, options=self.options.runner_options(),
-                           tracer=telemetry)
+                           tracer=telemetry, on_unrunnable=self._unrunnable)
+
+    def _unrunnable(self, reason: str) -> None:
+        log.error("%s", reason)
+        self.stop(EXIT_UNRUNNABLE)
 
     async def _open_data(self, state: CoordinatorState) -> DataProvider:
         from client_image.data import TcpDataProvider, open_provider

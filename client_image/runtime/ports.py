@@ -37,6 +37,11 @@ class ModelUnavailable(RuntimeError):
     """No source can give this client the run's current model."""
 
 
+class Unrunnable(RuntimeError):
+    """This client can never train this run as configured (the model does not fit its
+    devices): retrying is pointless, the client stops with the message."""
+
+
 @dataclass(frozen=True)
 class FetchedModel:
     config_json: str

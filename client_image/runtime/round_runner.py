@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from client_image.runtime.ports import (
     DataSource,
     Peers,
     PhaseTracer,
+    Unrunnable,
     Worker,
 )
 from client_image.runtime.rounds import (
@@ -88,8 +90,11 @@ class RoundRunner:
     def __init__(self, me: NodeIdentity, *, backend: CoordinatorLink, peers: Peers,
                  worker: Worker, open_data: DataOpener, events: EventLog,
                  counters: Counters | None = None, options: RunnerOptions | None = None,
-                 tracer: PhaseTracer | None = None):
+                 tracer: PhaseTracer | None = None,
+                 on_unrunnable: Callable[[str], None] | None = None):
         self.me = me
+        # Called when a task fails with Unrunnable (the client stops: retrying is futile).
+        self.on_unrunnable = on_unrunnable
         self.backend = backend
         self.peers = peers
         self.worker = worker
@@ -176,6 +181,8 @@ class RoundRunner:
     def _task_failed(self, name: str, exc: Exception) -> None:
         self.events.emit(TaskFailed(task=name, error=repr(exc), error_type=type(exc).__name__))
         self.set_desynced(f"{name} failed: {exc!r}")
+        if isinstance(exc, Unrunnable) and self.on_unrunnable is not None:
+            self.on_unrunnable(str(exc))
 
     def _phase(self, name: str, state: CoordinatorState) -> contextlib.AbstractContextManager[object]:
         return self.tracer.phase(name, state) if self.tracer else contextlib.nullcontext()

@@ -17,6 +17,7 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
+from client_image.runtime.ports import Unrunnable
 from client_image.training import (
     DistroResult,
     DistroTrainer,
@@ -26,7 +27,7 @@ from client_image.training import (
     save_checkpoint,
 )
 from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
-from client_image.training.model import round_to_bf16_
+from client_image.training.model import resolve_model_dir, round_to_bf16_
 from client_image.training.parallel import ParallelismError
 from client_image.training.precision import (
     configure_backends,
@@ -162,9 +163,31 @@ class TrainingWorker:
             model.tie_weights()
         return model
 
+    def _refuse_unless_fits(self, config: object, llm: LLMConfig) -> None:
+        """On a GPU, check the plan (training/memory_plan.py) before any weight is loaded:
+        a model that cannot fit is this client's permanent problem, not a retry's."""
+        if torch.device(self.device).type != "cuda":
+            return  # host memory: the OS decides (swap, other processes); nothing to plan
+        from client_image.training.memory_plan import run_refusal
+
+        dims = self.rank_setup.dims if self.rank_setup is not None else None
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        reason = run_refusal(config, llm, int(free), dp=dims.dp if dims else 1,
+                             tp=dims.tp if dims else 1, micro_batch_size=self.micro_batch_size,
+                             compute=self.compute,
+                             activation_checkpointing=self.activation_checkpointing)
+        if reason is not None:
+            raise Unrunnable(f"this run does not fit on {self.device}: {reason} "
+                             "(`psyche-client plan` shows the bytes)")
+
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:
         def load() -> None:
+            if torch.device(self.device).type == "cuda":
+                from transformers import AutoConfig
+
+                directory = resolve_model_dir(repo_id, revision=revision)
+                self._refuse_unless_fits(AutoConfig.from_pretrained(directory), llm)
             with _TRANSFORMERS_LOADING:
                 model = load_causal_lm(repo_id, device=self.device, revision=revision)
             self.model_dir = Path(repo_id) if Path(repo_id).is_dir() else None
@@ -182,6 +205,7 @@ class TrainingWorker:
             if tokenizer_json:
                 (directory / TOKENIZER_FILE).write_text(tokenizer_json)
             config = AutoConfig.from_pretrained(directory)
+            self._refuse_unless_fits(config, llm)
             # fp32 like the Hub path (load_causal_lm): from_config would take the config's
             # `dtype`, which is the original's (say bfloat16), not what the peers train in.
             with _TRANSFORMERS_LOADING:
