@@ -128,6 +128,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
     from run_manager import engine
     from run_manager.discovery import DiscoveryFailed
     from run_manager.docker_supervisor import Supervisor, SupervisorFinished
+    from run_manager.gpus import describe_gpus
     from run_manager.monitor import Monitor
     from run_manager.runner import (
         RunOptions,
@@ -152,6 +153,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
             typer.echo(f"run-manager: warning: {env_file}: {warning}", err=True)
         settings = _pick_run(settings, options.join_authority)
         coordinator = make_coordinator_source(settings, options.pinned_version)
+        config = supervisor_config(settings, options)  # GpuSelectionError: a "GPUS: ..." line
     except SettingsError as error:
         for problem in error.problems:
             typer.echo(f"run-manager: {problem}", err=True)
@@ -171,7 +173,9 @@ def _run_client(env_file: Path, options: object, tui: bool,
     wallet = settings.wallet_bytes()
     if wallet is not None:
         dashboard.wallet.address = keypair_public_key(wallet)
-    config = supervisor_config(settings, options)
+    if config.gpus is not None:
+        typer.echo(f"run-manager: {describe_gpus(config.gpus, settings.CLIENT_IMAGE, config.environment)}",
+                   err=True)
     metrics = HttpClientMetricsSource(settings.METRICS_LOCAL_PORT)
 
     try:

@@ -1,7 +1,8 @@
 """Keeps the client container alive: the run-manager's main job.
 
 Loop (Psyche's run-manager, plus crash restarts as its train_entrypoint.sh does):
-  1. ask the coordinator which client version the run wants -> image `repo:version`;
+  1. ask the coordinator which client version the run wants -> image `repo:version`
+     (`repo:version-cuda` when the container gets GPUs, run_manager.gpus);
   2. use the local image or pull it (progress reported);
   3. start the container, stream its logs, wait for it to exit;
   4. exit 10 (the run wants another version): wait `version_change_delay_s`, go to 1;
@@ -29,6 +30,7 @@ import docker
 from docker.models.containers import Container
 
 from run_manager import engine
+from run_manager.gpus import GpuPlan, image_tag
 from run_manager.sources.coordinator import CoordinatorSource, CoordinatorUnavailable
 
 VERSION_MISMATCH_EXIT_CODE = 10
@@ -39,7 +41,8 @@ class SupervisorConfig:
     run_id: str
     image_repository: str = "psyche-client"
     environment: dict[str, str] = field(default_factory=dict)
-    gpus: bool = False
+    gpus: GpuPlan | None = None
+    """The container's GPUs (the CUDA image, a device request); None: the CPU image."""
     entrypoint: list[str] | None = None
     """Replaces the image's `psyche-client` entry point (Psyche's `--entrypoint X -- args`)."""
     command: list[str] = field(default_factory=list)
@@ -159,7 +162,7 @@ class Supervisor:
             self._on_event(StaleContainerRemoved(stale.id or ""))
         while not self._stop.is_set():
             version = await self._coordinator.client_version()
-            image = f"{self._config.image_repository}:{version}"
+            image = self.image(version)
             await asyncio.to_thread(engine.ensure_image, self._client, image, self._report_pull,
                                     pull=self._config.pull)
             if self._stop.is_set():
@@ -199,21 +202,7 @@ class Supervisor:
 
     async def _run_once(self, image: str, version: str) -> tuple[int, float]:
         """Starts one container and waits for it to exit, a stop or a restart request."""
-        spec = engine.ContainerSpec(
-            image=image,
-            name=container_name(self._config.run_id),
-            environment={**self._config.environment, "CLIENT_VERSION": version},
-            labels={
-                engine.MANAGED_BY_LABEL: engine.MANAGED_BY_VALUE,
-                engine.RUN_ID_LABEL: self._config.run_id,
-                engine.CLIENT_VERSION_LABEL: version,
-                "io.psyche.run-manager-pid": str(os.getpid()),
-            },
-            gpus=self._config.gpus,
-            entrypoint=self._config.entrypoint,
-            command=self._config.command,
-            scratch_dir=self._config.scratch_dir,
-        )
+        spec = self.container_spec(version)
         self._restart.clear()  # any restart asked before this start is served by it
         container = await asyncio.to_thread(engine.start_container, self._client, spec)
         self.container = container
@@ -234,6 +223,29 @@ class Supervisor:
         await asyncio.to_thread(engine.remove_container, container)
         self.container = None
         return exit_code, uptime_s
+
+    def image(self, version: str) -> str:
+        """The image of a client version: REPO:VERSION, or REPO:VERSION-cuda with GPUs."""
+        return f"{self._config.image_repository}:{image_tag(version, self._config.gpus)}"
+
+    def container_spec(self, version: str) -> engine.ContainerSpec:
+        """How the client container of `version` is created (image, env, labels, GPUs)."""
+        return engine.ContainerSpec(
+            image=self.image(version),
+            name=container_name(self._config.run_id),
+            environment={**self._config.environment, "CLIENT_VERSION": version},
+            labels={
+                engine.MANAGED_BY_LABEL: engine.MANAGED_BY_VALUE,
+                engine.RUN_ID_LABEL: self._config.run_id,
+                engine.CLIENT_VERSION_LABEL: version,
+                "io.psyche.run-manager-pid": str(os.getpid()),
+            },
+            gpus=self._config.gpus is not None,
+            gpu_device_ids=None if self._config.gpus is None else self._config.gpus.device_ids,
+            entrypoint=self._config.entrypoint,
+            command=self._config.command,
+            scratch_dir=self._config.scratch_dir,
+        )
 
     def _stop_and_remove(self, container: Container) -> None:
         engine.stop_container(container, self._config.stop_timeout_s)

@@ -20,6 +20,8 @@ import docker.errors
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Mount
 
+from run_manager.gpus import CUDA_TAG_SUFFIX
+
 MANAGED_BY_LABEL = "io.psyche.managed-by"
 MANAGED_BY_VALUE = "run-manager"
 RUN_ID_LABEL = "io.psyche.run-id"
@@ -66,6 +68,8 @@ class ContainerSpec:
     environment: dict[str, str]
     labels: dict[str, str]
     gpus: bool = False
+    gpu_device_ids: tuple[str, ...] | None = None
+    """With `gpus`: these GPUs (nvidia-smi indices); None: every GPU of the host."""
     entrypoint: list[str] | None = None
     command: list[str] = field(default_factory=list)
     scratch_dir: Path | None = None
@@ -82,11 +86,6 @@ def connect(timeout_s: float = 30.0) -> docker.DockerClient:
             "Start it with `sudo scripts/docker_engine.sh start`."
         ) from None
     return client
-
-
-def gpus_present() -> bool:
-    """NVIDIA GPUs are visible to the host (the driver creates /dev/nvidia0)."""
-    return Path("/dev/nvidia0").exists()
 
 
 def split_image(image: str) -> tuple[str, str]:
@@ -116,7 +115,7 @@ def ensure_image(
     if not pull:
         raise ImageUnavailableError(
             f"image {image} is not on this machine and --local forbids pulling it: build it "
-            "(scripts/build_client_image.sh) or drop --local")
+            f"({_build_command(image)}) or drop --local{_cpu_hint(image)}")
     repository, tag = split_image(image)
     layers: dict[str, tuple[int, int]] = {}
     try:
@@ -145,19 +144,40 @@ def _unavailable(image: str, reason: str) -> str:
     return (
         f"image {image} is not on this machine and cannot be pulled ({reason.strip()}). "
         "Check CLIENT_IMAGE and the version the run wants, your network and registry login, "
-        "or build it locally with scripts/build_client_image.sh."
+        f"or build it locally with {_build_command(image)}.{_cpu_hint(image)}"
     )
 
 
-def start_container(client: docker.DockerClient, spec: ContainerSpec) -> Container:
-    """Creates and starts the client container: host network, 1 GiB /dev/shm, the env,
-    labels to find it again, and every GPU through a device request when asked."""
+def _build_command(image: str) -> str:
+    cuda = split_image(image)[1].endswith(CUDA_TAG_SUFFIX)
+    return "scripts/build_client_image.sh" + (" --cuda" if cuda else "")
+
+
+def _cpu_hint(image: str) -> str:
+    if split_image(image)[1].endswith(CUDA_TAG_SUFFIX):
+        return " (the CUDA image, as the container gets GPUs; GPUS=none runs the CPU one)"
+    return ""
+
+
+def gpu_device_requests(spec: ContainerSpec) -> list[DeviceRequest] | None:
+    """What `docker run --gpus all` (or `--gpus '"device=0,1"'`) sends: the engine hands
+    the request to the driver registered for the "gpu" capability (the NVIDIA Container
+    Toolkit's); the driver name stays empty, as the docker CLI leaves it."""
+    if not spec.gpus:
+        return None
+    if spec.gpu_device_ids is None:
+        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return [DeviceRequest(device_ids=list(spec.gpu_device_ids), capabilities=[["gpu"]])]
+
+
+def create_container(client: docker.DockerClient, spec: ContainerSpec) -> Container:
+    """Creates (does not start) the client container: host network, 1 GiB /dev/shm, the
+    env, labels to find it again, and the GPUs through a device request when asked."""
     mounts = []
     if spec.scratch_dir is not None:
         mounts.append(Mount(target="/scratch", source=str(spec.scratch_dir), type="bind"))
-    device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if spec.gpus else None
     try:
-        container = client.containers.create(
+        container: Container = client.containers.create(
             spec.image,
             command=spec.command or None,
             entrypoint=spec.entrypoint,
@@ -166,13 +186,20 @@ def start_container(client: docker.DockerClient, spec: ContainerSpec) -> Contain
             labels=spec.labels,
             network_mode="host",
             shm_size="1g",
-            device_requests=device_requests,
+            device_requests=gpu_device_requests(spec),
             mounts=mounts,
         )
     except docker.errors.ImageNotFound:
         raise ImageUnavailableError(_unavailable(spec.image, "not found at create")) from None
     except docker.errors.APIError as error:
         raise EngineError(f"cannot create container from {spec.image}: {error.explanation}") from None
+    return container
+
+
+def start_container(client: docker.DockerClient, spec: ContainerSpec) -> Container:
+    """Creates and starts the client container (create_container); a container that
+    cannot start is removed, and GPUs the engine cannot give become the toolkit message."""
+    container = create_container(client, spec)
     try:
         container.start()
     except docker.errors.APIError as error:

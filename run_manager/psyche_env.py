@@ -44,8 +44,9 @@ IGNORED: dict[str, str] = {
 
 # Refused: the run cannot go as Psyche's would with them set.
 REFUSED: dict[str, str] = {
-    "PSYCHE_MAIN_HOST": "Psyche's container then runs as a multi-node sidecar, which "
-                        "psyche-py has not: run one client per machine instead",
+    "PSYCHE_MAIN_HOST": "Psyche's container then runs as a multi-node sidecar; the "
+                        "run-manager runs main clients only: on a sidecar host run "
+                        "`psyche-client sidecar` (docs/parallelism.md)",
 }
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from psyche_common.ui.view import describe_run, describe_training, describe_witnesses
-from run_manager import engine
 from run_manager.docker_supervisor import (
     ContainerStarted,
     LogLine,
@@ -18,6 +17,13 @@ from run_manager.docker_supervisor import (
     SupervisorConfig,
     SupervisorEvent,
     SupervisorFinished,
+)
+from run_manager.gpus import (
+    GpuProbe,
+    GpuSelectionError,
+    HostGpuProbe,
+    default_data_parallelism,
+    plan_gpus,
 )
 from run_manager.monitor import Monitor, Part
 from run_manager.settings import RunManagerSettings
@@ -84,9 +90,22 @@ class RunOptions:
     """Psyche's --authorizer: without RUN_ID, only runs whose join authority is this key."""
 
 
-def supervisor_config(settings: RunManagerSettings, options: RunOptions) -> SupervisorConfig:
-    gpus = settings.GPUS == "all" or (settings.GPUS == "auto" and engine.gpus_present())
+def supervisor_config(settings: RunManagerSettings, options: RunOptions,
+                      gpu_probe: GpuProbe | None = None) -> SupervisorConfig:
+    """The supervisor's settings. GPUs (GPUS=, `gpu_probe` for auto, the host's by default)
+    pick the CUDA image and, unless DATA_PARALLELISM is set, one data-parallel rank per GPU.
+    Raises GpuSelectionError (a "GPUS: ..." line) for GPUs the host does not have."""
+    gpus = plan_gpus(settings.gpu_setting, gpu_probe or HostGpuProbe())
     environment = settings.container_environment(options.env_file_variables)
+    if not settings.data_parallelism_set:
+        environment["DATA_PARALLELISM"] = str(
+            default_data_parallelism(gpus, settings.TENSOR_PARALLELISM))
+    ranks = int(environment.get("DATA_PARALLELISM", "1")) * settings.TENSOR_PARALLELISM
+    if gpus is not None and 0 < gpus.visible < ranks:
+        # The client would refuse at start and the container crash-loop: say it once here.
+        raise GpuSelectionError(
+            f"GPUS: DATA_PARALLELISM x TENSOR_PARALLELISM = {ranks} ranks, one GPU each, "
+            f"but the client container gets {gpus.visible} GPU(s)")
     raw = settings.wallet_bytes()
     if raw is not None:
         # Psyche hands the key to the container as RAW_WALLET_PRIVATE_KEY: the container

@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from run_manager.gpus import GpuSetting, parse_gpus
+
 # NVIDIA Container Toolkit driver capabilities (NVIDIA_DRIVER_CAPABILITIES).
 KNOWN_DRIVER_CAPABILITIES = frozenset(
     {"all", "compute", "compat32", "graphics", "utility", "video", "display"}
@@ -84,8 +86,9 @@ class RunManagerSettings(BaseSettings):
     # The run-manager's own knobs.
     CLIENT_IMAGE: str = "psyche-client"
     """Image repository; the tag is the client version the run wants."""
-    GPUS: Literal["auto", "all", "none"] = "auto"
-    """auto: request every GPU when /dev/nvidia0 exists; all: always; none: CPU only."""
+    GPUS: str = "auto"
+    """auto: every GPU when the host has any (the CUDA image); all: always; none: CPU only;
+    0,1,...: these GPUs (run_manager.gpus)."""
     METRICS_LOCAL_PORT: int = Field(default=6269, ge=1, le=65535)
     """Port of the client's local metrics endpoint (127.0.0.1, host network)."""
     MAX_CRASH_RESTARTS: int = Field(default=5, ge=0, le=1000)
@@ -114,15 +117,11 @@ class RunManagerSettings(BaseSettings):
             raise ValueError(f"must be at most 32 bytes, got {len(value.encode())}")
         return value
 
-    @field_validator("DATA_PARALLELISM", "TENSOR_PARALLELISM")
+    @field_validator("GPUS")
     @classmethod
-    def _one_device(cls, value: int) -> int:
-        # Psyche splits one client over several GPUs; ours trains on one device and its
-        # container would refuse the value and crash-loop: refuse it here, once.
-        if value != 1:
-            raise ValueError(f"must be 1, got {value}: a psyche-py client trains on one "
-                             "device (run one client per GPU)")
-        return value
+    def _gpus(cls, value: str) -> str:
+        setting = parse_gpus(value)
+        return ",".join(setting.device_ids) if setting.mode == "ids" else setting.mode
 
     @field_validator("RAW_WALLET_PRIVATE_KEY")
     @classmethod
@@ -215,6 +214,15 @@ class RunManagerSettings(BaseSettings):
         if self.WALLET_PRIVATE_KEY_PATH is not None:
             return load_keypair_bytes(self.WALLET_PRIVATE_KEY_PATH)
         return None
+
+    @property
+    def gpu_setting(self) -> GpuSetting:
+        return parse_gpus(self.GPUS)
+
+    @property
+    def data_parallelism_set(self) -> bool:
+        """DATA_PARALLELISM came from the env file or the shell (else the GPU count decides)."""
+        return "DATA_PARALLELISM" in self.model_fields_set
 
     @property
     def backend(self) -> Literal["tcp", "solana"]:

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Build the client image psyche-client:<project version> (also tagged :latest) from Dockerfile.client.
-#   scripts/build_client_image.sh [--base IMAGE] [--repo NAME] [--force]
+#   scripts/build_client_image.sh [--cuda] [--base IMAGE] [--repo NAME] [--force]
+# --cuda: the GPU variant psyche-client:<version>-cuda (and :latest-cuda): torch==<the version
+#    pyproject.toml pins> installed inside the image from the package registry (PyPI's Linux
+#    x86_64 build carries CUDA and pulls the nvidia-* wheels; several GB, needs the network);
+#    the image's pip trusts the host's PIP_CERT when set and uses PIP_INDEX_URL when set.
+#    The run-manager runs it on hosts with GPUs. Never built by the tests or CI.
 # 1. A wheelhouse on the host (build/wheelhouse): the dependencies once (cached; refreshed when
 #    pyproject.toml's dependencies change), the project wheel every time. torch comes from the
-#    pinned CPU wheel pip already finds (PIP_FIND_LINKS), never an unpinned CUDA download.
+#    pinned CPU wheel pip already finds (PIP_FIND_LINKS), never an unpinned CUDA download
+#    (--cuda leaves that wheel out of the context and installs the pinned version's CUDA build).
 # 2. `docker build` on a context holding that wheelhouse and assets/ (the tiny model and token
 #    files the local testnet's client loads); `pip install --no-index` inside.
 # Idempotent: skips the build when an image with this tag was built from the same project
@@ -14,18 +20,22 @@ cd "$(dirname "$0")/.."
 BASE=psyche-base:bookworm
 REPO=psyche-client
 FORCE=0
+CUDA=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --base) BASE=$2; shift 2 ;;
         --repo) REPO=$2; shift 2 ;;
         --force) FORCE=1; shift ;;
-        *) echo "build_client_image: unknown option '$1' (known: --base, --repo, --force)" >&2; exit 2 ;;
+        --cuda) CUDA=1; shift ;;
+        *) echo "build_client_image: unknown option '$1' (known: --cuda, --base, --repo, --force)" >&2; exit 2 ;;
     esac
 done
 
 PY=${PYTHON:-.venv/bin/python}
 VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
-TAG="$REPO:$VERSION"
+SUFFIX=""
+if [ "$CUDA" = 1 ]; then SUFFIX="-cuda"; fi
+TAG="$REPO:$VERSION$SUFFIX"
 WHEELHOUSE=build/wheelhouse
 DEPS="$WHEELHOUSE/deps"
 PROJECT="$WHEELHOUSE/project"
@@ -54,12 +64,12 @@ WHEEL_CONTENT_SHA=$("$PY" -c 'import hashlib,sys,zipfile
 z = zipfile.ZipFile(sys.argv[1]); h = hashlib.sha256()
 for name in sorted(z.namelist()): h.update(name.encode() + b"\0" + z.read(name))
 print(h.hexdigest())' "$PROJECT"/*.whl)
-BUILD_SHA=$( { echo "$WHEEL_CONTENT_SHA"; sha256sum Dockerfile.client | awk '{print $1}';
+BUILD_SHA=$( { echo "$WHEEL_CONTENT_SHA$SUFFIX"; sha256sum Dockerfile.client | awk '{print $1}';
                find assets -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; } \
              | sha256sum | awk '{print substr($1,1,16)}')
 
 if [ "$FORCE" = 0 ] && [ "$(docker image inspect -f '{{ index .Config.Labels "io.psyche.build-sha" }}' "$TAG" 2>/dev/null)" = "$BUILD_SHA" ]; then
-    docker tag "$TAG" "$REPO:latest"
+    docker tag "$TAG" "$REPO:latest$SUFFIX"
     echo "build_client_image: $TAG is up to date"
     exit 0
 fi
@@ -68,17 +78,29 @@ fi
 rm -rf "$CONTEXT"
 mkdir -p "$CONTEXT/wheelhouse"
 ln "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/" 2>/dev/null || cp "$DEPS"/*.whl "$PROJECT"/*.whl "$CONTEXT/wheelhouse/"
+VARIANT_ARGS=()
+if [ "$CUDA" = 1 ]; then
+    # torch comes from the registry inside the image: the wheelhouse's CPU wheel stays out.
+    rm -f "$CONTEXT"/wheelhouse/torch-*.whl
+    TORCH_VERSION=$("$PY" -c 'import re,tomllib
+deps = tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]
+print(next(m[1] for d in deps if (m := re.fullmatch(r"torch\s*==\s*([^\s;,]+)", d.strip()))))')
+    if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then cp "$PIP_CERT" "$CONTEXT/wheelhouse/pip-cert.pem"; fi
+    VARIANT_ARGS=(--build-arg TORCH=registry --build-arg TORCH_VERSION="$TORCH_VERSION"
+                  --build-arg TORCH_INDEX_URL="${PIP_INDEX_URL:-}" --label io.psyche.torch=registry-cuda)
+    echo "build_client_image: --cuda: torch==$TORCH_VERSION from the registry inside the image (several GB)"
+fi
 cp -al assets "$CONTEXT/assets" 2>/dev/null || cp -r assets "$CONTEXT/assets"
 cp Dockerfile.client "$CONTEXT/Dockerfile"
 PREVIOUS_ID=$(docker image inspect -f '{{.Id}}' "$TAG" 2>/dev/null || true)
 echo "build_client_image: docker build $TAG on $BASE"
 DOCKER_BUILDKIT=0 docker build --quiet 2>&1 --network host \
-    --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" \
+    --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" ${VARIANT_ARGS[@]+"${VARIANT_ARGS[@]}"} \
     --label io.psyche.build-sha="$BUILD_SHA" \
     -t "$TAG" "$CONTEXT" >/dev/null
 rm -rf "$CONTEXT"
-# Also :latest, the version a state.toml asks for when it names none (the local testnet).
-docker tag "$TAG" "$REPO:latest"
+# Also :latest (:latest-cuda), the version a state.toml asks for when it names none (the local testnet).
+docker tag "$TAG" "$REPO:latest$SUFFIX"
 # The untagged install stage (it holds the whole wheelhouse) is of no use once built, nor
 # is the image the tag pointed to before (removal fails, harmlessly, while it is in use).
 docker image prune -f --filter label=io.psyche.build-stage=install >/dev/null || true
