@@ -95,6 +95,10 @@ class Worker(Protocol):
 
     async def apply(self, step: int, payloads: Sequence[bytes]) -> int: ...
 
+    async def idle(self, step: int) -> None:
+        """A round others train and this client does not: the weights change as theirs
+        do outside of the results (weight decay), or this client drifts from them."""
+
     async def round_to_bf16(self) -> None:
         """Round the weights kept in memory to bf16 (Psyche's cooldown), in place."""
         ...

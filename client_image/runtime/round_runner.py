@@ -264,6 +264,10 @@ class RoundRunner:
         if batch is not None and trains_this_round(step, last_step):
             with self._phase("train", state):
                 await self._train(state, record, batch)
+        elif trains_this_round(step, last_step) and record.assignments:
+            # Others train this step, we have no batch: the weights still take the step's
+            # weight decay, as every trainer's do, or ours drift from theirs.
+            await self.worker.idle(step)
         record.trained = True
         await self._maybe_finish(step)
 

@@ -283,6 +283,13 @@ class TrainingWorker:
             return len(results)
         return await self._run(run)
 
+    async def idle(self, step: int) -> None:
+        assert self.trainer is not None
+        if self.ranks is not None:
+            await self._run(self.ranks.run, "idle", step)
+            return
+        await self._run(self.trainer.idle, step)
+
     async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
                               keep_steps: int) -> Path:
         assert self.model is not None

@@ -9,6 +9,7 @@ enters the same collectives in the same order:
                              parallelized over the mesh, with a ShardedDistroTrainer
     train(step, batch, …)    every rank trains its share; all return the same payload
     apply(step, payloads)    every rank decodes the peers' payloads and applies them
+    idle(step)               a step the client does not train: weight decay only
     round_to_bf16()          the cooldown's rounding, on each rank's shards
     full_state_dict()        all-gathered bf16 weights (the leader saves / shares them)
     stop()
@@ -137,6 +138,10 @@ class RankExecutor:
                 log.error("step %d: dropping a payload that no longer decodes: %s", step, exc)
         self.trainer.apply(step, results)
         return len(results)
+
+    def idle(self, step: int) -> None:
+        assert self.trainer is not None
+        self.trainer.idle(step)
 
     @torch.no_grad()
     def round_to_bf16(self) -> None:

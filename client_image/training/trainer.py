@@ -199,6 +199,15 @@ class DistroTrainer:
         self.timings.decompress_s += time.perf_counter() - started
         return True
 
+    @torch.no_grad()
+    def idle(self, step: int) -> None:
+        """A step this client does not train while its peers do: only what train() does to
+        the weights, weight decay, so that they stay bit-identical to the trainers' (train
+        restores the lookahead exactly; the results arrive through apply)."""
+        if self.config.weight_decay:
+            for param in self.params:
+                param.mul_(1 - self.learning_rate(step) * self.config.weight_decay)
+
     def train(
         self,
         step: int,

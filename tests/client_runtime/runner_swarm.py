@@ -63,6 +63,7 @@ class FakeWorker:
         self.loads: list[str] = []
         self.trained: list[tuple[int, tuple[int, int]]] = []
         self.applied: list[tuple[int, list[bytes]]] = []
+        self.idled: list[int] = []  # steps others trained and this client had no batch
         self.saved: list[int] = []
         self.rounded = 0  # round_to_bf16 calls (one per cooldown)
         self.fail_training: str | None = None  # train raises RuntimeError(this) while set
@@ -94,6 +95,9 @@ class FakeWorker:
     async def apply(self, step: int, payloads: Sequence[bytes]) -> int:
         self.applied.append((step, list(payloads)))
         return len(payloads)
+
+    async def idle(self, step: int) -> None:
+        self.idled.append(step)
 
     async def round_to_bf16(self) -> None:
         self.rounded += 1

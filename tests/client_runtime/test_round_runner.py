@@ -67,6 +67,21 @@ async def test_an_honest_swarm_applies_the_same_consensus_results_everywhere() -
     assert all(result is None for _, _, result in swarm.sent)
 
 
+async def test_a_client_without_a_batch_takes_the_steps_weight_decay_instead() -> None:
+    # Two sequences a step for three clients: each round one client has no batch. It must
+    # still change its weights as the trainers do (weight decay), at that very step.
+    swarm = FakeSwarm(3, global_batch_size_start=2, global_batch_size_end=2)
+    await swarm.run_until(step_reached(7))
+    for n in swarm.nodes:
+        worker = swarm.worker(n)
+        trained = {step for step, _ in worker.trained}
+        assert not trained & set(worker.idled), n
+        # every step before the last one reached was either trained or idled, never both
+        done = trained | set(worker.idled)
+        assert set(range(1, swarm.coordinator.state.progress.step - 1)) <= done, (n, done)
+    assert sum(len(swarm.worker(n).idled) for n in swarm.nodes) >= 4
+
+
 async def test_only_the_elected_witness_of_a_round_submits_it() -> None:
     swarm = FakeSwarm(3)
     await swarm.run_until(step_reached(5))

@@ -191,3 +191,15 @@ def test_bf16_model_trains_and_publishes_a_decodable_result():
     first = trainer.decode(trainer.train(0, _batch(), batch_id=(0, 1)).payload)
     trainer.train(1, _batch(2), batch_id=(2, 3))
     assert trainer.apply(2, [first])
+
+
+def test_idling_a_step_changes_the_weights_exactly_as_training_it():
+    # A client with no batch in a round must end the step with the trainers' weights: the
+    # lookahead is undone exactly, so only the weight decay is left to repeat.
+    trainer, idler = _trainer(), _trainer()
+    for step in range(3):
+        trainer.train(step, _batch(2 * step))
+        idler.idle(step)
+        for ours, theirs in zip(trainer.params, idler.params, strict=True):
+            assert torch.equal(ours, theirs)
+    assert not torch.equal(trainer.params[0], _trainer().params[0])  # decay did happen
