@@ -136,6 +136,7 @@ def run_swarm(attack: str | None, steps: int, peers: int, one_bit: bool,
     attacker = n - 1 if attack else None
     published: dict[int, dict[int, DistroResult]] = {}  # accepted results, by step
     sent: dict[int, dict[int, DistroResult]] = {}  # everything sent, by step
+    honest_before: dict[int, DistroResult] = {}  # the attacker's last honest result
     tally = Tally()
     losses: list[float] = []
     for step in range(steps):
@@ -143,7 +144,10 @@ def run_swarm(attack: str | None, steps: int, peers: int, one_bit: bool,
         if step >= 2:
             for trainer in trainers:
                 trainer.apply(step, accepted)
-        batches = {c: (step * n * PER_PEER + c * PER_PEER, step * n * PER_PEER + (c + 1) * PER_PEER - 1)
+        # Laid out for peers + 1 clients whether or not the attacker is there, so that the
+        # honest clients train the same data in every run (the loss ratio compares runs).
+        stride = (peers + 1) * PER_PEER
+        batches = {c: (step * stride + c * PER_PEER, step * stride + (c + 1) * PER_PEER - 1)
                    for c in range(n)}
         expected = {}
         for c, shadow in shadows.items():
@@ -168,9 +172,11 @@ def run_swarm(attack: str | None, steps: int, peers: int, one_bit: bool,
             results[c] = trainer.decode(out.payload)
             if c != attacker:
                 losses.append(out.loss)
-        attacked = attacker is not None
+        # wrong_batch at a learning rate of 0 sends the honest (empty) result
+        attacked = attacker is not None and trainers[0].learning_rate(step) > 0
         if attacker is not None and attack != "wrong_batch":
-            previous_sent = sent.get(step - 1, {}).get(attacker)
+            previous_sent = honest_before.pop(attacker, None)  # its own previous honest one
+            honest_before[attacker] = results[attacker]
             honest_payload = _encode(list(results[attacker].tensors), trainers[attacker], step,
                                      batches[attacker], one_bit)
             tensors = _attack(attack, results[attacker], previous_sent, results[0], rng)

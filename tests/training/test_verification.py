@@ -1,0 +1,109 @@
+"""Verification of peers' results (client_image/verification): Psyche's distances on
+sparse results, the cheap checks, and replay verification on the real tiny model."""
+
+import pytest
+import torch
+from training_assets import TINY_MODEL, TRAIN_DATA
+
+from client_image.training.distro import SparseResult
+from client_image.training.model import load_causal_lm
+from client_image.training.trainer import DistroTrainer
+from client_image.training.wire import DistroResult, encode_result
+from client_image.verification import ReplayVerifier, Thresholds, cheap_checks, similarity
+from client_image.verification.replay import judge
+from client_image.verification.similarity import Distances
+from coordinator.config import ConstantLR, DistroOptimizer
+from psyche_common.token_files.local import LocalDataProvider
+
+OPTIMIZER = DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
+                            quantize_1bit=False, clip_grad_norm=1.0, weight_decay=0.1)
+SCHEDULE = ConstantLR(base_lr=1e-3, warmup_init_lr=1e-4, warmup_steps=2)
+
+
+def _result(idx: list[list[int]], val: list[list[float]]) -> SparseResult:
+    return SparseResult(torch.tensor(idx), torch.tensor(val))
+
+
+def test_distances_follow_their_definitions():
+    a = [_result([[0, 1, 2, 3]], [[1.0, -1.0, 2.0, 0.5]])]
+    b = [_result([[0, 1, 4, 5]], [[1.0, 1.0, 3.0, 0.5]])]
+    d = similarity(a, b, [16]).overall
+    assert d.jaccard == pytest.approx(1 - 2 / 6)  # {0,1} shared of {0..5}
+    assert d.hamming == pytest.approx(1 / 2)  # index 1 disagrees in sign, index 0 agrees
+    # |A - B| = 0 + 2 + 2 + 0.5 + 3 + 0.5 = 8 over |B| = 5.5
+    assert d.manhattan == pytest.approx(8 / 5.5)
+    assert similarity(a, a, [16]).overall == Distances(0.0, 0.0, 0.0)
+    # two empty results agree; an empty one against a full one shares nothing
+    empty = [_result([[0, 0, 0, 0]], [[0.0, 0.0, 0.0, 0.0]])]
+    assert similarity(empty, empty, [16]).overall == Distances(0.0, 0.0, 0.0)
+    assert similarity(empty, b, [16]).overall.hamming == 1.0
+    with pytest.raises(ValueError, match="parameters"):
+        similarity(a, a + a, [16])
+
+
+def test_thresholds_keep_a_margin_over_honest_noise_and_judge_names_the_metric():
+    honest = [Distances(0.0, 0.0, 0.0), Distances(0.01, 0.002, 0.03)]
+    limits = Thresholds.from_honest(honest, margin=3.0, floor=0.02)
+    assert limits == Thresholds(jaccard=0.03, hamming=0.02, manhattan=pytest.approx(0.09))
+    verdict = judge(Distances(0.5, 0.0, 0.0), limits)
+    assert not verdict.ok and verdict.reason.startswith("jaccard 0.5000 > 0.0300")
+    assert judge(Distances(0.01, 0.01, 0.01), limits).ok
+
+
+def _decoded(trainer: DistroTrainer, tensors: list[SparseResult], step: int) -> DistroResult:
+    return trainer.decode(encode_result(tensors, trainer.plans, step=step, trainer_nonce=0,
+                                        batch_start=0, batch_end=1, one_bit=False))
+
+
+def test_replay_reproduces_an_honest_trainer_and_catches_a_wrong_batch():
+    data = LocalDataProvider(TRAIN_DATA, 32)
+    honest = DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER, SCHEDULE,
+                           micro_batch_size=2)
+    cheat = DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER, SCHEDULE,
+                          micro_batch_size=2)
+    verifier_model = load_causal_lm(TINY_MODEL, device="cpu")
+    # The verifier's own trainer: the step's weight decay reaches its weights as every
+    # client's (here by idling; a verifier that trains gets it from its own train()).
+    own = DistroTrainer(verifier_model, OPTIMIZER, SCHEDULE, micro_batch_size=2)
+    follow_honest = ReplayVerifier(verifier_model, OPTIMIZER, SCHEDULE, micro_batch_size=2)
+    follow_cheat = ReplayVerifier(verifier_model, OPTIMIZER, SCHEDULE, micro_batch_size=2)
+    limits = Thresholds.from_honest([])
+    for step in range(3):
+        assigned = data.get_samples(4 * step, 4 * step + 1)
+        expected_honest = follow_honest.expected(step, assigned, (4 * step, 4 * step + 1))
+        expected_cheat = follow_cheat.expected(step, assigned, (4 * step, 4 * step + 1))
+        out = honest.train(step, assigned)
+        wrong = cheat.train(step, data.get_samples(900 + 4 * step, 901 + 4 * step))
+        assert out.payload is not None and wrong.payload is not None
+        verdict = follow_honest.verify(honest.decode(out.payload), expected_honest, limits)
+        assert verdict.ok and verdict.distances == Distances(0.0, 0.0, 0.0), verdict
+        caught = follow_cheat.verify(cheat.decode(wrong.payload), expected_cheat, limits)
+        assert not caught.ok and "jaccard" in caught.reason, caught
+        own.idle(step)
+        # The shadows did not move the verifier's weights: they equal the honest trainer's.
+        for ours, theirs in zip(own.params, honest.params, strict=True):
+            assert torch.equal(ours, theirs)
+
+
+def test_cheap_checks_catch_empty_copied_and_repeated_results():
+    trainer = DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER, SCHEDULE,
+                            micro_batch_size=2)
+    data = LocalDataProvider(TRAIN_DATA, 32)
+    first = trainer.decode(trainer.train(1, data.get_samples(0, 1)).payload or b"")
+    second = trainer.decode(trainer.train(2, data.get_samples(2, 3)).payload or b"")
+    plans = trainer.plans
+    lr = trainer.learning_rate(2)
+    assert cheap_checks(second, plans, others={}, previous=first, learning_rate=lr) == []
+    copy = _decoded(trainer, list(second.tensors), 2)
+    assert [c.name for c in cheap_checks(copy, plans, others={"peer": second}, previous=first,
+                                          learning_rate=lr)] == ["copy"]
+    assert [c.name for c in cheap_checks(copy, plans, others={}, previous=second,
+                                          learning_rate=lr)] == ["repeat"]
+    zeros = _decoded(trainer, [SparseResult(torch.zeros_like(t.idx), torch.zeros_like(t.val))
+                               for t in second.tensors], 2)
+    assert [c.name for c in cheap_checks(zeros, plans, others={}, previous=None,
+                                          learning_rate=lr)] == ["empty"]
+    # At a learning rate of 0 an empty result is the honest one; anything else is not.
+    assert cheap_checks(zeros, plans, others={}, previous=None, learning_rate=0.0) == []
+    assert [c.name for c in cheap_checks(second, plans, others={}, previous=None,
+                                          learning_rate=0.0)] == ["not_empty"]
