@@ -6,11 +6,12 @@
 
 The model the state file starts from (a local directory, or a hub repo whose config.json
 is read from the HF cache or the hub) or `--model-config` is built on the meta device (no
-weights), and training/memory_plan.py's formulas give the bytes per device of every term,
-the total, and the largest micro-batch that fits. The device memory is `--gpu-memory-gib`,
-else the local GPU's; `--gpus` without either is an error, and with neither the plan is
-printed without a verdict. Exit codes: 0 fits (or no verdict), 1 does not fit, 2 bad input
-(one `error:` line on stderr).
+weights: training/model_shape.py), training/memory_plan.py's formulas give the bytes per
+device of every term, the total, and the largest micro-batch that fits, and `format_plan`
+prints them as a table. The device memory is `--gpu-memory-gib`, else the local GPU's;
+`--gpus` without either is an error, and with neither the plan is printed without a
+verdict. Exit codes: 0 fits (or no verdict), 1 does not fit, 2 bad input (one `error:`
+line on stderr).
 
 `check_fits_or_exit` is the same check for `train` at start, against this host's free
 device memory (CUDA) or available RAM (CPU).
@@ -26,7 +27,8 @@ import typer
 if TYPE_CHECKING:
     import torch
 
-    from client_image.training.memory_plan import MemoryPlan, ModelShape
+    from client_image.training.memory_plan import MemoryPlan
+    from client_image.training.model_shape import ModelShape
     from coordinator.config import StateFile
 
 
@@ -47,7 +49,7 @@ def _load_state(path: Path) -> StateFile:
 def _model_shape(state: StateFile | None, state_path: Path | None,
                  model_config: Path | None) -> ModelShape:
     """The model of --model-config, else the state's checkpoint, described from the meta device."""
-    from client_image.training.memory_plan import (
+    from client_image.training.model_shape import (
         PlanError,
         describe_model,
         load_model_config,
@@ -80,6 +82,46 @@ def _local_gpu_bytes() -> int | None:
     if not torch.cuda.is_available():
         return None
     return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def human_count(n: int) -> str:
+    if n >= 10**9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 10**6:
+        return f"{n / 1e6:.2f} M"
+    return f"{n:,}"
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    """The plan as a table: one row per term, bytes and a human size, then the total."""
+    from client_image.training.memory_plan import human_bytes
+
+    rows = list(plan.terms())
+    total_label = "total (persistent + larger peak)"
+    width = max(len(label) for label, _ in [*rows, (total_label, 0)])
+    share = "" if plan.dp * plan.tp == 1 else f", {human_count(plan.params_per_device)} per device"
+    lines = [
+        f"model   {plan.model}: {human_count(plan.n_params)} parameters "
+        f"({plan.n_params:,}{share}), meta device, no weights",
+        f"run     {plan.run}: seq_len {plan.seq_len}, micro-batch {plan.micro_batch_size}, "
+        f"compute {plan.compute}{', activation checkpointing' if plan.activation_checkpointing else ''}",
+        f"layout  D={plan.dp} x T={plan.tp} ({plan.dp * plan.tp} device"
+        f"{'s' if plan.dp * plan.tp > 1 else ''} per client)",
+    ]
+    if plan.optimizer == "distro":
+        lines.append(f"results {plan.peers} peers x {human_bytes(plan.result_wire_bytes)} "
+                     f"on the wire; up to two steps held in host memory: "
+                     f"{human_bytes(plan.held_results_host)}")
+    lines.append("")
+    lines.append(f"{'per device':<{width}}  {'bytes':>15}  {'':>10}")
+    lines.extend(f"{label:<{width}}  {size:>15,}  {human_bytes(size):>10}" for label, size in rows)
+    lines.append(f"{'  forward/backward peak':<{width}}  {plan.train_peak:>15,}  "
+                 f"{human_bytes(plan.train_peak):>10}")
+    lines.append(f"{'  optimizer-step peak':<{width}}  {plan.optimizer_peak:>15,}  "
+                 f"{human_bytes(plan.optimizer_peak):>10}")
+    lines.append(f"{total_label:<{width}}  {plan.total:>15,}  "
+                 f"{human_bytes(plan.total):>10}")
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def plan(
@@ -124,14 +166,13 @@ def plan(
     from client_image.training.memory_plan import (
         CUDA_RESERVE_BYTES,
         GIB,
-        PlanError,
         fits,
-        format_plan,
         human_bytes,
         max_micro_batch,
         plan_memory,
         run_settings,
     )
+    from client_image.training.model_shape import PlanError
 
     if dtype not in ("auto", "bf16", "fp32"):
         raise _fail(f"--dtype {dtype!r}: use auto, bf16 or fp32")
@@ -211,13 +252,12 @@ def check_fits_or_exit(
 
     from client_image.training.memory_plan import (
         CUDA_RESERVE_BYTES,
-        PlanError,
         available_system_memory,
-        describe_model,
         fits,
         plan_memory,
         run_settings,
     )
+    from client_image.training.model_shape import PlanError, describe_model
     from client_image.training.precision import PrecisionError, resolve_compute_dtype
 
     try:

@@ -1,8 +1,8 @@
 """Will it fit? Bytes per device of a client's training, from the model's shape alone.
 
-The model is instantiated on the meta device (shapes, no storage: an 8 B model costs
-nothing), and every term below is a formula over its parameters and the run's settings.
-The terms follow what this client does (precision.py, trainer.py, sharded.py,
+The shape is read on the meta device (model_shape.py: shapes, no storage, an 8 B model
+costs nothing), and every term below is a formula over its parameters and the run's
+settings. The terms follow what this client does (precision.py, trainer.py, sharded.py,
 parallel.py), not a generic trainer; N is the model's parameter count, N_dev a device's
 share of it (below), p the compute dtype's bytes (bf16 2, fp32 4), s the sequence length,
 b the micro-batch, D the data parallelism and T the tensor parallelism.
@@ -74,18 +74,23 @@ reserve (a GPU's CUDA context, cuBLAS workspaces and allocator slack).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from client_image.training.distro import BlockLayout, plan_model
+from client_image.training.model_shape import (
+    ModelShape,
+    ParamInfo,
+    PlanError,
+    describe_model,
+    meta_model,
+    tp_problem,
+)
 from client_image.training.wire import index_bits
 
 if TYPE_CHECKING:
-    import torch
-
     from coordinator.config import LLMConfig, StateFile
 
 ComputeDType = Literal["bf16", "fp32"]
@@ -103,46 +108,7 @@ DEFAULT_PEERS = 16
 DEFAULT_DISTRO = (64, 4, True)  # compression_chunk, compression_topk, quantize_1bit
 
 
-class PlanError(ValueError):
-    """A model or run this planner cannot read; the message is one line for the user."""
-
-
 # ----------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    """One trainable parameter as the layout sees it."""
-
-    name: str
-    shape: tuple[int, ...]
-    block: int | None  # decoder block index, None for the root (embeddings, norm, head)
-    tp_style: Literal["colwise", "rowwise"] | None  # parallel.LLAMA_BLOCK_TP_PLAN
-    linear: bool  # a weight or bias of an nn.Linear (autocast casts it)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the plan needs of a model: its parameters and a decoder's dimensions."""
-
-    name: str
-    params: tuple[ParamInfo, ...]
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    has_blocks: bool  # `model.layers`: FSDP / TP can split it (parallel.decoder_blocks)
-
-    @property
-    def n_params(self) -> int:
-        return sum(p.numel for p in self.params)
 
 
 @dataclass(frozen=True)
@@ -194,179 +160,6 @@ def run_settings(state: StateFile | None, *, seq_len: int | None = None,
         distro=distro,
         client_batch=-(-batch // max(1, state.config.min_clients)),
     )
-
-
-# ----------------------------------------------------------------- the model
-
-
-def find_local_dir(repo_id: str, state_path: Path | None) -> Path | None:
-    """A checkpoint's repo_id that names a local directory: from the working directory,
-    else from the state file's folder and its parents (config/x/state.toml naming
-    assets/tiny-llama, relative to the project root)."""
-    candidate = Path(repo_id).expanduser()
-    if candidate.is_dir():
-        return candidate
-    if state_path is not None and not candidate.is_absolute():
-        for base in state_path.resolve().parents:
-            if (base / candidate).is_dir():
-                return base / candidate
-    return None
-
-
-def state_model_source(state: StateFile, state_path: Path | None) -> tuple[str, str | None]:
-    """(local directory or hub repo id, revision) of the model a state file starts from."""
-    from coordinator.config import GcsCheckpoint, P2PGcsCheckpoint
-
-    checkpoint = state.model.checkpoint
-    if isinstance(checkpoint, GcsCheckpoint | P2PGcsCheckpoint):
-        raise PlanError(f"the run's checkpoint is in the GCS bucket {checkpoint.bucket}: "
-                        "pass its config.json with --model-config")
-    local = find_local_dir(checkpoint.repo_id, state_path)
-    if local is not None:
-        return str(local), None
-    return checkpoint.repo_id, checkpoint.revision
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _hub_config(repo_id: str, revision: str | None) -> Path:
-    """config.json of a hub repo: the HF cache first, then the network unless offline."""
-    import logging
-
-    from huggingface_hub import constants, hf_hub_download
-
-    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
-        "1", "true", "yes", "on")
-    hub_logger = logging.getLogger("huggingface_hub")
-    level = hub_logger.level
-    hub_logger.setLevel(logging.ERROR)  # its retry warnings would break the one-line error
-    try:
-        for local_only in (True, False):
-            if not local_only and offline:
-                break
-            try:
-                return Path(hf_hub_download(repo_id, "config.json", revision=revision,
-                                            local_files_only=local_only))
-            except Exception as exc:  # huggingface_hub raises many types for missing repos
-                error = exc
-    finally:
-        hub_logger.setLevel(level)
-    where = "in the HF cache (offline)" if offline else "in the HF cache or on the hub"
-    raise PlanError(f"the model {repo_id}: no config.json {where} ({_one_line(error)}); "
-                    "pass the model's config.json with --model-config")
-
-
-def load_model_config(source: str | Path, revision: str | None = None) -> Any:
-    """A transformers config from a config.json file, a directory holding one, or a hub
-    repo id (only its config.json is fetched)."""
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    path = Path(source).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise PlanError(f"{path} has no config.json")
-        path = path / "config.json"
-    elif not path.exists():
-        if str(source).startswith((".", "/", "~")) or str(source).endswith(".json"):
-            raise PlanError(f"model config {source} does not exist")
-        path = _hub_config(str(source), revision)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        return AutoConfig.from_pretrained(path)
-    except Exception as exc:  # JSON, unknown model_type, bad fields: transformers' many types
-        raise PlanError(f"transformers cannot read the model config {path}: "
-                        f"{_one_line(exc)}") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-
-
-def meta_model(config: Any) -> torch.nn.Module:
-    """AutoModelForCausalLM.from_config on the meta device: every shape, no storage."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with torch.device("meta"):
-            model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    except Exception as exc:  # not a causal LM, inconsistent sizes...
-        raise PlanError(f"transformers cannot build a causal LM from the config "
-                        f"({getattr(config, 'model_type', '?')}): {_one_line(exc)}") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return model
-
-
-def describe_model(model: torch.nn.Module, name: str = "") -> ModelShape:
-    """The parameters (in trainable_parameters' order) and dimensions of a (meta) model."""
-    import torch
-
-    from client_image.training.parallel import LLAMA_BLOCK_TP_PLAN, ParallelismError, decoder_blocks
-
-    try:
-        blocks = decoder_blocks(model)
-    except ParallelismError:
-        blocks = []
-    where: dict[int, tuple[int, str]] = {}
-    for index, block in enumerate(blocks):
-        for param_name, param in block.named_parameters():
-            where[id(param)] = (index, param_name)
-    linear = {id(p) for m in model.modules() if isinstance(m, torch.nn.Linear)
-              for p in m.parameters(recurse=False)}
-    params = []
-    for param_name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        block_index, inner = where.get(id(param), (None, ""))
-        named = (LLAMA_BLOCK_TP_PLAN.get(inner.rpartition(".")[0])
-                 if block_index is not None else None)
-        style: Literal["colwise", "rowwise"] | None = (
-            "colwise" if named == "colwise" else "rowwise" if named == "rowwise" else None)
-        params.append(ParamInfo(param_name, tuple(int(s) for s in param.shape), block_index,
-                                style, id(param) in linear))
-    config = getattr(model, "config", None)
-
-    def dim(*names: str, default: int = 0) -> int:
-        for attr in names:
-            value = getattr(config, attr, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return default
-
-    hidden = dim("hidden_size", "n_embd", "d_model")
-    heads = dim("num_attention_heads", "n_head", default=1)
-    return ModelShape(
-        name=name or type(model).__name__,
-        params=tuple(params),
-        hidden=hidden,
-        layers=dim("num_hidden_layers", "n_layer", default=len(blocks)),
-        heads=heads,
-        kv_heads=dim("num_key_value_heads", default=heads),
-        head_dim=dim("head_dim", default=hidden // heads if heads else 0),
-        intermediate=dim("intermediate_size", "n_inner", default=4 * hidden),
-        vocab=dim("vocab_size"),
-        has_blocks=bool(blocks),
-    )
-
-
-def tp_problem(shape: ModelShape, tp: int) -> str | None:
-    """Why T ranks cannot split this model, or None: parallel.check_tp_divides' rule (heads,
-    key/value heads and the MLP width must split evenly over T)."""
-    if tp == 1:
-        return None
-    sizes = {"num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
-             "intermediate_size": shape.intermediate}
-    for name, size in sizes.items():
-        if size % tp:
-            return f"tensor parallelism {tp} does not divide {name} = {size}"
-    return None
 
 
 # ----------------------------------------------------------------- the plan
@@ -640,7 +433,7 @@ def max_micro_batch(shape: ModelShape, run: RunSettings, device_bytes: int, *,
     return low
 
 
-# ----------------------------------------------------------------- the table
+# ----------------------------------------------------------------- sizes, the host, the client
 
 
 def human_bytes(size: int) -> str:
@@ -651,44 +444,6 @@ def human_bytes(size: int) -> str:
     if size >= 1024:
         return f"{size / 1024:.1f} KiB"
     return f"{size} B"
-
-
-def human_count(n: int) -> str:
-    if n >= 10**9:
-        return f"{n / 1e9:.2f} B"
-    if n >= 10**6:
-        return f"{n / 1e6:.2f} M"
-    return f"{n:,}"
-
-
-def format_plan(plan: MemoryPlan) -> str:
-    """The plan as a table: one row per term, bytes and a human size, then the total."""
-    rows = list(plan.terms())
-    total_label = "total (persistent + larger peak)"
-    width = max(len(label) for label, _ in [*rows, (total_label, 0)])
-    share = "" if plan.dp * plan.tp == 1 else f", {human_count(plan.params_per_device)} per device"
-    lines = [
-        f"model   {plan.model}: {human_count(plan.n_params)} parameters "
-        f"({plan.n_params:,}{share}), meta device, no weights",
-        f"run     {plan.run}: seq_len {plan.seq_len}, micro-batch {plan.micro_batch_size}, "
-        f"compute {plan.compute}{', activation checkpointing' if plan.activation_checkpointing else ''}",
-        f"layout  D={plan.dp} x T={plan.tp} ({plan.dp * plan.tp} device"
-        f"{'s' if plan.dp * plan.tp > 1 else ''} per client)",
-    ]
-    if plan.optimizer == "distro":
-        lines.append(f"results {plan.peers} peers x {human_bytes(plan.result_wire_bytes)} "
-                     f"on the wire; up to two steps held in host memory: "
-                     f"{human_bytes(plan.held_results_host)}")
-    lines.append("")
-    lines.append(f"{'per device':<{width}}  {'bytes':>15}  {'':>10}")
-    lines.extend(f"{label:<{width}}  {size:>15,}  {human_bytes(size):>10}" for label, size in rows)
-    lines.append(f"{'  forward/backward peak':<{width}}  {plan.train_peak:>15,}  "
-                 f"{human_bytes(plan.train_peak):>10}")
-    lines.append(f"{'  optimizer-step peak':<{width}}  {plan.optimizer_peak:>15,}  "
-                 f"{human_bytes(plan.optimizer_peak):>10}")
-    lines.append(f"{total_label:<{width}}  {plan.total:>15,}  "
-                 f"{human_bytes(plan.total):>10}")
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def available_system_memory() -> int:

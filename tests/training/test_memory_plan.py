@@ -1,4 +1,5 @@
-"""`psyche-client plan` and training/memory_plan.py: meta-device planning, sharding, fit.
+"""`psyche-client plan`, training/model_shape.py and training/memory_plan.py: meta-device
+planning, sharding, fit.
 
 Expected numbers are derived here from the model configs and state files (closed-form
 parameter counts, the state's batch and optimizer), from real models and real encoded
@@ -25,6 +26,7 @@ from typer.testing import CliRunner
 from client_image.cli import app
 from client_image.plan_cli import check_fits_or_exit
 from client_image.training import memory_plan as mp
+from client_image.training import model_shape as ms
 from client_image.training.distro import compress, plan_model
 from client_image.training.wire import encode_result
 from coordinator.config import load_state_file
@@ -40,8 +42,8 @@ GIB = 1 << 30
 runner = CliRunner()
 
 
-def _shape(source: Path) -> mp.ModelShape:
-    return mp.describe_model(mp.meta_model(mp.load_model_config(source)))
+def _shape(source: Path) -> ms.ModelShape:
+    return ms.describe_model(ms.meta_model(ms.load_model_config(source)))
 
 
 def _llama_params(config: dict) -> int:
@@ -72,8 +74,8 @@ def test_meta_instantiation_of_8b_allocates_no_weights():
     _shape(TINY_MODEL)  # imports and transformers' lazy modules out of the measurement
     before = _rss()
     started = time.perf_counter()
-    model = mp.meta_model(mp.load_model_config(LLAMA_8B))
-    shape = mp.describe_model(model)
+    model = ms.meta_model(ms.load_model_config(LLAMA_8B))
+    shape = ms.describe_model(model)
     plan = mp.plan_memory(shape, mp.run_settings(None), dp=8)
     elapsed = time.perf_counter() - started
     grown = _rss() - before
@@ -150,7 +152,7 @@ def test_sharding_divides_the_sharded_terms(dp, tp):
 
 def test_tensor_parallelism_must_divide_the_heads():
     shape = _shape(TINY_MODEL)  # 4 heads, 4 key/value heads, MLP 384
-    with pytest.raises(mp.PlanError, match="num_attention_heads = 4"):
+    with pytest.raises(ms.PlanError, match="num_attention_heads = 4"):
         mp.plan_memory(shape, mp.run_settings(None), tp=3)
 
 
@@ -267,7 +269,7 @@ def test_plan_bounds_the_measured_peak_of_real_training_steps():
     config = LlamaConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=8000,
                          tie_word_embeddings=False, max_position_embeddings=256)
-    shape = mp.describe_model(mp.meta_model(config))
+    shape = ms.describe_model(ms.meta_model(config))
     run = mp.RunSettings("measured", 128, 6, mp.DistroSettings(64, 8, True))
     plan = mp.plan_memory(shape, run, micro_batch_size=4, compute="fp32")
     # An upper bound of the live bytes, and not a wild one.
