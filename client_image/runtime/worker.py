@@ -34,7 +34,7 @@ from client_image.training.precision import (
     enable_activation_checkpointing,
     resolve_compute_dtype,
 )
-from client_image.training.rank_group import BuildSpec, RankGroup, RankSetup
+from client_image.training.rank_group import BuildSpec, RankFailed, RankGroup, RankSetup
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -99,7 +99,10 @@ class TrainingWorker:
 
     async def _run(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         async with self._lock:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            try:
+                return await asyncio.to_thread(fn, *args, **kwargs)
+            except RankFailed as exc:  # a lost rank cannot come back in this process
+                raise Unrunnable(str(exc)) from exc
 
     # ------------------------------------------------------------------ loading
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:

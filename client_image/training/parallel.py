@@ -64,9 +64,9 @@ LLAMA_BLOCK_TP_PLAN: dict[str, str] = {
     "mlp.down_proj": "rowwise",
 }
 
-# A long collective timeout: ranks wait in a collective for the leader's next command
-# for as long as a round lasts (training/rank_group.py).
-COLLECTIVE_TIMEOUT = timedelta(hours=2)
+# How long a collective may wait: followers wait in one for the leader's next command,
+# which comes at least every rank_group.PING_INTERVAL_S (a no-op when the run is idle).
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 def backend_for(device_type: str) -> str:

@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,11 @@ from coordinator.config import DistroOptimizer, LRSchedule
 log = logging.getLogger(__name__)
 
 DEFAULT_MAIN_PORT = 29500
+PING_INTERVAL_S = 300.0  # an idle leader broadcasts a no-op this often (parallel.py)
+
+
+class RankFailed(RuntimeError):
+    """A rank of this client is gone: the model it held a part of is lost."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,9 @@ class RankExecutor:
             state[name] = gathered[id(tensor)]
         return state
 
+    def ping(self) -> None:
+        """Nothing: keeps the followers' wait for a command under the collective timeout."""
+
     def stop(self) -> None:
         return None
 
@@ -198,15 +207,37 @@ class RankGroup:
         self._group = _command_group(device_type)
         self._lock = threading.Lock()
         self.executor = RankExecutor(local_device(device, 0))
+        self._last_command = time.monotonic()
+        self._closed = threading.Event()
+        threading.Thread(target=self._keep_alive, name="rank-ping", daemon=True).start()
 
     def run(self, name: str, *args: Any) -> Any:
         """Broadcast the command, then run it here: every rank runs commands in one order."""
         with self._lock:
+            dead = [(f.args, f.returncode) for f in self.followers if f.poll() is not None]
+            if dead and name != "stop":
+                raise RankFailed(f"a rank process of this client exited (code {dead[0][1]}): "
+                                 "its part of the model is lost")
+            self._last_command = time.monotonic()
             dist.broadcast_object_list([(name, args)], src=0, group=self._group)
             return getattr(self.executor, name)(*args)
 
+    def _keep_alive(self) -> None:
+        while not self._closed.wait(PING_INTERVAL_S / 4):
+            if time.monotonic() - self._last_command > PING_INTERVAL_S:
+                try:
+                    self.run("ping")
+                except (RankFailed, RuntimeError) as exc:  # the next real command says it too
+                    log.warning("ranks: %s", exc)
+                    return
+
     def close(self) -> None:
+        self._closed.set()
         if not dist.is_initialized():
+            return
+        if any(f.poll() is not None for f in self.followers):  # cannot stop a broken group
+            for follower in self.followers:
+                follower.kill()
             return
         self.run("stop")
         for follower in self.followers:

@@ -15,6 +15,7 @@ import torch
 from loopback import free_port
 from training_assets import TINY_MODEL, TRAIN_DATA
 
+from client_image.runtime.ports import Unrunnable
 from client_image.runtime.worker import TrainingWorker
 from client_image.training.distro import decompress
 from client_image.training.parallel import ParallelDims
@@ -83,3 +84,18 @@ async def test_a_sidecar_host_runs_the_second_rank(tmp_path):
     for name in files:
         if name.endswith(".safetensors"):
             assert (checkpoint / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+async def test_a_lost_rank_stops_the_client_instead_of_hanging_it():
+    split = TrainingWorker(device="cpu", micro_batch_size=2, dtype="fp32",
+                           ranks=RankSetup(ParallelDims(2, 1)))
+    try:
+        await split.load_from_hub(str(TINY_MODEL), None, LLM, start_step=0)
+        assert split.ranks is not None and len(split.ranks.followers) == 1
+        split.ranks.followers[0].kill()
+        split.ranks.followers[0].wait(timeout=10)
+        batch = LocalDataProvider(TRAIN_DATA, 32).get_samples(0, 3)
+        with pytest.raises(Unrunnable, match="rank process of this client exited"):
+            await split.train(0, batch, (0, 3), cold_start=False)
+    finally:
+        split.close()
