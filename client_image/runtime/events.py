@@ -123,6 +123,18 @@ class Applied(RuntimeEvent):
     of_step: int
     results: int
     skipped: int
+    left_out: int = 0  # consensus results every client leaves out (verification/checks.py)
+
+
+@dataclass(frozen=True)
+class ResultLeftOut(RuntimeEvent):
+    """A consensus result that failed a cheap check: no client applies it."""
+
+    NAME: ClassVar[str] = "result_left_out"
+    of_step: int
+    trainer: str  # node id, hex
+    check: str  # empty | not_empty | underfilled | copy | repeat | undecodable
+    detail: str
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Unit tests drive the runner with in-memory fakes of all of them (tests/client_ru
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +94,14 @@ class Worker(Protocol):
         ...
 
     async def apply(self, step: int, payloads: Sequence[bytes]) -> int: ...
+
+    async def screen(self, of_step: int, results: Sequence[tuple[bytes, bytes]],
+                     previous: Mapping[bytes, bytes]) -> dict[int, tuple[str, str]]:
+        """The cheap checks on a step's consensus results ((sender, payload) in batch
+        order) against each sender's `previous` result: position -> (check, detail) of
+        each one to leave out. A pure function of its inputs: every client leaves out the
+        same ones."""
+        ...
 
     async def idle(self, step: int) -> None:
         """A round others train and this client does not: the weights change as theirs

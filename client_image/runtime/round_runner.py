@@ -37,6 +37,7 @@ from client_image.runtime.events import (
     DownloadFailed,
     HealthCheckSent,
     Ready,
+    ResultLeftOut,
     TaskFailed,
     Trained,
     WitnessSent,
@@ -109,6 +110,8 @@ class RoundRunner:
         # ---- the state of the rounds, all of it
         self.state: CoordinatorState | None = None
         self.records: dict[int, StepRecord] = {}
+        # sender -> its last consensus result (the `repeat` check's previous), this epoch
+        self.previous_results: dict[bytes, bytes] = {}
         self.early: dict[int, list[tuple[bytes, Broadcast]]] = {}  # gossip ahead of its round
         self.previous_epoch_clients: list[bytes] = []  # who went through the last cooldown
         self.warmup = WarmupTracker(me, backend, events, self.counters)
@@ -201,6 +204,7 @@ class RoundRunner:
             self.desynced = False
             self.model_fresh = True
             self.records.clear()
+            self.previous_results = {}
             self.warmup.heard(self.me.key)
             self.events.emit(Ready(epoch=state.progress.epoch))
             await self.peers.broadcast(Finished(step=state.progress.step, warmup=True))
@@ -286,12 +290,24 @@ class RoundRunner:
         if missing:
             self.set_desynced(f"step {step - 2}: consensus results {missing} not downloadable")
             raise RuntimeError(f"missing consensus payloads for step {step - 2}")
-        payloads = [record.payloads[winners[batch]] for batch in sorted(winners)]
-        applied = await self.worker.apply(step, payloads)
+        batches = sorted(winners)
+        payloads = [record.payloads[winners[batch]] for batch in batches]
+        senders = [record.announced[batch][winners[batch]].sender for batch in batches]
+        results = list(zip(senders, payloads, strict=True))
+        # Every client screens the same consensus results against the same previous ones,
+        # so all leave out the same: the weights stay identical (verification/checks.py).
+        left_out = await self.worker.screen(step - 2, results, self.previous_results)
+        self.previous_results = dict(results)
+        for position, (check, detail) in sorted(left_out.items()):
+            self.events.emit(ResultLeftOut(of_step=step - 2, trainer=senders[position].hex(),
+                                           check=check, detail=detail))
+        kept = [payload for i, payload in enumerate(payloads) if i not in left_out]
+        applied = await self.worker.apply(step, kept) if kept else 0
         self.counters.apply_message_success += applied
         self.counters.last_result_sizes = [len(p) for p in payloads]
         self.events.emit(Applied(step=step, of_step=step - 2, results=applied,
-                                 skipped=len(record.assignments) - len(winners)))
+                                 skipped=len(record.assignments) - len(winners),
+                                 left_out=len(left_out)))
 
     async def _health_check(self, state: CoordinatorState, judged: StepRecord) -> None:
         expected = {node.key for node in judged.assignments.values()}

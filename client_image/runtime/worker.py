@@ -7,11 +7,12 @@ torch work never runs on the event loop: every call here goes through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -35,6 +36,7 @@ from client_image.training.precision import (
     resolve_compute_dtype,
 )
 from client_image.training.rank_group import BuildSpec, RankFailed, RankGroup, RankSetup
+from client_image.verification.checks import screen
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -284,6 +286,32 @@ class TrainingWorker:
                     log.error("step %d: dropping a payload that no longer decodes: %s", step, exc)
             trainer.apply(step, results)
             return len(results)
+        return await self._run(run)
+
+    async def screen(self, of_step: int, results: Sequence[tuple[bytes, bytes]],
+                     previous: Mapping[bytes, bytes]) -> dict[int, tuple[str, str]]:
+        """Cheap checks on a step's consensus results (verification/checks.py, `screen`)."""
+        assert self.trainer is not None
+        trainer = self.trainer
+
+        def run() -> dict[int, tuple[str, str]]:
+            left_out: dict[int, tuple[str, str]] = {}
+            decoded: list[tuple[str, DistroResult]] = []
+            positions: list[int] = []
+            for position, (sender, payload) in enumerate(results):
+                try:
+                    decoded.append((sender.hex(), trainer.decode(payload)))
+                    positions.append(position)
+                except ResultDecodeError as exc:  # verified on download; never expected
+                    left_out[position] = ("undecodable", str(exc))
+            earlier = {}
+            for sender, payload in previous.items():
+                with contextlib.suppress(ResultDecodeError):
+                    earlier[sender.hex()] = trainer.decode(payload)
+            checked = screen(decoded, trainer.plans, earlier, trainer.learning_rate(of_step))
+            for index, check in checked.items():
+                left_out[positions[index]] = (check.name, check.detail)
+            return left_out
         return await self._run(run)
 
     async def idle(self, step: int) -> None:

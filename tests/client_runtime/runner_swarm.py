@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,8 @@ class FakeWorker:
         self.trained: list[tuple[int, tuple[int, int]]] = []
         self.applied: list[tuple[int, list[bytes]]] = []
         self.idled: list[int] = []  # steps others trained and this client had no batch
+        self.left_out: set[bytes] = set()  # senders whose results screen() leaves out
+        self.screened: list[tuple[int, list[bytes], dict[bytes, bytes]]] = []
         self.saved: list[int] = []
         self.rounded = 0  # round_to_bf16 calls (one per cooldown)
         self.fail_training: str | None = None  # train raises RuntimeError(this) while set
@@ -98,6 +100,14 @@ class FakeWorker:
 
     async def idle(self, step: int) -> None:
         self.idled.append(step)
+
+    async def screen(self, of_step: int, results: Sequence[tuple[bytes, bytes]],
+                     previous: Mapping[bytes, bytes]) -> dict[int, tuple[str, str]]:
+        """Leaves out the results of the senders in `left_out` (the real checks need real
+        results: tests/training/test_verification.py)."""
+        self.screened.append((of_step, [sender for sender, _ in results], dict(previous)))
+        return {i: ("copy", "fake check") for i, (sender, _) in enumerate(results)
+                if sender in self.left_out}
 
     async def round_to_bf16(self) -> None:
         self.rounded += 1

@@ -18,6 +18,7 @@ from client_image.runtime.events import (
     Desynced,
     HealthCheckSent,
     ModelLoaded,
+    ResultLeftOut,
     Trained,
     WarmupWitnessSent,
     WitnessSent,
@@ -80,6 +81,28 @@ async def test_a_client_without_a_batch_takes_the_steps_weight_decay_instead() -
         done = trained | set(worker.idled)
         assert set(range(1, swarm.coordinator.state.progress.step - 1)) <= done, (n, done)
     assert sum(len(swarm.worker(n).idled) for n in swarm.nodes) >= 4
+
+
+async def test_every_client_leaves_out_the_same_screened_results() -> None:
+    # One trainer's results fail a cheap check (here, as every client's screen says so):
+    # no client applies them, every client says so, and the screen saw each sender's
+    # previous consensus result.
+    swarm = FakeSwarm(3)
+    cheat = swarm.nodes[2]
+    for n in swarm.nodes:
+        swarm.worker(n).left_out.add(cheat.key)
+    await swarm.run_until(step_reached(8))
+    applied = [swarm.worker(n).applied for n in swarm.nodes]
+    assert applied[0] == applied[1] == applied[2] and len(applied[0]) >= 4
+    for step, payloads in applied[0]:
+        cheats = [payload_of(cheat.key, step - 2, batch)
+                  for s, batch in swarm.worker(cheat).trained if s == step - 2]
+        assert cheats and not set(cheats) & set(payloads), step
+        assert len(payloads) == 2  # the two honest trainers' results still apply
+    left = [e for _, e in swarm.events if isinstance(e, ResultLeftOut)]
+    assert left and {e.trainer for e in left} == {cheat.key.hex()}
+    later = [previous for _, _, previous in swarm.worker(swarm.nodes[0]).screened[1:]]
+    assert later and all(cheat.key in previous for previous in later)
 
 
 async def test_only_the_elected_witness_of_a_round_submits_it() -> None:

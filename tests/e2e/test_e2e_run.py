@@ -88,6 +88,11 @@ async def test_three_clients_two_epochs_identical_and_finished(tmp_path, monkeyp
     trained_by = {i: {e["step"] for e in events(testnet.options.work_dir, i, "trained")}
                   for i in (1, 2, 3)}
     assert all(len(steps) >= 10 for steps in trained_by.values()), trained_by
+    # Every client screened every consensus result (verification/checks.py): no honest
+    # one was left out.
+    for i in (1, 2, 3):
+        assert list(events(testnet.options.work_dir, i, "result_left_out")) == []
+        assert all(e["left_out"] == 0 for e in events(testnet.options.work_dir, i, "applied"))
     for i in (1, 2, 3):
         failed = events(testnet.options.work_dir, i, "upload_failed")
         assert failed and all("offline" in e["error"] for e in failed), failed

@@ -107,3 +107,45 @@ def test_cheap_checks_catch_empty_copied_and_repeated_results():
     assert cheap_checks(zeros, plans, others={}, previous=None, learning_rate=0.0) == []
     assert [c.name for c in cheap_checks(second, plans, others={}, previous=None,
                                           learning_rate=0.0)] == ["not_empty"]
+
+
+async def test_the_workers_screen_leaves_out_copies_empties_and_repeats():
+    import tomllib
+    from pathlib import Path
+
+    from client_image.runtime.worker import TrainingWorker
+    from coordinator.config import state_file_from_dict
+
+    state = Path(__file__).resolve().parents[2] / "config" / "local-testnet" / "state.toml"
+    llm = state_file_from_dict(tomllib.loads(state.read_text())).model
+    worker = TrainingWorker(device="cpu", micro_batch_size=2, dtype="fp32")
+    try:
+        await worker.load_from_hub(str(TINY_MODEL), None, llm, start_step=0)
+        data = LocalDataProvider(TRAIN_DATA, 32)
+        trainer = worker.trainer
+        assert trainer is not None
+        a = (await worker.train(5, data.get_samples(0, 1), (0, 1), False)).payload
+        b = (await worker.train(6, data.get_samples(2, 3), (2, 3), False)).payload
+        assert a is not None and b is not None
+        decoded = trainer.decode(b)
+        copy = encode_result(list(decoded.tensors), trainer.plans, step=6, trainer_nonce=99,
+                             batch_start=4, batch_end=5, one_bit=decoded.one_bit)
+        zeros = encode_result([SparseResult(torch.zeros_like(t.idx), torch.zeros_like(t.val))
+                               for t in decoded.tensors], trainer.plans, step=6,
+                              trainer_nonce=1, batch_start=6, batch_end=7,
+                              one_bit=decoded.one_bit)
+        honest, copier, lazy, replayer = b"h" * 32, b"c" * 32, b"z" * 32, b"r" * 32
+        replay = encode_result(list(trainer.decode(a).tensors), trainer.plans, step=6,
+                               trainer_nonce=2, batch_start=8, batch_end=9,
+                               one_bit=decoded.one_bit)
+        left_out = await worker.screen(
+            6, [(honest, b), (copier, copy), (lazy, zeros), (replayer, replay)],
+            {replayer: a, honest: a})
+        assert {i: check for i, (check, _) in left_out.items()} == {
+            1: "copy", 2: "empty", 3: "repeat"}
+        # the same inputs, the same answer: what keeps every client's weights identical
+        assert left_out == await worker.screen(
+            6, [(honest, b), (copier, copy), (lazy, zeros), (replayer, replay)],
+            {replayer: a, honest: a})
+    finally:
+        worker.close()
