@@ -10,8 +10,12 @@ prints `OK` or every problem (one per line) and exits 1 on error.
         [--prometheus-port P] [--otlp-metrics-url URL] ... (psyche_common.telemetry.options)
 
 runs the TCP coordinator (and the TCP data server when the run's data location is
-`Server`) until SIGINT/SIGTERM; the same config errors as validate-config exit 1.
-Logs go to stderr (to the TUI's log panel with --tui true).
+`Server`) until SIGINT, SIGTERM or SIGHUP (or q / ctrl+c / ctrl+q in the TUI): it says
+"stopping…", closes every connection and both servers, saves the state (with
+--save-state-dir) and exits 0 (a requested stop is a server's normal end). The same
+config errors as validate-config exit 1, and so does a port that is in use, at once,
+with one line such as `error: port 20000 is in use: cannot listen on 0.0.0.0:20000
+(--server-port)`. Logs go to stderr (to the TUI's log panel with --tui true).
 """
 
 from __future__ import annotations
@@ -88,7 +92,12 @@ def run(
     *,
     telemetry: TelemetryOptions,
 ) -> None:
-    """Run the TCP coordinator server for a run."""
+    """Run the TCP coordinator server for a run.
+
+    Stops on SIGINT, SIGTERM, SIGHUP (q, ctrl+c, ctrl+q in the TUI): says
+    "stopping…", closes every connection, saves the state (--save-state-dir),
+    exits 0. A config error or a port in use: exit 1 at once, with the reason.
+    """
     import asyncio
     import logging
 

@@ -15,9 +15,8 @@ model's max_seq_len.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import logging
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from coordinator.machine import coordinator_from_state
 from coordinator_tcp.data_server import DataServer, DataServerOptions, data_problems
 from coordinator_tcp.persistence import PersistenceError, StateStore
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
+from coordinator_tcp.stopping import StopSignals, run_app_until_stopped, say
 from psyche_common.tcp.connection import parse_host_port
 
 if TYPE_CHECKING:
@@ -130,19 +130,33 @@ def load_run(options: RunOptions) -> LoadedRun:
     return LoadedRun(coordinator, addresses, resumed, data_config, data_address)
 
 
+def listen_error(exc: OSError, what: str, host: str, port: int) -> str:
+    """The one line a server that cannot listen prints (no traceback)."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"error: port {port} is in use: cannot listen on {host}:{port} ({what})"
+    reason = exc.strerror or str(exc)
+    return f"error: cannot listen on {host}:{port} ({what}): {reason}"
+
+
 async def run_coordinator(options: RunOptions, stop: asyncio.Event | None = None) -> int:
-    """Serve until SIGINT/SIGTERM (or `stop` is set); returns the process exit code."""
+    """Serve until SIGINT/SIGTERM/SIGHUP (or `stop` is set); returns the process exit code:
+    0 after a stop (by a signal, `stop`, or the TUI's q / ctrl+c / ctrl+q), 1 when the run
+    cannot start (a config error, or a port in use: one line on stderr, no traceback)."""
+    signals = StopSignals(stop)
+    signals.install()  # before anything else: a signal while loading still stops cleanly
+    try:
+        return await _serve(options, signals)
+    finally:
+        signals.remove()
+
+
+async def _serve(options: RunOptions, signals: StopSignals) -> int:
     try:
         loaded = load_run(options)
     except ConfigError as exc:
         for line in exc.errors:  # the same lines validate-config prints
             print(line, file=sys.stderr)
         return 1
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
 
     server = CoordinatorServer(loaded.coordinator, options.server,
                                p2p_addresses=loaded.p2p_addresses, resumed=loaded.resumed)
@@ -159,39 +173,74 @@ async def run_coordinator(options: RunOptions, stop: asyncio.Event | None = None
                  options.server.save_state_dir, server.state.run_state.name,
                  server.state.progress.epoch, server.state.progress.step)
     telemetry: Telemetry | None = None
+    error: str | None = None
+    started = False
     try:
-        telemetry = _start_telemetry(options, server)
-        await server.start()
-        if data_server is not None:
-            await data_server.start()
-    except OSError as exc:
-        log.error("cannot listen: %s", exc)
-        await server.stop()
-        if telemetry is not None:
-            telemetry.shutdown()
+        try:
+            telemetry = _start_telemetry(options, server)
+        except OSError as exc:
+            assert options.telemetry is not None  # only a configured export listens
+            error = listen_error(exc, "--prometheus-port", options.telemetry.prometheus_host,
+                                 options.telemetry.prometheus_port or 0)
+        if error is None:
+            try:
+                await server.start()
+            except OSError as exc:
+                error = listen_error(exc, "--server-port", options.server.host,
+                                     options.server.port)
+        if error is None and data_server is not None:
+            try:
+                await data_server.start()
+            except OSError as exc:
+                error = listen_error(exc, "the data server of model.LLM.data_location",
+                                     data_server.options.host, data_server.options.port)
+        started = error is None
+    finally:
+        if not started:  # (a port in use, or a cancellation) nothing is left listening
+            await _shut_down(server, data_server, telemetry, save=False)
+    if error is not None:
+        say(error)
         return 1
+    reason = signals.reason
     try:
         if options.tui:
-            from coordinator_tcp.tui import CoordinatorApp
-
-            app = CoordinatorApp(server, data_server)
-            tui_task = asyncio.create_task(app.run_async())
-            stop_task = asyncio.create_task(stop.wait())
-            await asyncio.wait({tui_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-            if not tui_task.done():
-                app.exit()
-                await tui_task
-            stop_task.cancel()
+            reason = await _run_tui(server, data_server, signals)
         else:
-            await stop.wait()
+            await signals.event.wait()
+            reason = signals.reason
     finally:
-        log.info("stopping")
-        if data_server is not None:
-            await data_server.stop()
-        await server.stop()
-        if telemetry is not None:
-            await asyncio.to_thread(telemetry.shutdown)  # final flush, bounded by its timeout
+        if options.tui:  # the TUI has given the terminal back: say it there too
+            say(f"stopping… ({reason})")
+        log.info("stopping… (%s)", reason)
+        await _shut_down(server, data_server, telemetry, save=True)
+        log.info("stopped")
     return 0
+
+
+async def _run_tui(server: CoordinatorServer, data_server: DataServer | None,
+                   signals: StopSignals) -> str:
+    """The TUI until it quits (q, ctrl+c, ctrl+q) or a signal; returns why it stopped."""
+    from coordinator_tcp.tui import CoordinatorApp
+
+    app = CoordinatorApp(server, data_server)
+    await run_app_until_stopped(app, signals, app.stop_for)
+    return app.stopping or signals.reason
+
+
+async def _shut_down(server: CoordinatorServer, data_server: DataServer | None,
+                     telemetry: Telemetry | None, *, save: bool) -> None:
+    """Close every connection and listening socket; save the final state (--save-state-dir)."""
+    if data_server is not None:
+        await data_server.stop()
+    await server.stop()
+    if save and server.store is not None:
+        try:
+            server.save_state()
+            log.info("state saved to %s", server.store.directory)
+        except (OSError, PersistenceError) as exc:
+            log.error("could not save the state: %s", exc)
+    if telemetry is not None:
+        await asyncio.to_thread(telemetry.shutdown)  # final flush, bounded by its timeout
 
 
 def _start_telemetry(options: RunOptions, server: CoordinatorServer) -> Telemetry | None:

@@ -253,6 +253,11 @@ class CoordinatorServer:
         for callback in self.on_change:
             callback(self.state)
 
+    def save_state(self) -> None:
+        """Save the state now (--save-state-dir; every change is saved as it happens, so
+        this writes only what changed since): the last thing a stopping server does."""
+        self._persist()
+
     def _persist(self, encoded: bytes | None = None) -> None:
         if self.store is not None:
             self.store.save(encoded or encode_state(self.state), self.p2p_addresses)

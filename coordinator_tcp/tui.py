@@ -4,7 +4,9 @@ Dashboard: run id and address, phase with its timer, epoch, step, round height, 
 round's witnesses against the quorum, the clients and their states, samples served by
 the data server, and the server's log. Ctrl+P pauses the run (or resumes a paused one),
 as in Psyche's server dashboard. Refreshes twice a second from the live server object
-(same event loop, so no locking is needed).
+(same event loop, so no locking is needed). q, ctrl+c and ctrl+q stop the server, as
+SIGINT, SIGTERM and SIGHUP do: the status says "stopping…" and the app exits (the runner
+then closes the connections and saves the state).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import ClassVar
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.driver import Driver
 from textual.widgets import DataTable, Footer, Header, RichLog, Static
 
 from coordinator import RunState
 from coordinator_tcp.data_server import DataServer
 from coordinator_tcp.server import CoordinatorServer
+from coordinator_tcp.stopping import hangup_safe_driver
 from coordinator_tcp.summary import summarize
 
 
@@ -39,7 +43,7 @@ class CoordinatorApp(App[None]):
     TITLE = "psyche coordinator"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+p", "toggle_pause", "pause/resume", priority=True),
-        Binding("q", "quit", "quit"),
+        Binding("q", "quit", "stop"),
     ]
     CSS = """
     #status { height: auto; padding: 0 1; border: round $accent; }
@@ -54,6 +58,10 @@ class CoordinatorApp(App[None]):
         self.data_server = data_server
         self._handler = _TuiLogHandler(self)
         self.last_action = ""
+        self.stopping: str | None = None  # why, once stopping
+
+    def get_driver_class(self) -> type[Driver]:
+        return hangup_safe_driver(super().get_driver_class())
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -89,7 +97,23 @@ class CoordinatorApp(App[None]):
             f"witnesses {s.witnesses}/{s.witness_target} (quorum {s.quorum})   "
             f"clients {len(s.clients)}   connected {len(self.server.peers)}   "
             f"checkpoint {s.checkpoint}   Ctrl+P pause/resume"
-            + (f"\n{self.last_action}" if self.last_action else ""))
+            + (f"\n{self.last_action}" if self.last_action else "")
+            + (f"\nstopping… ({self.stopping})" if self.stopping else ""))
+
+    def stop_for(self, reason: str) -> None:
+        """Say "stopping…" and exit once that is on screen (a signal, or a key)."""
+        if self.stopping is not None:
+            return
+        self.stopping = reason
+        with contextlib.suppress(Exception):  # not running yet, or already unmounting
+            self.query_one("#status", Static).update(self.status_text())
+            self.call_after_refresh(self.exit)
+
+    async def action_quit(self) -> None:
+        self.stop_for("quit")
+
+    def action_help_quit(self) -> None:  # ctrl+c: stop, as SIGINT does (not "press ctrl+q")
+        self.stop_for("ctrl+c")
 
     def refresh_view(self) -> None:
         self.query_one("#status", Static).update(self.status_text())

@@ -4,11 +4,19 @@
 
 `--headless` waits for Finished (or `--timeout`) and prints ONE JSON line; `--tui` shows
 the server and each client's metrics instead.
+
+SIGINT (ctrl+c), SIGTERM and SIGHUP (the terminal closed) stop it: "stopping…" on stderr,
+every process it started stopped (whole process groups: SIGTERM, SIGKILL after 10 s, at
+once on a second signal), the JSON line (headless, its error "stopped by SIGTERM"), exit
+128 + the signal (130, 143, 129) as a shell reports an interrupted job; `q` in the TUI
+exits 0. Exit 0: the run finished (headless) or q; 1: a timeout, the coordinator exited,
+or a config error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +24,8 @@ from typing import Annotated
 import typer
 
 from coordinator.config import ConfigError
-from local_testnet.testnet import Testnet, TestnetOptions, run_headless
+from coordinator_tcp.stopping import say
+from local_testnet.testnet import METRICS_BASE_PORT, Testnet, TestnetOptions, run_headless
 
 app = typer.Typer(add_completion=False)
 
@@ -48,8 +57,16 @@ def testnet(
     data_port: Annotated[int | None, typer.Option(
         "--data-port", min=1, max=65535, help="serve the data on this port instead of the "
         "one in the config's Server data location")] = None,
+    metrics_base_port: Annotated[int, typer.Option(
+        "--metrics-base-port", min=1, max=65535 - 64,
+        help="client i serves its metrics on this port + i")] = METRICS_BASE_PORT,
 ) -> None:
-    """Start a coordinator and N clients on this machine and follow the run."""
+    """Start a coordinator and N clients on this machine and follow the run.
+
+    SIGINT (ctrl+c), SIGTERM, SIGHUP: stop every process it started, exit
+    128 + the signal (130, 143, 129); q in the TUI: exit 0. Headless: exit 0
+    once the run finished, 1 on a timeout or error.
+    """
     import tempfile
 
     options = TestnetOptions(
@@ -57,7 +74,8 @@ def testnet(
         work_dir=(work_dir or Path(tempfile.mkdtemp(prefix="psyche-testnet-"))).resolve(),
         random_kill_num=random_kill_num, random_kill_interval_s=random_kill_interval,
         allowed_to_kill=_int_list(allowed_to_kill),
-        late_join_client_delay_s=late_join_client_delay, timeout_s=timeout, data_port=data_port)
+        late_join_client_delay_s=late_join_client_delay, timeout_s=timeout, data_port=data_port,
+        metrics_base_port=metrics_base_port)
     try:
         net = Testnet(options)
     except ConfigError as exc:
@@ -69,11 +87,23 @@ def testnet(
         from local_testnet.tui import run_testnet_tui
 
         asyncio.run(run_testnet_tui(net))
+        say("stopped: nothing left running")
+        _exit_after_signal(net)
         return
     result = asyncio.run(run_headless(net))
-    typer.echo(json.dumps(result))
+    with contextlib.suppress(OSError, ValueError):  # stdout may be a terminal that hung up
+        print(json.dumps(result), flush=True)
+    if net.stop_signal is not None:
+        say("stopped: nothing left running")
+    _exit_after_signal(net)
     if result["error"] is not None:
         raise typer.Exit(code=1)
+
+
+def _exit_after_signal(net: Testnet) -> None:
+    """Exit 128 + the signal that stopped the testnet (130, 143, 129), if one did."""
+    if net.stop_signal is not None:
+        raise typer.Exit(code=128 + int(net.stop_signal))
 
 
 def main() -> None:

@@ -16,6 +16,14 @@ Finished (or `--timeout`) and prints ONE JSON line: first_loss, last_loss, steps
 epochs, clients_identical (SHA-256 of the final checkpoints' safetensors of the clients
 that reached the last one), killed, rejoined, wall_s (+ finished, final_step, error).
 `--tui` shows the server and each client's metrics instead.
+
+Stopping leaves nothing behind: every process runs in a session (so a process group) of
+its own, and `stop()` ends each whole group — SIGTERM to the process (it stops its own
+children), SIGKILL to the group after `STOP_GRACE_S` (at once after `hurry()`), then
+SIGTERM and SIGKILL to anything of the group that outlived it (a client's ranks) — the
+clients first, then the coordinator (which saves its state). A watchdog process
+(`local_testnet/watchdog.py`) holds the list of groups and ends them if this process dies
+without stopping them (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -44,11 +52,15 @@ from coordinator import (
     decode_state,
 )
 from coordinator.config import ConfigError, ServerDataLocation, load_data_config, load_state_file
+from coordinator_tcp.stopping import StopSignals, say
 from local_testnet.client_log import log_path, parse_event
+from local_testnet.watchdog import group_alive, signal_group
 from psyche_common.identity import Identity
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 METRICS_BASE_PORT = 6269
+STOP_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
+_GROUP_GONE_S = 3.0  # after its leader, how long a group's other processes may take to go
 
 
 def client_secret_hex(i: int) -> str:
@@ -135,14 +147,49 @@ class Testnet:
         self.state_listeners: list[Callable[[CoordinatorState], None]] = []
         self.started = time.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._watchdog: asyncio.subprocess.Process | None = None
+        self._hurry = asyncio.Event()  # stop(): SIGKILL at once, no grace
+        self.stop_signal: signal.Signals | None = None  # what stopped it (exit 128 + it)
+
+    # ------------------------------------------------------------------ watchdog
+    async def _start_watchdog(self) -> None:
+        try:
+            self._watchdog = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).with_name("watchdog.py")), str(STOP_GRACE_S),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:  # the run can go on; only a SIGKILLed testnet leaks then
+            say(f"warning: no watchdog for the testnet's processes: {exc}")
+
+    def _tell_watchdog(self, line: str) -> None:
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog.stdin is not None and watchdog.returncode is None:
+            with contextlib.suppress(OSError, RuntimeError):
+                watchdog.stdin.write(f"{line}\n".encode())
+
+    async def _stop_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is None:
+            return
+        if watchdog.stdin is not None:
+            watchdog.stdin.close()  # EOF: every group it knows was stopped, so it just exits
+        try:
+            await asyncio.wait_for(watchdog.wait(), STOP_GRACE_S + 5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                watchdog.kill()
+            await watchdog.wait()
 
     # ------------------------------------------------------------------ processes
     async def _spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None,
                      on_line: Any = None) -> asyncio.subprocess.Process:
+        if self._watchdog is None:  # (again after a stop(): a testnet may be restarted)
+            await self._start_watchdog()
         process = await asyncio.create_subprocess_exec(
             *argv, cwd=self.options.root, env={**os.environ, **(env or {})},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True, limit=2**22)
+        self._tell_watchdog(f"+{process.pid}")  # its own session: pgid == pid
         self._tasks.append(asyncio.create_task(self._pump(process, log_name, on_line)))
         return process
 
@@ -155,6 +202,10 @@ class Testnet:
                 log.flush()
                 if on_line is not None:
                     on_line(raw.decode(errors="replace").rstrip())
+        # End of output: the process (and, mostly, its group) is gone.
+        await process.wait()
+        if not group_alive(process.pid):
+            self._tell_watchdog(f"-{process.pid}")
 
     async def start_server(self) -> None:
         argv = [*_script("psyche-coordinator", "coordinator_tcp.cli"), "run",
@@ -190,25 +241,60 @@ class Testnet:
             if isinstance(step, int) and isinstance(loss, int | float):
                 client.losses[step] = float(loss)
 
-    @staticmethod
-    async def _terminate(process: asyncio.subprocess.Process | None, grace_s: float = 10) -> None:
-        if process is None or process.returncode is not None:
+    def hurry(self) -> None:
+        """Make a `stop()` (running or to come) kill at once instead of waiting."""
+        self._hurry.set()
+
+    def stopping(self, reason: str, count: int = 1) -> None:
+        """A stop was asked for (a signal, a key): say so on stderr, hurry on the second."""
+        if self.stop_signal is None and reason.startswith("SIG"):
+            self.stop_signal = signal.Signals[reason]
+        if count > 1:
+            self.hurry()
+            say(f"stopping now ({reason} again): killing what is left")
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), grace_s)
-        except TimeoutError:
+        say(f"stopping… ({reason}): the clients, then the coordinator")
+
+    async def _terminate(self, process: asyncio.subprocess.Process | None,
+                         grace_s: float = STOP_GRACE_S) -> None:
+        """End `process` and everything in its process group: SIGTERM to it (it stops its
+        own children in order), SIGKILL to the group after `grace_s` (at once on `hurry()`),
+        then whatever of the group outlived it (a client's ranks): SIGTERM, SIGKILL."""
+        if process is None:
+            return
+        pgid = process.pid  # started in a session of its own
+        if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+                os.kill(process.pid, signal.SIGTERM)
+            wait = asyncio.create_task(process.wait())
+            hurry = asyncio.create_task(self._hurry.wait())
+            await asyncio.wait({wait, hurry}, timeout=grace_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            hurry.cancel()
+            if not wait.done():
+                signal_group(pgid, signal.SIGKILL)
+            await wait
+        if group_alive(pgid):
+            signal_group(pgid, signal.SIGKILL if self._hurry.is_set() else signal.SIGTERM)
+            if not await _group_gone(pgid, _GROUP_GONE_S / 2):
+                signal_group(pgid, signal.SIGKILL)
+                await _group_gone(pgid, _GROUP_GONE_S / 2)
+        self._tell_watchdog(f"-{pgid}")
 
     async def stop(self) -> None:
+        """Stop every process this testnet started (whole process groups), the clients
+        first (the coordinator still answers them), then the coordinator. Bounded:
+        STOP_GRACE_S, then SIGKILL."""
+        helpers = [t for t in self._tasks if t.get_name().startswith("testnet-")]
+        for task in helpers:  # no random kill or late join may start a client now
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
         await asyncio.gather(*(self._terminate(c.process) for c in self.clients.values()))
         await self._terminate(self.server)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_watchdog()
 
     # ------------------------------------------------------------------ watching
     async def watch(self) -> None:
@@ -272,9 +358,9 @@ class Testnet:
             for i in rng.sample(allowed, min(options.random_kill_num, len(allowed))):
                 client = self.clients[i]
                 if client.process is not None and client.process.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(client.process.pid, signal.SIGKILL)
+                    signal_group(client.process.pid, signal.SIGKILL)
                     await client.process.wait()
+                    self._tell_watchdog(f"-{client.process.pid}")
                 self.killed += 1
                 client.awaiting_rejoin = "killed"
                 await self.start_client(i)
@@ -290,9 +376,10 @@ class Testnet:
             async def late_join() -> None:
                 await asyncio.sleep(self.options.late_join_client_delay_s)
                 await self.start_client(len(self.clients))
-            self._tasks.append(asyncio.create_task(late_join()))
+            self._tasks.append(asyncio.create_task(late_join(), name="testnet-late-join"))
         if self.options.random_kill_num > 0:
-            self._tasks.append(asyncio.create_task(self.random_kills()))
+            self._tasks.append(asyncio.create_task(self.random_kills(),
+                                                   name="testnet-random-kills"))
 
     @property
     def finished(self) -> bool:
@@ -329,6 +416,16 @@ class Testnet:
         }
 
 
+async def _group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait (bounded) until no process of group `pgid` is alive."""
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 _STEP_DIR = re.compile(r"-step(\d+)$")
 
 
@@ -359,17 +456,18 @@ def checkpoints_identical(work_dir: Path, run_id: str, clients: list[int]) -> tu
 
 
 async def run_headless(testnet: Testnet) -> dict[str, Any]:
+    """Run until Finished, `--timeout`, the coordinator's exit, or SIGINT/SIGTERM/SIGHUP
+    (`testnet.stop_signal`; a second one kills at once); always stops every process."""
     error = None
-    interrupted = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # still stop everything and print the line
-        loop.add_signal_handler(sig, interrupted.set)
+    signals = StopSignals()
+    signals.on_signal(lambda sig: testnet.stopping(sig.name, signals.count))
+    signals.install()
     try:
         await testnet.start()
         deadline = time.monotonic() + testnet.options.timeout_s
         while not testnet.finished:
-            if interrupted.is_set():
-                error = "interrupted"
+            if signals.signal is not None:
+                error = f"stopped by {signals.signal.name}"
                 break
             if time.monotonic() > deadline:
                 error = f"timeout after {testnet.options.timeout_s:.0f} s"
@@ -377,11 +475,13 @@ async def run_headless(testnet: Testnet) -> dict[str, Any]:
             if testnet.server is not None and testnet.server.returncode is not None:
                 error = f"the coordinator exited with code {testnet.server.returncode}"
                 break
-            await asyncio.sleep(0.5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signals.event.wait(), 0.5)
         if error is None:  # let clients finish writing their last checkpoint
             clients = [c.process for c in testnet.clients.values() if c.process is not None]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(p.wait() for p in clients)), 15)
     finally:
         await testnet.stop()
+        signals.remove()
     return testnet.summary(error)

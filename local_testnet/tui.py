@@ -3,19 +3,26 @@
 The server part comes from the testnet's observer connection; each client row from its
 metrics endpoint (http://127.0.0.1:6269+i, `run_manager.sources.ClientMetrics`), polled
 every second, with the process status and the last log line when the endpoint is down.
-`q` stops the testnet (every process it started).
+`q` (or ctrl+q) stops the testnet, every process it started; ctrl+c, SIGINT, SIGTERM and
+SIGHUP (the terminal closed) too: the screen says "stopping…", the app exits and the
+processes are stopped (`Testnet.stop`), saying so on stderr; a second signal kills them
+at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.driver import Driver
 from textual.widgets import DataTable, Footer, Header, Static
 
+from coordinator_tcp.stopping import StopSignals, hangup_safe_driver, run_app_until_stopped
 from coordinator_tcp.summary import summarize
 from psyche_common.metrics_source import HttpClientMetricsSource
 
@@ -34,6 +41,25 @@ class TestnetApp(App[None]):
         super().__init__()
         self.testnet = testnet
         self._sources: dict[int, HttpClientMetricsSource] = {}
+        self.stopping: str | None = None  # why, once stopping
+
+    def get_driver_class(self) -> type[Driver]:
+        return hangup_safe_driver(super().get_driver_class())
+
+    def stop_for(self, reason: str) -> None:
+        """Say "stopping…" and exit once that is on screen (a signal, or a key)."""
+        if self.stopping is not None:
+            return
+        self.stopping = reason
+        with contextlib.suppress(Exception):  # not running yet, or already unmounting
+            self.query_one("#server", Static).update(self.server_text())
+            self.call_after_refresh(self.exit)
+
+    async def action_quit(self) -> None:
+        self.stop_for("quit")
+
+    def action_help_quit(self) -> None:  # ctrl+c: stop, as SIGINT does (not "press ctrl+q")
+        self.stop_for("ctrl+c")
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -55,6 +81,9 @@ class TestnetApp(App[None]):
 
     def server_text(self) -> str:
         net = self.testnet
+        if self.stopping is not None:
+            return (f"stopping… ({self.stopping}): the clients, then the coordinator\n"
+                    f"work dir {net.options.work_dir}")
         if net.state is None:
             return "waiting for the coordinator…"
         s = summarize(net.state, int(time.time()))
@@ -83,8 +112,31 @@ class TestnetApp(App[None]):
 
 
 async def run_testnet_tui(testnet: Testnet) -> None:
+    """The TUI until q / ctrl+c / a signal, then stop every process (`testnet.stop_signal`
+    tells the exit code: None for q, SIGINT for ctrl+c)."""
+    signals = StopSignals()
+    app = TestnetApp(testnet)
+    stopping = False
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stopping or signals.count > 1:  # already stopping: kill what is left at once
+            testnet.stopping(sig.name, count=2)
+        else:
+            app.stop_for(sig.name)
+
+    signals.on_signal(on_signal)
+    signals.install()
     try:
         await testnet.start()
-        await TestnetApp(testnet).run_async()
+        if signals.signal is None:
+            await run_app_until_stopped(app, signals, app.stop_for)
     finally:
-        await testnet.stop()
+        stopping = True
+        reason = app.stopping or signals.reason
+        if reason == "ctrl+c":  # the key of SIGINT: the same exit code
+            testnet.stop_signal = signal.SIGINT
+        testnet.stopping(reason)
+        try:
+            await testnet.stop()
+        finally:
+            signals.remove()
