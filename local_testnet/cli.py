@@ -83,6 +83,9 @@ def testnet(
             typer.echo(line, err=True)
         raise typer.Exit(code=1) from None
     typer.echo(f"testnet work dir: {options.work_dir}", err=True)
+    if net.fitted:
+        changes = ", ".join(f"{name} {was} -> {now}" for name, was, now in net.fitted)
+        typer.echo(f"config fitted to --num-clients {options.num_clients}: {changes}", err=True)
     if tui:
         from local_testnet.tui import run_testnet_tui
 

@@ -51,7 +51,13 @@ from coordinator import (
     assign_data_for_state,
     decode_state,
 )
-from coordinator.config import ConfigError, ServerDataLocation, load_data_config, load_state_file
+from coordinator.config import (
+    ConfigError,
+    ServerDataLocation,
+    StateFile,
+    load_data_config,
+    load_state_file,
+)
 from coordinator_tcp.stopping import StopSignals, say
 from local_testnet.client_log import log_path, parse_event
 from local_testnet.watchdog import group_alive, signal_group
@@ -109,6 +115,16 @@ class ClientProcess:
     last_line: str = ""
 
 
+def fit_to_clients(state: StateFile, num_clients: int) -> list[tuple[str, int, int]]:
+    """(name, was, now) of the [config] values to lower so that a run of `num_clients`
+    clients starts: init_min_clients and min_clients at most the clients, witness_nodes at
+    most min_clients (the config's own rule)."""
+    config = state.config
+    return [(name, getattr(config, name), num_clients)
+            for name in ("init_min_clients", "min_clients", "witness_nodes")
+            if getattr(config, name) > num_clients]
+
+
 class Testnet:
     __test__ = False  # not a pytest test class, despite the name
 
@@ -118,13 +134,24 @@ class Testnet:
         self.state_path = options.config_path / "state.toml"
         self.state_file = load_state_file(self.state_path)
         location = self.state_file.model.data_location
+        rewrite = False
         if options.data_port is not None and isinstance(location, ServerDataLocation):
             host = location.address.rpartition(":")[0]
             model = self.state_file.model.model_copy(update={
                 "data_location": ServerDataLocation(address=f"{host}:{options.data_port}")})
             self.state_file = self.state_file.model_copy(update={"model": model})
+            rewrite = True
+        # A run that waits for more clients than the testnet starts would wait forever.
+        self.fitted = fit_to_clients(self.state_file, options.num_clients)
+        if self.fitted:
+            config = self.state_file.config.model_copy(
+                update={name: now for name, _, now in self.fitted})
+            self.state_file = self.state_file.model_copy(update={"config": config})
+            rewrite = True
+        if rewrite:
             self.state_path = options.work_dir / "state.toml"
             self.state_path.write_text(self.state_file.to_toml())
+            load_state_file(self.state_path)  # still a valid config
         data_toml = options.config_path / "data.toml"
         self.data_config_path = data_toml if data_toml.exists() else None
         if self.data_config_path is not None:

@@ -75,12 +75,32 @@ def test_config_problems_are_reported(tmp_path: Path) -> None:
         Testnet(TestnetOptions(num_clients=1, config_path=tmp_path / "none", work_dir=tmp_path))
 
 
+def test_a_config_waiting_for_more_clients_is_fitted_to_the_testnet(tmp_path: Path) -> None:
+    # The default config waits for 3 clients: with 2 it would wait forever.
+    net = Testnet(TestnetOptions(num_clients=2, config_path=TESTNET, work_dir=tmp_path))
+    assert net.fitted == [("init_min_clients", 3, 2)]
+    fitted = load_state_file(net.state_path)
+    assert fitted.config.init_min_clients == 2 and net.state_path.parent == tmp_path
+    assert load_state_file(TESTNET / "state.toml").config.init_min_clients == 3  # untouched
+    # Three clients need nothing fitted: the config is used as it is.
+    as_is = Testnet(TestnetOptions(num_clients=3, config_path=TESTNET, work_dir=tmp_path / "3"))
+    assert as_is.fitted == [] and as_is.state_path == TESTNET / "state.toml"
+
+
 def test_headless_run_that_cannot_start_times_out_and_stops_everything(tmp_path: Path) -> None:
-    # One client, but the config waits for three: the run never starts.
+    # The config names a model no client can load: the run never trains.
+    config = tmp_path / "config"
+    config.mkdir()
+    state = (TESTNET / "state.toml").read_text().replace(
+        'repo_id = "assets/tiny-llama"', 'repo_id = "/nonexistent/model"')
+    assert "/nonexistent/model" in state
+    (config / "state.toml").write_text(state)
+    (config / "data.toml").write_text((TESTNET / "data.toml").read_text().replace(
+        'dir = "../../assets', f'dir = "{ROOT}/assets'))
     server_port = free_port()
     result = subprocess.run(
         [sys.executable, "-m", "local_testnet", "--num-clients", "1",
-         "--config-path", str(TESTNET), "--headless", "--work-dir", str(tmp_path),
+         "--config-path", str(config), "--headless", "--work-dir", str(tmp_path / "work"),
          "--server-port", str(server_port), "--data-port", str(free_port()),
          "--timeout", "12"],
         cwd=ROOT, capture_output=True, check=False, text=True, timeout=180)
@@ -88,8 +108,8 @@ def test_headless_run_that_cannot_start_times_out_and_stops_everything(tmp_path:
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["error"] == "timeout after 12 s" and summary["finished"] is False
     assert summary["steps"] == 0 and summary["clients_identical"] is False
-    assert (tmp_path / "client-1.log").exists()
-    server_log = (tmp_path / "server.log").read_text()
+    assert (tmp_path / "work" / "client-1.log").exists()
+    server_log = (tmp_path / "work" / "server.log").read_text()
     if "listening" in server_log:  # on a very busy machine it may not have got that far
         assert "stopping" in server_log  # it was stopped with SIGTERM, cleanly
     with socket.socket() as sock:  # and it is gone: nothing listens on its port any more
