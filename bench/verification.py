@@ -54,13 +54,13 @@ from client_image.training.model import load_causal_lm  # noqa: E402
 from client_image.training.trainer import DistroTrainer  # noqa: E402
 from client_image.training.wire import DistroResult, encode_result  # noqa: E402
 from client_image.verification import ReplayVerifier, Thresholds, cheap_checks  # noqa: E402
+from client_image.verification.adversary import ATTACKS, attacked_tensors  # noqa: E402
 from client_image.verification.similarity import Distances  # noqa: E402
 from coordinator.config import ConstantLR, DistroOptimizer  # noqa: E402
 from psyche_common.token_files.local import LocalDataProvider  # noqa: E402
 
 TINY = REPO / "assets" / "tiny-llama"
 DATA = REPO / "assets" / "data" / "train"
-ATTACKS = ("random_signs", "scaled", "stale", "copy", "wrong_batch", "zeros", "flipped_signs")
 SEQ_LEN, PER_PEER = 64, 2
 
 
@@ -87,31 +87,6 @@ def _encode(tensors: list[SparseResult], trainer: DistroTrainer, step: int,
             batch: tuple[int, int], one_bit: bool) -> bytes:
     return encode_result(tensors, trainer.plans, step=step, trainer_nonce=step,
                          batch_start=batch[0], batch_end=batch[1], one_bit=one_bit)
-
-
-def _attack(kind: str, honest: DistroResult, previous: DistroResult | None,
-            peer: DistroResult, rng: torch.Generator) -> list[SparseResult]:
-    """The attacker's tensors for this step (wrong_batch is done by training instead)."""
-    if kind == "random_signs":
-        return [SparseResult(t.idx, t.val.abs() * (torch.randint(0, 2, t.val.shape, generator=rng)
-                                                   * 2 - 1).to(t.val.dtype))
-                for t in honest.tensors]
-    if kind == "scaled":
-        return [SparseResult(t.idx, t.val * 10) for t in honest.tensors]
-    if kind == "stale":
-        return list((previous or honest).tensors)
-    if kind == "copy":
-        return list(peer.tensors)
-    if kind == "zeros":
-        return [SparseResult(torch.zeros_like(t.idx), torch.zeros_like(t.val))
-                for t in honest.tensors]
-    if kind == "flipped_signs":
-        out = []
-        for t in honest.tensors:
-            flip = torch.rand(t.val.shape, generator=rng) < 0.1
-            out.append(SparseResult(t.idx, torch.where(flip, -t.val, t.val)))
-        return out
-    return list(honest.tensors)
 
 
 def run_swarm(attack: str | None, steps: int, peers: int, one_bit: bool,
@@ -179,7 +154,7 @@ def run_swarm(attack: str | None, steps: int, peers: int, one_bit: bool,
             honest_before[attacker] = results[attacker]
             honest_payload = _encode(list(results[attacker].tensors), trainers[attacker], step,
                                      batches[attacker], one_bit)
-            tensors = _attack(attack, results[attacker], previous_sent, results[0], rng)
+            tensors = attacked_tensors(attack, results[attacker], previous_sent, results[0], rng)
             payload = _encode(tensors, trainers[attacker], step, batches[attacker], one_bit)
             results[attacker] = trainers[attacker].decode(payload)
             # At a learning rate of 0 the honest result is empty: zeros, a scaled or

@@ -228,6 +228,14 @@ def train(
             help="CPU threads for torch (default: torch's choice).",
         ),
     ] = None,
+    test_adversary: Annotated[
+        str | None,
+        typer.Option("--test-adversary",
+                     help="testing verification only: publish dishonest results of this "
+                          "kind (random_signs | scaled | stale | zeros | flipped_signs | "
+                          "wrong_batch); the run's followers should report this client and "
+                          "the coordinator eject it"),
+    ] = None,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
@@ -240,6 +248,10 @@ def train(
     if iroh_discovery not in ("local", "n0"):
         raise typer.BadParameter("use local or n0", param_hint="--iroh-discovery")
     relay_mode, relay_urls = _relay(iroh_relay)
+    from client_image.verification.adversary import LIVE_ATTACKS
+    if test_adversary is not None and test_adversary not in LIVE_ATTACKS:
+        raise typer.BadParameter(f"use one of {', '.join(LIVE_ATTACKS)}",
+                                 param_hint="--test-adversary")
 
     from client_image.backends.base import BackendRejected
     from client_image.p2p import NodeConfig
@@ -306,6 +318,7 @@ def train(
         dtype=dtype,
         activation_checkpointing=activation_checkpointing,
         ranks=ranks,
+        test_adversary=test_adversary,
         checkpoint_dir=checkpoint_dir,
         hub_repo=hub_repo,
         hub_token=os.environ.get("HF_TOKEN") or None,

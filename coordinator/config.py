@@ -260,10 +260,9 @@ def coordinator_config_errors(cfg: CoordinatorConfig, prefix: str = "config.") -
     need(cfg.global_batch_size_end >= cfg.global_batch_size_start,
          f"{p}global_batch_size_end: must be >= {p}global_batch_size_start "
          f"({cfg.global_batch_size_start}), got {cfg.global_batch_size_end}")
-    # Verifier/TieBreaker roles are unimplemented in Psyche: data assignment panics.
-    need(cfg.verification_percent == 0,
-         f"{p}verification_percent: must be 0 (verifier committees are not implemented), "
-         f"got {cfg.verification_percent}")
+    need(cfg.verification_percent < 100,
+         f"{p}verification_percent: must be < 100 (at 100 every client verifies and none "
+         f"trains), got {cfg.verification_percent}")
     need(cfg.waiting_for_members_extra_time > 0, f"{p}waiting_for_members_extra_time: must be > 0")
     return errors
 

@@ -111,6 +111,8 @@ class CoordinatorCore:
         round_.tie_breaker_tasks = 0
         round_.random_seed = seed
         round_.witnesses = []
+        if height == 0:
+            epoch.verification_seed = seed
         self.change_state(now, RunState.RoundTrain)
 
     def start_cooldown(self, now: int) -> None:

@@ -18,7 +18,9 @@ from coordinator.core import CoordinatorCore, _with_checkpoint
 from coordinator.data_assignment import selection_for_round
 from coordinator.limits import MAX_CLIENTS, MAX_WITNESSES, ClientState, RunState
 from coordinator.outcomes import CoordinatorError, Rejected, TickResult
-from coordinator.state import CoordinatorState, NodeIdentity, Round, Witness
+from coordinator.state import CoordinatorState, NodeIdentity, Round, VerificationReport, Witness
+from coordinator.verification import REPORT_QUORUM, plan_for_epoch, reporters_of
+from coordinator.verification import report_problem as verification_report_problem
 
 U64_MAX = 2**64 - 1
 
@@ -215,6 +217,32 @@ class Coordinator(CoordinatorCore):
             index = state.index_of(node)
             if index is not None and state.epoch_state.clients[index].state is ClientState.Healthy:
                 state.epoch_state.clients[index].state = ClientState.Dropped
+        return None
+
+    def verification_report(self, sender: NodeIdentity,
+                            report: VerificationReport) -> Rejected | None:
+        """A follower's replay does not reproduce a trainer's result: record the evidence;
+        REPORT_QUORUM distinct followers eject the trainer (no points this epoch, slashed
+        at the epoch's end where the run sets a rate). coordinator/verification.py."""
+        state = self.state
+        if not state.run_state.active:
+            return Rejected(CoordinatorError.WrongRunState, state.run_state.name)
+        index = state.index_of(sender)
+        if index is None or state.epoch_state.clients[index].state is not ClientState.Healthy:
+            return Rejected(CoordinatorError.NotAClient)
+        if report.reporter != sender:
+            return Rejected(CoordinatorError.InvalidVerificationReport,
+                            "the reporter must be the sender")
+        epoch = state.epoch_state
+        plan = plan_for_epoch(epoch, state.config.verification_percent)
+        problem = verification_report_problem(epoch, plan, report, state.progress.step)
+        if problem is not None:
+            return Rejected(CoordinatorError.InvalidVerificationReport, problem)
+        epoch.reports.append(report)
+        accused = state.index_of(report.accused)
+        if (accused is not None and len(reporters_of(epoch, report.accused)) >= REPORT_QUORUM
+                and epoch.clients[accused].state is ClientState.Healthy):
+            epoch.clients[accused].state = ClientState.Ejected
         return None
 
     def checkpoint(self, sender: NodeIdentity, index: int, repo: Checkpoint) -> Rejected | None:

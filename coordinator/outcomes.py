@@ -33,6 +33,8 @@ class CoordinatorError(Enum):
     # Appended last: psyche_solana/errors.py numbers the program's errors in this order.
     CheckpointNotRunRepository = ("a checkpoint report must name the run's own repository "
                                   "(set by its authority)")
+    InvalidVerificationReport = ("a verification report must come from one of the trainer's "
+                                 "followers, once, about a step of this epoch")
 
 
 @dataclass(frozen=True, slots=True)

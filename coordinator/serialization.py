@@ -28,6 +28,10 @@ on-chain arrays).
     client_version [96] UTF-8, zero padded
     rewards     current earning u64 | current slashing u64 | future earning u64
                 | future slashing u64 | n u16 | n x (key [32] | earned u64 | slashed u64)
+    verification (version 2; absent in 1)
+                epoch_state.verification_seed u64 | n u8 | n x report
+    report  = reporter [32] | accused [32] | step u32 | published_hash [32]
+              | expected_hash [32] | jaccard_ppm u32 | hamming_ppm u32 | manhattan_ppm u32
 
     client  = key [32] | state u8 | exited_height u32
     witness = position u64 | index u64 | witness u8 | participant bloom | broadcast bloom
@@ -77,11 +81,13 @@ from coordinator.state import (
     RewardEntry,
     Rewards,
     Round,
+    VerificationReport,
     Witness,
 )
+from coordinator.verification import MAX_REPORTS
 
 MAGIC = b"PSYC"
-VERSION = 1
+VERSION = 2  # 2 appended the verification section; 1 still decodes
 # The checkpoint variant's tag in this layout and in the on-chain account. Typed as plain
 # `type` so that callers can look up `type(x)` of any object (psyche_solana does).
 CHECKPOINT_TAGS: list[type] = [
@@ -98,6 +104,7 @@ _CLIENT = struct.Struct("<32sBI")
 _ROUND_TAIL = struct.Struct("<QQIHH")
 _EPOCH_TAIL = struct.Struct("<IIIQBB")
 _REWARD = struct.Struct("<32sQQ")
+_REPORT = struct.Struct("<32s32sI32s32sIII")
 
 E = TypeVar("E", bound=IntEnum)
 
@@ -163,6 +170,10 @@ def encode_state(state: CoordinatorState) -> bytes:
                            rewards.future_earning_rate_total_shared,
                            rewards.future_slashing_rate_per_client, len(rewards.entries)))
     out += [_REWARD.pack(e.id.key, e.earned, e.slashed) for e in rewards.entries]
+    out.append(struct.pack("<QB", epoch.verification_seed, len(epoch.reports)))
+    out += [_REPORT.pack(r.reporter.key, r.accused.key, r.step, r.published_hash,
+                         r.expected_hash, r.jaccard_ppm, r.hamming_ppm, r.manhattan_ppm)
+            for r in epoch.reports]
     return b"".join(out)
 
 
@@ -251,7 +262,7 @@ def decode_state(data: bytes) -> CoordinatorState:
     if reader.take(4, "magic") != MAGIC:
         raise StateDecodeError("not a coordinator state (bad magic)")
     (version,) = reader.unpack("<H", "version")
-    if version != VERSION:
+    if version not in (1, VERSION):
         raise StateDecodeError(f"unsupported version {version} (this build reads {VERSION})")
     run_id = reader.text(RUN_ID_MAX_BYTES, "run_id")
     run_state = _enum(RunState, reader.unpack("<B", "run_state")[0], "run_state")
@@ -288,6 +299,12 @@ def decode_state(data: bytes) -> CoordinatorState:
     rates = reader.unpack("<QQQQ", "rewards")
     entries = [RewardEntry(NodeIdentity(key), earned, slashed) for key, earned, slashed in (
         reader.unpack(_REWARD, "reward") for _ in range(reader.count("<H", MAX_CLIENTS, "rewards")))]
+    if version >= 2:
+        (epoch.verification_seed,) = reader.unpack("<Q", "verification seed")
+        for _ in range(reader.count("<B", MAX_REPORTS, "verification reports")):
+            fields = reader.unpack(_REPORT, "verification report")
+            epoch.reports.append(VerificationReport(
+                NodeIdentity(fields[0]), NodeIdentity(fields[1]), *fields[2:]))
     if reader.offset != len(reader.data):
         raise StateDecodeError(f"{len(reader.data) - reader.offset} trailing bytes")
     return CoordinatorState(

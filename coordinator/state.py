@@ -50,6 +50,21 @@ class Round:
     tie_breaker_tasks: int = 0  # always 0: tie breakers are not implemented
 
 
+@dataclass(frozen=True, slots=True)
+class VerificationReport:
+    """A follower's evidence that `accused` published a result its replay does not
+    reproduce (coordinator/verification.py): both results' SHA-256 and the distances."""
+
+    reporter: NodeIdentity
+    accused: NodeIdentity
+    step: int
+    published_hash: bytes
+    expected_hash: bytes
+    jaccard_ppm: int
+    hamming_ppm: int
+    manhattan_ppm: int
+
+
 @dataclass(slots=True)
 class EpochState:
     rounds: list[Round] = field(default_factory=lambda: [Round() for _ in range(NUM_STORED_ROUNDS)])
@@ -61,6 +76,9 @@ class EpochState:
     start_timestamp: int = 0
     first_round: bool = True
     cold_start_epoch: bool = False
+    # Verification (coordinator/verification.py): round 0's seed elects the followers.
+    verification_seed: int = 0
+    reports: list[VerificationReport] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ One connection = one client identity:
                             signature = Ed25519(identity, JOIN_DOMAIN || nonce || run_id || p2p_address)}
     server -> client   Welcome | ErrorReply(fatal) and close
     then               client: WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
+                               | VerificationReportMessage
                        server: StateUpdate (on every change) | Heartbeat | ErrorReply
 
 The handshake messages and the envelope are `psyche_common.tcp.messages` (the data
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from coordinator import Bloom, Committee, CommitteeProof, NodeIdentity, Witness, WitnessProof
 from coordinator.config import GcsCheckpoint, HubCheckpoint
 from coordinator.limits import BLOOM_KEYS, BLOOM_WORDS
+from coordinator.state import VerificationReport
 from psyche_common.tcp.messages import (
     JOIN_DOMAIN,
     PERMANENT_JOIN_ERRORS,
@@ -159,23 +161,50 @@ class Withdraw(_Message):
     type: Literal["withdraw"] = "withdraw"
 
 
+U32 = Annotated[int, Field(ge=0, lt=2**32)]
+
+
+class VerificationReportMessage(_Message):
+    """A follower's replay did not reproduce `accused`'s result of `step`
+    (coordinator/verification.py). The reporter is the connection's key: the server
+    attributes it to the key that signed the challenge, as every message after Join."""
+
+    type: Literal["verification_report"] = "verification_report"
+    accused: Bytes32
+    step: U32
+    published_hash: Bytes32
+    expected_hash: Bytes32
+    jaccard_ppm: U32
+    hamming_ppm: U32
+    manhattan_ppm: U32
+
+    def to_report(self, reporter: NodeIdentity) -> VerificationReport:
+        return VerificationReport(
+            reporter=reporter, accused=NodeIdentity(self.accused), step=self.step,
+            published_hash=self.published_hash, expected_hash=self.expected_hash,
+            jaccard_ppm=self.jaccard_ppm, hamming_ppm=self.hamming_ppm,
+            manhattan_ppm=self.manhattan_ppm)
+
+
 ServerMessage = Annotated[
     Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply, Field(discriminator="type")
 ]
 ClientMessage = Annotated[
-    Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw,
+    Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
+    | VerificationReportMessage,
     Field(discriminator="type"),
 ]
 _SERVER: TypeAdapter[Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply] = (
     TypeAdapter(ServerMessage))
 _CLIENT: TypeAdapter[
     Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
+    | VerificationReportMessage
 ] = TypeAdapter(ClientMessage)
 
 
 def decode_client_message(
     frame: bytes,
-) -> Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw:
+) -> Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw | VerificationReportMessage:
     return validate_frame(_CLIENT, frame, "client")
 
 
@@ -189,7 +218,7 @@ __all__ = [
     "JOIN_DOMAIN", "PERMANENT_JOIN_ERRORS", "PROTOCOL_VERSION", "U64", "BloomModel", "Bytes32",
     "Challenge", "CheckpointReport", "ClientMessage", "ErrorReply", "HealthCheck",
     "HealthCheckEntry", "Heartbeat", "Join", "ProtocolError", "ServerMessage", "StateUpdate",
-    "WarmupWitness", "Welcome", "Withdraw", "WitnessMetadata", "WitnessModel", "WitnessSubmit",
+    "VerificationReportMessage", "WarmupWitness", "Welcome", "Withdraw", "WitnessMetadata", "WitnessModel", "WitnessSubmit",
     "decode_client_message", "decode_server_message", "encode", "join_signing_bytes",
     "parse_envelope", "signed_join", "validate_frame",
 ]

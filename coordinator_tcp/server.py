@@ -43,6 +43,7 @@ from coordinator_tcp.protocol import (
     Join,
     ProtocolError,
     StateUpdate,
+    VerificationReportMessage,
     WarmupWitness,
     Welcome,
     Withdraw,
@@ -374,6 +375,8 @@ class CoordinatorServer:
             if repo is None:
                 return Rejected(CoordinatorError.InvalidCheckpoint, "neither hub nor gcs given")
             return coordinator.checkpoint(sender, message.index, repo)
+        if isinstance(message, VerificationReportMessage):
+            return coordinator.verification_report(sender, message.to_report(sender))
         if isinstance(message, Withdraw):
             index = self.state.index_of(sender)
             self.peers.pop(sender, None)

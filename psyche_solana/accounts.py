@@ -36,14 +36,15 @@ from coordinator.config import (
     LLMConfig,
 )
 from coordinator.serialization import CHECKPOINT_TAGS, llm_config_from_fields
-from coordinator.state import RewardEntry
+from coordinator.state import RewardEntry, VerificationReport
+from coordinator.verification import MAX_REPORTS
 
 COORDINATOR_MAGIC = b"PSYCOORD"
 AUTHORIZATION_MAGIC = b"PSYAUTHZ"
 RUN_MAGIC = b"PSYTRRUN"
 PARTICIPANT_MAGIC = b"PSYTPART"
 INSTANCE_MAGIC = b"PSYCINST"
-COORDINATOR_ACCOUNT_SIZE = 101016
+COORDINATOR_ACCOUNT_SIZE = 105640
 AUTHORIZATION_SIZE = 1152
 INSTANCE_SIZE = 80
 MODEL_REST_MAX = 1024
@@ -64,6 +65,7 @@ _WITNESS = struct.Struct("<QQB7x24Q24Q32s")                     # 440
 _CLIENT = struct.Struct("<32sB3xI")                             # 40
 _REWARD = struct.Struct("<32sQQ")                               # 48
 _REGISTRY = struct.Struct("<32sQ")                              # 40
+_REPORT = struct.Struct("<32s32sI32s32sIII")                    # 144
 ROUNDS_OFFSET, ROUND_SIZE = 1504, 14112
 CLIENTS_OFFSET = ROUNDS_OFFSET + 4 * ROUND_SIZE
 EXITED_OFFSET = CLIENTS_OFFSET + 256 * 40
@@ -71,6 +73,8 @@ RATES_OFFSET = EXITED_OFFSET + 256 * 40
 REWARDS_OFFSET = RATES_OFFSET + 40
 REGISTRY_HEADER_OFFSET = REWARDS_OFFSET + 256 * 48
 REGISTRY_OFFSET = REGISTRY_HEADER_OFFSET + 16
+VERIFICATION_OFFSET = REGISTRY_OFFSET + 256 * 40                # seed u64 | n u32 | pad u32
+REPORTS_OFFSET = VERIFICATION_OFFSET + 16
 RUN_ID_OFFSET = 88
 
 
@@ -191,6 +195,14 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
             witnesses.append(Witness(WitnessProof(values[0], values[1], bool(values[2])),
                                      _bloom(values[3:27]), _bloom(values[27:51]), values[51]))
         rounds.append(Round(witnesses, data_index, seed, height, clients_len, tie))
+    verification_seed, n_reports = struct.unpack_from("<QI", data, VERIFICATION_OFFSET)
+    if n_reports > MAX_REPORTS:
+        raise AccountDecodeError(f"{n_reports} verification reports")
+    reports = []
+    for i in range(n_reports):
+        fields = _REPORT.unpack_from(data, REPORTS_OFFSET + _REPORT.size * i)
+        reports.append(VerificationReport(NodeIdentity(fields[0]), NodeIdentity(fields[1]),
+                                          *fields[2:]))
     rates = struct.unpack_from("<QQQQI", data, RATES_OFFSET)
     entries = [RewardEntry(NodeIdentity(key), earned, slashed) for key, earned, slashed in (
         _REWARD.unpack_from(data, REWARDS_OFFSET + 48 * i) for i in range(min(rates[4], 256)))]
@@ -199,7 +211,8 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
         progress=Progress(epoch, step, esdi),
         epoch_state=EpochState(rounds, _clients(data, CLIENTS_OFFSET, n_clients),
                                _clients(data, EXITED_OFFSET, n_exited), head, start_step,
-                               last_step, start_ts, bool(first_round), bool(cold_start)),
+                               last_step, start_ts, bool(first_round), bool(cold_start),
+                               verification_seed, reports),
         run_state_start_unix_timestamp=state_start, pending_pause=bool(pending_pause),
         client_version=account.client_version, rewards=Rewards(entries, *rates[:4]))
     return account

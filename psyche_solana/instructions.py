@@ -26,6 +26,7 @@ from coordinator.config import (
     LLMConfig,
     P2PGcsCheckpoint,
 )
+from coordinator.state import VerificationReport
 from psyche_solana.accounts import (
     CHECKPOINT_TAGS,
     CONFIG,
@@ -201,6 +202,27 @@ def checkpoint(account: Pubkey, client: Pubkey, index: int,
     tag, first, has_second, second = checkpoint_fields(repo)
     payload = struct.pack("<QBB", index, tag, has_second) + first + second
     return _coordinator(9, account, client, payload)
+
+
+VERIFICATION_REPORT = struct.Struct("<32sI32s32sIII")  # programs/coordinator_machine.h: 112 B
+
+
+def verification_report(account: Pubkey, reporter: Pubkey,
+                        report: VerificationReport) -> Instruction:
+    """A follower's report (coordinator/verification.py); `reporter` signs and must be
+    `report.reporter` (the program takes the signer as the reporter)."""
+    if report.reporter.key != bytes(reporter):
+        raise ValueError("report.reporter must be the signing reporter")
+    for name in ("published_hash", "expected_hash"):
+        if len(getattr(report, name)) != 32:
+            raise ValueError(f"{name} must be 32 bytes")
+    for name in ("step", "jaccard_ppm", "hamming_ppm", "manhattan_ppm"):
+        if not 0 <= getattr(report, name) < 2**32:
+            raise ValueError(f"{name} must be a u32, got {getattr(report, name)}")
+    payload = VERIFICATION_REPORT.pack(report.accused.key, report.step, report.published_hash,
+                                       report.expected_hash, report.jaccard_ppm,
+                                       report.hamming_ppm, report.manhattan_ppm)
+    return _coordinator(11, account, reporter, payload)
 
 
 # ------------------------------------------------------------------- authorizer

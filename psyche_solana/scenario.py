@@ -26,6 +26,7 @@ from coordinator import (
 )
 from coordinator.committee import CommitteeProof
 from coordinator.config import GcsCheckpoint, HubCheckpoint, StateFile
+from coordinator.state import VerificationReport
 from psyche_solana import instructions as ix
 from psyche_solana.accounts import (
     COORDINATOR_ACCOUNT_SIZE,
@@ -147,6 +148,11 @@ class SvmRun:
 
     def checkpoint(self, client: Keypair, index: int, repo: HubCheckpoint | GcsCheckpoint) -> Sent:
         return self.svm.send([ix.checkpoint(self.address, client.pubkey(), index, repo)], [client])
+
+    def verification_report(self, client: Keypair, report: VerificationReport) -> Sent:
+        """`client` reports `report.accused` (it must be `report.reporter`)."""
+        return self.svm.send([ix.verification_report(self.address, client.pubkey(), report)],
+                             [client])
 
     def set_paused(self, paused: bool) -> Sent:
         return self.admin([ix.set_paused(self.address, self.authority.pubkey(), paused)])

@@ -16,7 +16,8 @@ What it does, every `poll_interval_s`:
   change the phase or step, it sends a tick transaction (with probability
   min(1, 2 / clients), like Psyche, and at most one per `min_tick_interval_s`).
 `send` maps the TCP protocol's messages to transactions: WarmupWitness, WitnessSubmit,
-HealthCheck (one transaction per entry), CheckpointReport; Withdraw has no on-chain form
+HealthCheck (one transaction per entry), CheckpointReport, VerificationReportMessage (a
+verification_report signed by this key, the reporter); Withdraw has no on-chain form
 (a leaving client is dropped by the health checks). An on-chain refusal is reported to
 `on_error` as an `ErrorReply` carrying the program error's name.
 """
@@ -48,6 +49,7 @@ from coordinator_tcp.protocol import (
     CheckpointReport,
     ErrorReply,
     HealthCheck,
+    VerificationReportMessage,
     WarmupWitness,
     WitnessSubmit,
 )
@@ -245,5 +247,8 @@ class SolanaBackend:
             if repo is None:
                 return False
             return await self._transact([ix.checkpoint(run, me, message.index, repo)])
+        if isinstance(message, VerificationReportMessage):
+            return await self._transact([ix.verification_report(run, me,
+                                                                message.to_report(self.me))])
         return False  # Withdraw, Join: no on-chain form
 

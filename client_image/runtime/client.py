@@ -88,6 +88,9 @@ class ClientOptions:
     rpc: str | None = None
     rpc_2: str | None = None
     authorizer: str | None = None
+    # Testing verification only: publish dishonest results of this kind
+    # (verification/adversary.py); an honest client never sets it.
+    test_adversary: str | None = None
 
     def runner_options(self) -> RunnerOptions:
         return RunnerOptions(
@@ -109,7 +112,8 @@ class PsycheClient:
                                      micro_batch_size=options.micro_batch_size,
                                      dtype=options.dtype,
                                      activation_checkpointing=options.activation_checkpointing,
-                                     ranks=options.ranks)
+                                     ranks=options.ranks,
+                                     adversary=options.test_adversary)
         self.counters = Counters()
         self.state: CoordinatorState | None = None
         self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)

@@ -138,6 +138,47 @@ class ResultLeftOut(RuntimeEvent):
 
 
 @dataclass(frozen=True)
+class Following(RuntimeEvent):
+    """The trainers this client follows (replays) this epoch (coordinator/verification.py)."""
+
+    NAME: ClassVar[str] = "following"
+    epoch: int
+    trainers: tuple[str, ...]  # node ids, hex
+    able: bool = True  # False: this client cannot replay (a model split over ranks)
+
+
+@dataclass(frozen=True)
+class ResultVerified(RuntimeEvent):
+    """A followed trainer's consensus result against this client's replay of it."""
+
+    NAME: ClassVar[str] = "result_verified"
+    of_step: int
+    trainer: str
+    ok: bool
+    jaccard: float
+    hamming: float
+    manhattan: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class VerificationReportSent(RuntimeEvent):
+    NAME: ClassVar[str] = "verification_report"
+    of_step: int
+    accused: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ejected(RuntimeEvent):
+    """The coordinator ejected this client: its followers reported its results."""
+
+    NAME: ClassVar[str] = "ejected"
+    epoch: int
+    reporters: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DownloadFailed(RuntimeEvent):
     NAME: ClassVar[str] = "download_failed"
     step: int

@@ -94,6 +94,10 @@ class Counters:
     downloaded_current: int = 0
     downloaded_previous: int = 0
     result_bytes_received: int = 0  # verified peers' results (telemetry)
+    # verification (runtime/verifying.py): replays that matched / did not, reports sent
+    verifications_passed: int = 0
+    verifications_failed: int = 0
+    verification_reports_sent: int = 0
 
 
 def snapshot(counters: Counters, client_version: str, node: Any | None,

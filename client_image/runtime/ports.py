@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from client_image.p2p import Finished, ResultAnnouncement
 from client_image.training import TrainStepOutput
+from client_image.verification.followers import Checked
 from coordinator import CoordinatorState
 from coordinator.config import LLMConfig
 
@@ -106,6 +107,25 @@ class Worker(Protocol):
     async def idle(self, step: int) -> None:
         """A round others train and this client does not: the weights change as theirs
         do outside of the results (weight decay), or this client drifts from them."""
+
+    async def reset_delta(self) -> None:
+        """Zero the DisTrO delta: with verification on, every epoch starts from zero so
+        that followers can replay this client."""
+        ...
+
+    async def follow(self, trainers: Sequence[bytes], start_step: int) -> bool:
+        """Keep a shadow of each of `trainers` this epoch; False if this client cannot."""
+        ...
+
+    async def replay(self, trainer: bytes, step: int, batch: torch.Tensor,
+                     batch_id: tuple[int, int], cold_start: bool) -> None:
+        """Compute what `trainer` should publish for `batch` (after apply, before train)."""
+        ...
+
+    async def verify(self, trainer: bytes, step: int, published: bytes) -> Checked | None:
+        """Compare `trainer`'s published result of `step` with the replay; None if this
+        client did not replay it."""
+        ...
 
     async def round_to_bf16(self) -> None:
         """Round the weights kept in memory to bf16 (Psyche's cooldown), in place."""

@@ -65,6 +65,7 @@ from client_image.runtime.rounds import (
     unhealthy_trainers,
 )
 from client_image.runtime.tasks import GuardedTasks
+from client_image.runtime.verifying import VerificationDuty, ejected_trainers
 from client_image.runtime.warmup import WarmupTracker
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
 from coordinator.config import P2PCheckpoint
@@ -115,6 +116,7 @@ class RoundRunner:
         self.early: dict[int, list[tuple[bytes, Broadcast]]] = {}  # gossip ahead of its round
         self.previous_epoch_clients: list[bytes] = []  # who went through the last cooldown
         self.warmup = WarmupTracker(me, backend, events, self.counters)
+        self.verifying = VerificationDuty(me, worker, backend, events, self.counters)
         self.model_fresh = False  # the model in memory is the run's current model
         self.desynced = False
         self.round_task: asyncio.Task[None] | None = None
@@ -124,6 +126,7 @@ class RoundRunner:
     def on_state(self, state: CoordinatorState, previous: CoordinatorState | None) -> None:
         """A new coordinator state whose phase, epoch or step changed."""
         self.state = state
+        self.verifying.notice(state)
         listed = state.index_of(self.me) is not None
         if state.run_state is RunState.Warmup and listed:
             if self.warmup.begin(state.progress.epoch):
@@ -201,6 +204,7 @@ class RoundRunner:
                 await self.model.load(state, self._model_sources(state))
             if self.data is None:
                 self.data = await self.open_data(state)
+            await self.verifying.start_epoch(state)
             self.desynced = False
             self.model_fresh = True
             self.records.clear()
@@ -260,10 +264,14 @@ class RoundRunner:
         proof = my_witness_proof(state, self.me)
         if proof is not None and proof[2] and height >= 2 and step - 2 in self.records:
             await self._health_check(state, self.records[step - 2])
+        await self.verifying.begin_round(state)
         if height >= 2:
             with self._phase("apply", state):
                 await self._apply(state, step)
         last_step = state.epoch_state.last_step
+        if trains_this_round(step, last_step) and self.data is not None:
+            with self._phase("replay", state):
+                await self.verifying.replay(state, record, self.data)
         batch = record.batch_of(self.me.key)
         if batch is not None and trains_this_round(step, last_step):
             with self._phase("train", state):
@@ -296,8 +304,16 @@ class RoundRunner:
         results = list(zip(senders, payloads, strict=True))
         # Every client screens the same consensus results against the same previous ones,
         # so all leave out the same: the weights stay identical (verification/checks.py).
-        left_out = await self.worker.screen(step - 2, results, self.previous_results)
+        # Ejected trainers' results are left out first (runtime/verifying.py).
+        ejected = ejected_trainers(state)
+        screened = [i for i, sender in enumerate(senders) if sender not in ejected]
+        checked = await self.worker.screen(step - 2, [results[i] for i in screened],
+                                           self.previous_results)
+        left_out = {screened[i]: why for i, why in checked.items()}
+        left_out.update({i: ("ejected", "its followers reported it to the coordinator")
+                         for i, sender in enumerate(senders) if sender in ejected})
         self.previous_results = dict(results)
+        await self.verifying.check(step - 2, [r for r in results if r[0] not in ejected])
         for position, (check, detail) in sorted(left_out.items()):
             self.events.emit(ResultLeftOut(of_step=step - 2, trainer=senders[position].hex(),
                                            check=check, detail=detail))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import tempfile
@@ -36,7 +37,9 @@ from client_image.training.precision import (
     resolve_compute_dtype,
 )
 from client_image.training.rank_group import BuildSpec, RankFailed, RankGroup, RankSetup
+from client_image.verification.adversary import Adversary
 from client_image.verification.checks import screen
+from client_image.verification.followers import Checked, Followers
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -77,8 +80,10 @@ def _check_tied(model: torch.nn.Module, config: object) -> None:
 class TrainingWorker:
     def __init__(self, *, device: str = "cpu", micro_batch_size: int = 1,
                  dtype: str = "auto", activation_checkpointing: bool = False,
-                 ranks: RankSetup | None = None):
+                 ranks: RankSetup | None = None, adversary: str | None = None):
         self.device = device
+        # Testing verification only: this client publishes dishonest results.
+        self.adversary = Adversary(adversary) if adversary is not None else None
         # D x T > 1: the model lives on several ranks (training/rank_group.py); this
         # process is rank 0 and runs every model call as a command all ranks run.
         self.rank_setup = ranks if ranks is not None and ranks.dims.enabled else None
@@ -91,6 +96,7 @@ class TrainingWorker:
         configure_backends(device)
         self.model: torch.nn.Module | None = None
         self.trainer: DistroTrainer | None = None
+        self.followers: Followers | None = None  # shadows of followed trainers, this epoch
         self.model_dir: Path | None = None  # where config/tokenizer files live
         self._scratch = tempfile.TemporaryDirectory(prefix="psyche-client-model-")
         self._lock = asyncio.Lock()
@@ -108,6 +114,7 @@ class TrainingWorker:
 
     # ------------------------------------------------------------------ loading
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
+        self.followers = None  # they shadowed the previous model
         if not isinstance(llm.optimizer, DistroOptimizer):
             raise WorkerError("a networked run needs the Distro optimizer (AdamW shares nothing)")
         if self.rank_setup is not None:
@@ -262,8 +269,18 @@ class TrainingWorker:
         trainer = self.trainer
         if self.ranks is not None:
             return await self._run(self.ranks.run, "train", step, batch, batch_id, cold_start)
-        return await self._run(trainer.train, step, batch, batch_id=batch_id,
-                               cold_start=cold_start)
+        adversary = self.adversary
+        if adversary is None:
+            return await self._run(trainer.train, step, batch, batch_id=batch_id,
+                                   cold_start=cold_start)
+
+        def dishonest() -> TrainStepOutput:
+            assert adversary is not None
+            out = trainer.train(step, adversary.batch(batch), batch_id=batch_id,
+                                cold_start=cold_start)
+            payload = adversary.payload(out.payload, trainer) if out.payload else out.payload
+            return dataclasses.replace(out, payload=payload)
+        return await self._run(dishonest)
 
     async def decode(self, payload: bytes) -> DistroResult:
         """Validate a peer's payload against our model; raises ResultDecodeError."""
@@ -320,6 +337,40 @@ class TrainingWorker:
             await self._run(self.ranks.run, "idle", step)
             return
         await self._run(self.trainer.idle, step)
+
+    # ------------------------------------------------------------------ verification
+    async def reset_delta(self) -> None:
+        """Start the epoch from a zero delta, so followers can replay us (verification on)."""
+        if self.ranks is not None:
+            await self._run(self.ranks.run, "reset_delta")
+            return
+        assert self.trainer is not None
+        await self._run(self.trainer.reset_delta)
+
+    async def follow(self, trainers: Sequence[bytes], start_step: int) -> bool:
+        """Shadow `trainers` this epoch (verification/followers.py); False when this client
+        cannot replay: a model split over ranks is not supported yet."""
+        trainer = self.trainer
+        if self.ranks is not None or trainer is None or self.model is None:
+            self.followers = None
+            return not trainers
+        followers = Followers(self.model, trainer.config, trainer.lr_schedule,
+                              micro_batch_size=trainer.micro_batch_size,
+                              compute=trainer.compute,
+                              cold_start_warmup_steps=trainer.cold_start_warmup_steps)
+        await self._run(followers.follow, list(trainers), start_step)
+        self.followers = followers
+        return True
+
+    async def replay(self, trainer: bytes, step: int, batch: torch.Tensor,
+                     batch_id: tuple[int, int], cold_start: bool) -> None:
+        if self.followers is not None:
+            await self._run(self.followers.replay, trainer, step, batch, batch_id, cold_start)
+
+    async def verify(self, trainer: bytes, step: int, published: bytes) -> Checked | None:
+        if self.followers is None:
+            return None
+        return await self._run(self.followers.verify, trainer, step, published)
 
     async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
                               keep_steps: int) -> Path:

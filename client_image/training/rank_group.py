@@ -149,6 +149,10 @@ class RankExecutor:
         assert self.trainer is not None
         self.trainer.idle(step)
 
+    def reset_delta(self) -> None:
+        assert self.trainer is not None
+        self.trainer.reset_delta()
+
     @torch.no_grad()
     def round_to_bf16(self) -> None:
         from client_image.training.model import round_to_bf16_

@@ -125,6 +125,13 @@ class ShardedDistroTrainer(DistroTrainer):
     def delta_tensors(self) -> list[torch.Tensor]:
         return [full_tensor(d).clone() for d in self.sharded_delta]
 
+    def reset_delta(self) -> None:
+        """As DistroTrainer.reset_delta: the epoch starts from a zero delta."""
+        with torch.no_grad():
+            for delta in self.sharded_delta:
+                delta.zero_()
+        self._pending = None
+
     @torch.no_grad()
     def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
         """theta -= lr(step) * sign(mean of the peers' results), on this rank's shards."""

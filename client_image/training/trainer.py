@@ -199,6 +199,13 @@ class DistroTrainer:
         self.timings.decompress_s += time.perf_counter() - started
         return True
 
+    def reset_delta(self) -> None:
+        """Forget the momentum and the pending error feedback: with verification on every
+        epoch starts here, so a follower can replay this trainer (verification/replay.py)."""
+        with torch.no_grad():
+            torch._foreach_zero_(self.delta)
+        self._pending = None
+
     @torch.no_grad()
     def idle(self, step: int) -> None:
         """A step this client does not train while its peers do: only what train() does to

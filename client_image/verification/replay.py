@@ -81,10 +81,15 @@ class ReplayVerifier:
         """What an honest trainer publishes for `batch` at `step`. Call it after the
         step's apply and before the verifier's own train of the step (which decays the
         weights)."""
+        return self.shadow.decode(self.expected_payload(step, batch, batch_id, cold_start))
+
+    def expected_payload(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],
+                         cold_start: bool = False) -> bytes:
+        """`expected`, as wire bytes (their SHA-256 is a report's evidence)."""
         out = self.shadow.train(step, batch, batch_id=batch_id, cold_start=cold_start,
                                 decay_weights=False)
         assert out.payload is not None
-        return self.shadow.decode(out.payload)
+        return out.payload
 
     def distances(self, published: DistroResult, expected: DistroResult) -> Distances:
         return similarity(published.tensors, expected.tensors, self.block_numels).overall

@@ -20,6 +20,9 @@
  *  10 set_p2p_address   [account, client s w, p2p PDA w, system]  address (1-256 B)
  *                       the client's P2P address, in the PDA ["p2p", account, client]
  *                       (a directory beside the state; it does not touch the state)
+ *  11 verification_report [account w, reporter s]  accused[32] step u32 published_hash[32]
+ *                       expected_hash[32] jaccard_ppm u32 hamming_ppm u32 manhattan_ppm u32
+ *                       a follower's report (coordinator_machine.h, coordinator/verification.py)
  * now = the Clock's unix_timestamp; seed = u64_le(SHA-256(unix_timestamp_i64_le ||
  * slot_u64_le)[0:8]) (docs/coordinator.md, "Seeds"). Events do not tick: clients send
  * tick transactions.
@@ -158,7 +161,7 @@ static bool config_valid(const Config *c) {
          c->init_min_clients <= MAX_CLIENTS && c->witness_nodes <= MAX_WITNESSES &&
          c->witness_nodes <= c->min_clients && c->global_batch_size_start > 0 &&
          c->global_batch_size_end >= c->global_batch_size_start &&
-         c->verification_percent == 0 && c->waiting_for_members_extra_time > 0;
+         c->verification_percent <= 100 && c->waiting_for_members_extra_time > 0;
 }
 
 /* update kinds: 0 config (64 B, Config) | 1 model head: max_seq_len u32 cold_start u32
@@ -303,6 +306,9 @@ static u64 process(void) {
     return witness(s, who, data, now);
   case 8: return len == 49 ? health_check(s, who, data) : E_InvalidInstruction;
   case 9: return len == CHECKPOINT_WIRE_SIZE ? checkpoint(s, who, data) : E_InvalidInstruction;
+  case 11:
+    if (len != VERIFICATION_REPORT_WIRE_SIZE) return E_InvalidInstruction;
+    return verification_report(s, who, data);
   default: return E_InvalidInstruction;
   }
 }

@@ -13,7 +13,8 @@
 #define NUM_STORED_ROUNDS 4
 #define MODEL_REST_MAX 1024
 #define STRING_MAX 64
-#define ACCOUNT_VERSION 1
+#define MAX_REPORTS 32     /* coordinator/verification.py MAX_REPORTS */
+#define ACCOUNT_VERSION 2  /* 2: verification_seed and reports appended */
 
 enum RunState { Uninitialized, WaitingForMembers, Warmup, RoundTrain, RoundWitness, Cooldown,
                 Finished, Paused };
@@ -33,6 +34,11 @@ typedef struct {
 typedef struct { Pubkey id; u8 state; u8 pad[3]; u32 exited_height; } Client; /* 40 */
 typedef struct { Pubkey id; u64 earned; u64 slashed; } RewardEntry;          /* 48 */
 typedef struct { Pubkey id; u64 active; } RegistryEntry;                    /* 40 */
+/* coordinator.state.VerificationReport, field for field (coordinator/serialization.py) */
+typedef struct {
+  Pubkey reporter; Pubkey accused; u32 step; u8 published_hash[32]; u8 expected_hash[32];
+  u32 jaccard_ppm, hamming_ppm, manhattan_ppm;
+} VerificationReport;                                                       /* 144 */
 
 typedef struct {
   u64 warmup_time, cooldown_time, max_round_train_time, round_witness_time, epoch_time,
@@ -71,6 +77,10 @@ typedef struct {
   RewardEntry rewards[MAX_CLIENTS];
   u64 next_active; u32 registry_len; u32 pad3;
   RegistryEntry registry[MAX_CLIENTS];
+  /* epoch_state's verification (appended in version 2): round 0's seed elects the
+   * followers; reports of the epoch, cleared with the epoch state at warm-up */
+  u64 verification_seed; u32 reports_len; u32 pad4;
+  VerificationReport reports[MAX_REPORTS];
 } CoordinatorAccount;
 
 #define OFFSET_OF(t, f) __builtin_offsetof(t, f)
@@ -81,7 +91,10 @@ _Static_assert(sizeof(Model) == 1168, "model");
 _Static_assert(OFFSET_OF(CoordinatorAccount, config) == 232, "config offset");
 _Static_assert(OFFSET_OF(CoordinatorAccount, epoch) == 1464, "progress offset");
 _Static_assert(OFFSET_OF(CoordinatorAccount, rounds) == 1504, "rounds offset");
-_Static_assert(sizeof(CoordinatorAccount) == 101016, "account size");
+_Static_assert(sizeof(VerificationReport) == 144, "report");
+_Static_assert(OFFSET_OF(CoordinatorAccount, verification_seed) == 101016, "verification offset");
+_Static_assert(OFFSET_OF(CoordinatorAccount, reports) == 101032, "reports offset");
+_Static_assert(sizeof(CoordinatorAccount) == 105640, "account size");
 
 static const u8 COORDINATOR_MAGIC[8] = {'P', 'S', 'Y', 'C', 'O', 'O', 'R', 'D'};
 

@@ -1,7 +1,7 @@
 /* The coordinator state machine: tick and the events, as coordinator/machine.py and
  * coordinator/core.py (docs/coordinator.md: "Tick", "Events", "Health checks",
- * "Rewards"). Every check runs before the first
- * write, and a failing instruction is rolled back by the runtime anyway. Errors 1-14
+ * "Rewards"; coordinator/verification.py). Every check runs before the first
+ * write, and a failing instruction is rolled back by the runtime anyway. Errors 1-15
  * carry the names of coordinator.CoordinatorError, in that enum's order. */
 #ifndef PSYCHE_COORDINATOR_MACHINE_H
 #define PSYCHE_COORDINATOR_MACHINE_H
@@ -11,7 +11,8 @@ enum CoordinatorError {
   E_Halted = 1, E_WrongRunState, E_InvalidClientIndex, E_NotYourIndex, E_NotAClient,
   E_InvalidWitnessProof, E_DuplicateWitness, E_WitnessesFull, E_HealthCheckTooEarly,
   E_InvalidHealthCheck, E_InvalidWithdraw, E_CannotResume, E_InvalidCheckpoint,
-  E_CheckpointNotRunRepository,  /* append new errors here, as in CoordinatorError */
+  E_CheckpointNotRunRepository, E_InvalidVerificationReport,
+  /* append new errors here, as in CoordinatorError */
 };
 
 typedef CoordinatorAccount State;
@@ -111,6 +112,9 @@ static void start_warmup(State *s, u64 now) {
   sol_memset_(s->clients, 0, sizeof(s->clients));
   s->clients_len = 0;
   s->exited_len = 0;
+  s->verification_seed = 0;  /* Python starts a fresh EpochState */
+  sol_memset_(s->reports, 0, sizeof(VerificationReport) * s->reports_len);
+  s->reports_len = 0;
   for (u32 i = 0; i < s->registry_len && s->clients_len < MAX_CLIENTS; i++) {
     if (!is_pending(s, i)) continue;
     s->clients[s->clients_len++].id = s->registry[i].id;
@@ -145,6 +149,7 @@ static void start_round_train(State *s, u64 now, u64 seed) {
   r->random_seed = seed;
   sol_memset_(r->witnesses, 0, sizeof(Witness) * r->witnesses_len);
   r->witnesses_len = 0;
+  if (height == 0) s->verification_seed = seed;
   change_state(s, now, RoundTrain);
 }
 
@@ -373,6 +378,92 @@ static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
   if (!(current == CkGcs || current == CkP2PGcs) || !same_repo || !same_prefix)
     return E_CheckpointNotRunRepository;
   return SUCCESS;  /* a Gcs location has no revision: nothing changes */
+}
+
+/* Verification reports (coordinator/verification.py, machine.py verification_report).
+ * The follow plan without building it: members = clients ++ exited sorted by key (the two
+ * lists are disjoint: start_warmup fills clients from the registry, one entry per key,
+ * and move_clients_to_exited moves a client, never copies it), m of them;
+ * pos(x) = swap_or_not(rank(x), m, K("verify")) with rank(x) = members below x. order is
+ * members by pos, a permutation: order[p] = the member at position p. So the reporter
+ * follows the accused iff pos(accused) < watched = min(m, ceil(m * pct / 100)) and
+ * (pos(reporter) - pos(accused)) mod m is in 1..F, F = min(2, m - 1). Two elections of
+ * 90 rounds instead of m. */
+#define VERIFICATION_REPORT_WIRE_SIZE 112  /* accused[32] step u32 hashes[2][32] 3 x u32 */
+#define FOLLOWERS_PER_TRAINER 2
+#define REPORT_QUORUM 2
+
+static bool key_lt(const Pubkey *a, const Pubkey *b) {
+  for (int i = 0; i < 32; i++)
+    if (a->x[i] != b->x[i]) return a->x[i] < b->x[i];
+  return false;
+}
+
+static bool listed_in(const Client *list, u16 len, const Pubkey *id) {
+  for (u16 i = 0; i < len; i++) if (key_eq(&list[i].id, id)) return true;
+  return false;
+}
+
+static u64 member_rank(const State *s, const Pubkey *id) {
+  u64 rank = 0;
+  for (u16 i = 0; i < s->clients_len; i++) rank += key_lt(&s->clients[i].id, id);
+  for (u16 i = 0; i < s->exited_len; i++) rank += key_lt(&s->exited[i].id, id);
+  return rank;
+}
+
+static bool follows(const State *s, const Pubkey *reporter, const Pubkey *accused) {
+  u64 m = (u64)s->clients_len + s->exited_len, pct = s->config.verification_percent;
+  if (pct == 0 || m < 2) return false;
+  if (!listed_in(s->clients, s->clients_len, reporter) &&
+      !listed_in(s->exited, s->exited_len, reporter))
+    return false;
+  if (!listed_in(s->clients, s->clients_len, accused) &&
+      !listed_in(s->exited, s->exited_len, accused))
+    return false;
+  u8 key[32];
+  election_key(s->verification_seed, "verify", 6, key);
+  u64 watched = (m * pct + 99) / 100;
+  if (watched > m) watched = m;
+  u64 trainer = swap_or_not(member_rank(s, accused), m, key);
+  if (trainer >= watched) return false;
+  u64 follower = swap_or_not(member_rank(s, reporter), m, key);
+  u64 per_trainer = m - 1 < FOLLOWERS_PER_TRAINER ? m - 1 : FOLLOWERS_PER_TRAINER;
+  u64 distance = (follower + m - trainer) % m;
+  return distance >= 1 && distance <= per_trainer;
+}
+
+/* Wire: accused[32] | step u32 | published_hash[32] | expected_hash[32] | jaccard_ppm u32
+ * | hamming_ppm u32 | manhattan_ppm u32 = 112 B; the reporter is the signer. */
+static u64 verification_report(State *s, const Pubkey *sender, const u8 *wire) {
+  if (!active(s)) return E_WrongRunState;
+  i64 at = index_of(s, sender);
+  if (at < 0 || s->clients[at].state != Healthy) return E_NotAClient;
+  const Pubkey *accused = (const Pubkey *)wire;
+  u32 step = rd_u32(wire + 32);
+  const u8 *published = wire + 36, *expected = wire + 68;
+  if (!follows(s, sender, accused)) return E_InvalidVerificationReport;
+  if (step < s->start_step || step >= s->step) return E_InvalidVerificationReport;
+  if (bytes_eq(published, expected, 32)) return E_InvalidVerificationReport;
+  u64 reporters = 1;  /* this one; (reporter, accused) pairs are unique */
+  for (u32 i = 0; i < s->reports_len; i++) {
+    if (!key_eq(&s->reports[i].accused, accused)) continue;
+    if (key_eq(&s->reports[i].reporter, sender)) return E_InvalidVerificationReport;
+    reporters++;
+  }
+  if (s->reports_len >= MAX_REPORTS) return E_InvalidVerificationReport;
+  VerificationReport *r = &s->reports[s->reports_len++];
+  r->reporter = *sender;
+  sol_memcpy_(&r->accused, accused, 32);
+  r->step = step;
+  sol_memcpy_(r->published_hash, published, 32);
+  sol_memcpy_(r->expected_hash, expected, 32);
+  r->jaccard_ppm = rd_u32(wire + 100);
+  r->hamming_ppm = rd_u32(wire + 104);
+  r->manhattan_ppm = rd_u32(wire + 108);
+  i64 target = index_of(s, accused);
+  if (target >= 0 && reporters >= REPORT_QUORUM && s->clients[target].state == Healthy)
+    s->clients[target].state = Ejected;
+  return SUCCESS;
 }
 
 static u64 pause(State *s, u64 now) {

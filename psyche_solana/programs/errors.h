@@ -1,5 +1,5 @@
 /* Custom error codes shared by the three programs (psyche_solana/errors.py names them).
- * 1-13 are the coordinator's state-machine errors (coordinator_machine.h). */
+ * 1-15 are the coordinator's state-machine errors (coordinator_machine.h). */
 #ifndef PSYCHE_ERRORS_H
 #define PSYCHE_ERRORS_H
 enum ProgramError {

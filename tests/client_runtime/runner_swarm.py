@@ -31,6 +31,9 @@ from client_image.runtime.observability import EventLog
 from client_image.runtime.ports import Broadcast, FetchedModel, ModelUnavailable
 from client_image.runtime.round_runner import RoundRunner, RunnerOptions
 from client_image.training import TrainStepOutput
+from client_image.verification.followers import Checked
+from client_image.verification.replay import Verdict
+from client_image.verification.similarity import Distances
 from coordinator import (
     ClientState,
     Coordinator,
@@ -41,7 +44,13 @@ from coordinator import (
     encode_state,
 )
 from coordinator.config import LLMConfig, state_file_from_dict
-from coordinator_tcp.protocol import CheckpointReport, HealthCheck, WarmupWitness, WitnessSubmit
+from coordinator_tcp.protocol import (
+    CheckpointReport,
+    HealthCheck,
+    VerificationReportMessage,
+    WarmupWitness,
+    WitnessSubmit,
+)
 
 LOCAL_TESTNET = Path(__file__).resolve().parents[2] / "config" / "local-testnet" / "state.toml"
 
@@ -69,6 +78,12 @@ class FakeWorker:
         self.saved: list[int] = []
         self.rounded = 0  # round_to_bf16 calls (one per cooldown)
         self.fail_training: str | None = None  # train raises RuntimeError(this) while set
+        # verification: a cheater publishes results no replay reproduces
+        self.cheat = False
+        self.delta_resets = 0
+        self.following: list[bytes] = []
+        self.replayed: dict[tuple[bytes, int], bytes] = {}  # (trainer, step) -> expected
+        self.verified: list[tuple[bytes, int, bool]] = []
 
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:
@@ -86,8 +101,34 @@ class FakeWorker:
         if self.fail_training is not None:
             raise RuntimeError(self.fail_training)
         self.trained.append((step, batch_id))
-        return TrainStepOutput(step=step, loss=1.0 / step, payload=payload_of(
-            self.me.key, step, batch_id), grad_norm=0.0)
+        payload = payload_of(self.me.key, step, batch_id)
+        if self.cheat:
+            payload = payload_of(b"not the batch", step, batch_id)
+        return TrainStepOutput(step=step, loss=1.0 / step, payload=payload, grad_norm=0.0)
+
+    async def reset_delta(self) -> None:
+        self.delta_resets += 1
+
+    async def follow(self, trainers: Sequence[bytes], start_step: int) -> bool:
+        self.following = list(trainers)
+        return True
+
+    async def replay(self, trainer: bytes, step: int, batch: torch.Tensor,
+                     batch_id: tuple[int, int], cold_start: bool) -> None:
+        """What an honest (fake) trainer publishes: a real replay of the fake training."""
+        if trainer in self.following:
+            self.replayed[(trainer, step)] = payload_of(trainer, step, batch_id)
+
+    async def verify(self, trainer: bytes, step: int, published: bytes) -> Checked | None:
+        expected = self.replayed.pop((trainer, step), None)
+        if expected is None:
+            return None
+        ok = expected == published
+        self.verified.append((trainer, step, ok))
+        distance = 0.0 if ok else 1.0
+        return Checked(Verdict(ok, Distances(distance, distance, distance),
+                               "" if ok else "jaccard 1.0000 > 0.0200"),
+                       hashlib.sha256(published).digest(), hashlib.sha256(expected).digest())
 
     async def decode(self, payload: bytes) -> object:
         if not payload.startswith(b"result:"):
@@ -302,6 +343,8 @@ class FakeSwarm:
             result = coordinator.witness(sender, message.witness.to_witness(), self.now)
         elif isinstance(message, HealthCheck):
             result = coordinator.health_check(sender, [c.to_pair() for c in message.checks])
+        elif isinstance(message, VerificationReportMessage):
+            result = coordinator.verification_report(sender, message.to_report(sender))
         elif isinstance(message, CheckpointReport):
             repo = message.hub or message.gcs
             assert repo is not None

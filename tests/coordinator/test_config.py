@@ -147,7 +147,7 @@ def test_every_problem_reported_at_once() -> None:
     ("config", "min_clients", 0, "config.min_clients: must be > 0"),
     ("config", "init_min_clients", 257, "config.init_min_clients: must be <= 256 (max clients), got 257"),
     ("config", "global_batch_size_end", 3, "config.global_batch_size_end: must be >= config.global_batch_size_start (4), got 3"),
-    ("config", "verification_percent", 50, "config.verification_percent: must be 0"),
+    ("config", "verification_percent", 100, "config.verification_percent: must be < 100"),
     ("config", "waiting_for_members_extra_time", 0, "config.waiting_for_members_extra_time: must be > 0"),
     ("config", "waiting_for_members_extra_time", 256, "config.waiting_for_members_extra_time: Input should be less than or equal to 255"),
     ("config", "epoch_time", "60", "config.epoch_time: Input should be a valid integer, got '60'"),

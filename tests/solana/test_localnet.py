@@ -13,6 +13,7 @@ from solders.pubkey import Pubkey
 from solders.transaction import Transaction
 
 from psyche_solana import instructions as ix
+from psyche_solana.accounts import COORDINATOR_ACCOUNT_SIZE
 from psyche_solana.deploy import UPGRADEABLE_LOADER_ID
 from psyche_solana.ids import coordinator_program
 from psyche_solana.localnet import Localnet
@@ -66,7 +67,7 @@ async def test_rpc_client_falls_back_and_names_program_errors(net):
         await rpc.airdrop(payer.pubkey(), 5 * 10**9)
         assert await rpc.balance(payer.pubkey()) == 5 * 10**9
         run = Keypair()
-        rent = await rpc.minimum_balance(101016)
+        rent = await rpc.minimum_balance(COORDINATOR_ACCOUNT_SIZE)
         await rpc.send_instructions([
             ix.create_coordinator_account(payer.pubkey(), run.pubkey(), rent),
             ix.init_coordinator(run.pubkey(), payer.pubkey(), "rpc-run", payer.pubkey(),
@@ -80,7 +81,7 @@ async def test_rpc_client_falls_back_and_names_program_errors(net):
         witness_ix = ix.witness(run.pubkey(), client.pubkey(), Witness(WitnessProof(0, 0, True)))
         with pytest.raises(TransactionTooLarge, match="1232"):
             await rpc.send_instructions([witness_ix] * 3, payer, [client])
-        found = await rpc.program_accounts(coordinator_program(), 101016,
+        found = await rpc.program_accounts(coordinator_program(), COORDINATOR_ACCOUNT_SIZE,
                                            [(88, b"rpc-run".ljust(32, b"\0"))])
         assert [address for address, _ in found] == [run.pubkey()]
     async with SolanaRpc(["http://127.0.0.1:9"], retries=2, backoff_s=0.01) as dead:
