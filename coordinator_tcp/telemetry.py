@@ -2,7 +2,8 @@
 
 `CoordinatorTelemetry(telemetry, server)` subscribes to `server.on_change` (called by
 `_publish_if_changed` after every broadcast) and sets the gauges from the new state:
-phase, epoch, step, clients by state, witnesses and quorum of the current round.
+phase, epoch, step, clients by state, witnesses and quorum of the current round, and
+the epoch's verification reports and ejected clients.
 """
 
 from __future__ import annotations
@@ -10,11 +11,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from coordinator import ClientState, CoordinatorState, RunState, witness_quorum
-from psyche_common.telemetry.core import Telemetry
+from coordinator import Client, ClientState, CoordinatorState, RunState, witness_quorum
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the TUI imports ejected_clients without the OpenTelemetry SDK
     from coordinator_tcp.server import CoordinatorServer
+    from psyche_common.telemetry.core import Telemetry
+
+
+def ejected_clients(state: CoordinatorState) -> list[Client]:
+    """The epoch's clients ejected by their followers' reports (docs/verification.md): still
+    listed until the next round starts, then among the exited clients."""
+    epoch = state.epoch_state
+    return [c for c in (*epoch.clients, *epoch.exited_clients) if c.state is ClientState.Ejected]
 
 
 class CoordinatorTelemetry:
@@ -43,6 +51,9 @@ class CoordinatorTelemetry:
         t.gauge("psyche_coordinator_witnesses").set(len(state.current_round.witnesses))
         target = state.config.witness_count(len(clients)) if clients else 0
         t.gauge("psyche_coordinator_witness_quorum").set(witness_quorum(target))
+        epoch = state.epoch_state
+        t.gauge("psyche_coordinator_verification_reports").set(len(epoch.reports))
+        t.gauge("psyche_coordinator_ejected_clients").set(len(ejected_clients(state)))
 
         entering = state.run_state is not self._phase
         new_round = state.run_state is RunState.RoundTrain and (

@@ -1,7 +1,8 @@
 """The coordinator server's TUI (`psyche-coordinator run --tui true`).
 
 Dashboard: run id and address, phase with its timer, epoch, step, round height, this
-round's witnesses against the quorum, the clients and their states, samples served by
+round's witnesses against the quorum, the clients and their states, the epoch's
+verification reports and ejected clients (when verification is on), samples served by
 the data server, and the server's log. Ctrl+P pauses the run (or resumes a paused one),
 as in Psyche's server dashboard. Refreshes twice a second from the live server object
 (same event loop, so no locking is needed). q, ctrl+c and ctrl+q stop the server, as
@@ -26,6 +27,9 @@ from coordinator_tcp.data_server import DataServer
 from coordinator_tcp.server import CoordinatorServer
 from coordinator_tcp.stopping import hangup_safe_driver
 from coordinator_tcp.summary import summarize
+from coordinator_tcp.telemetry import ejected_clients
+
+MAX_EJECTED_NAMES = 4
 
 
 class _TuiLogHandler(logging.Handler):
@@ -97,8 +101,23 @@ class CoordinatorApp(App[None]):
             f"witnesses {s.witnesses}/{s.witness_target} (quorum {s.quorum})   "
             f"clients {len(s.clients)}   connected {len(self.server.peers)}   "
             f"checkpoint {s.checkpoint}   Ctrl+P pause/resume"
+            + (f"\n{verification}" if (verification := self.verification_text()) else "")
             + (f"\n{self.last_action}" if self.last_action else "")
             + (f"\nstopping… ({self.stopping})" if self.stopping else ""))
+
+    def verification_text(self) -> str:
+        """The epoch's verification reports and ejected clients; "" while verification is
+        off and nothing was reported."""
+        state = self.server.state
+        percent, reports = state.config.verification_percent, state.epoch_state.reports
+        if percent <= 0 and not reports:
+            return ""
+        ejected = ejected_clients(state)
+        names = ", ".join(c.id.key.hex()[:16] for c in ejected[:MAX_EJECTED_NAMES])
+        if len(ejected) > MAX_EJECTED_NAMES:
+            names += f", +{len(ejected) - MAX_EJECTED_NAMES}"
+        return (f"verification {percent}%   reports {len(reports)} this epoch   "
+                f"ejected {len(ejected)}" + (f" ({names})" if names else ""))
 
     def stop_for(self, reason: str) -> None:
         """Say "stopping…" and exit once that is on screen (a signal, or a key)."""

@@ -83,3 +83,21 @@ class ClientMetrics(_Strict):
     tokens_per_sec: float = Field(default=0.0, ge=0)
     last_result_sizes: list[int] = Field(default_factory=list)
     """Serialized sizes in bytes of the DisTrO results applied at the last step."""
+
+    # Verification (docs/verification.md): what this client's replays of the trainers it
+    # follows found, and whether the coordinator ejected this client.
+    verification_following: int = Field(default=0, ge=0)
+    """Trainers this client follows (replays) in the current epoch; 0 when verification is
+    off or this client cannot replay."""
+    verifications_passed: int = Field(default=0, ge=0)
+    """Followed trainers' results this client's replay reproduced (since the client started)."""
+    verifications_failed: int = Field(default=0, ge=0)
+    """Followed trainers' results this client's replay did not reproduce."""
+    verification_reports_sent: int = Field(default=0, ge=0)
+    """Signed verification reports this client sent to the coordinator."""
+    ejected: bool = False
+    """The coordinator ejected this client: its followers reported its results."""
+    ejected_epoch: int | None = None
+    """The epoch of the last ejection (None: never ejected)."""
+    ejected_by: list[str] = Field(default_factory=list)
+    """The followers (node ids, hex) whose reports ejected this client."""

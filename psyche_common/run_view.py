@@ -2,7 +2,8 @@
 show, and how to build it from a coordinator state.
 
     snapshot = build_snapshot(ObservedState(state, server_time, received_monotonic, 0))
-    snapshot.phase, snapshot.phase_elapsed_s, snapshot.clients, snapshot.witnesses
+    snapshot.phase, snapshot.phase_elapsed_s, snapshot.clients, snapshot.witnesses,
+    snapshot.verification
 
 Every backend (TCP server, Solana account, the client's own view) reduces to a
 `RunSnapshot`; the panels never see a `CoordinatorState`.
@@ -17,12 +18,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator import (
+    ClientState,
     CoordinatorState,
     RunState,
     SelectionError,
     selection_for_round,
     witness_quorum,
 )
+from coordinator.verification import PPM
 
 RunPhase = Literal[
     "Uninitialized",
@@ -66,6 +69,28 @@ class WitnessProgress(_Frozen):
         return 0.0 if self.quorum == 0 else min(1.0, len(self.received) / self.quorum)
 
 
+class RunReport(_Frozen):
+    """A follower's verification report against a trainer (coordinator.state.VerificationReport),
+    distances as fractions (the state carries parts per million)."""
+
+    reporter: str
+    accused: str
+    step: int = Field(ge=0)
+    jaccard: float = Field(ge=0)
+    hamming: float = Field(ge=0)
+    manhattan: float = Field(ge=0)
+
+
+class RunVerification(_Frozen):
+    """The epoch's verification (docs/verification.md): reports, and who they ejected."""
+
+    percent: int = Field(default=0, ge=0)
+    """The run's `verification_percent`: 0 when nobody follows anybody."""
+    reports: list[RunReport] = Field(default_factory=list)
+    ejected: list[str] = Field(default_factory=list)
+    """Client ids ejected in this epoch (listed until the next round, then exited)."""
+
+
 class RunSnapshot(_Frozen):
     """What the run looks like at one instant."""
 
@@ -80,6 +105,7 @@ class RunSnapshot(_Frozen):
     clients: list[RunClient] = Field(default_factory=list)
     witnesses: WitnessProgress = Field(default_factory=WitnessProgress)
     client_version: str = ""
+    verification: RunVerification = Field(default_factory=RunVerification)
 
 
 @dataclass(frozen=True)
@@ -138,6 +164,20 @@ def witness_progress(state: CoordinatorState) -> WitnessProgress:
     return WitnessProgress(elected=elected, received=received, quorum=witness_quorum(target))
 
 
+def run_verification(state: CoordinatorState) -> RunVerification:
+    epoch = state.epoch_state
+    reports = [
+        RunReport(reporter=r.reporter.key.hex(), accused=r.accused.key.hex(), step=r.step,
+                  jaccard=r.jaccard_ppm / PPM, hamming=r.hamming_ppm / PPM,
+                  manhattan=r.manhattan_ppm / PPM)
+        for r in epoch.reports
+    ]
+    ejected = [c.id.key.hex() for c in (*epoch.clients, *epoch.exited_clients)
+               if c.state is ClientState.Ejected]
+    return RunVerification(percent=state.config.verification_percent, reports=reports,
+                           ejected=ejected)
+
+
 def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) -> RunSnapshot:
     """The RunSnapshot of an observed state; phase time runs on the server's clock."""
     state = observed.state
@@ -163,4 +203,5 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
         clients=clients,
         witnesses=witness_progress(state),
         client_version=state.client_version,
+        verification=run_verification(state),
     )

@@ -28,7 +28,12 @@ from run_manager.gpus import (
 from run_manager.monitor import Monitor, Part
 from run_manager.settings import RunManagerSettings
 from run_manager.sources.coordinator import CoordinatorSource, PinnedVersionSource
-from run_manager.view import Dashboard, describe_container, describe_wallet
+from run_manager.view import (
+    Dashboard,
+    describe_container,
+    describe_verification,
+    describe_wallet,
+)
 
 
 class SourceUnavailable(Exception):
@@ -154,6 +159,8 @@ class LogLinePrinter:
             self._show("training", describe_training(d.metrics, d.metrics_error))
         else:
             self._show("wallet", describe_wallet(d.wallet))
+        if part in ("run", "training"):
+            self._show("verification", describe_verification(d.run, d.metrics))
 
     def _show(self, panel: str, lines: list[str], key: list[str] | None = None) -> None:
         key = lines if key is None else key

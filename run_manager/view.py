@@ -2,8 +2,9 @@
 
 `Dashboard` extends the shared `RunView` (run snapshot, client metrics, loss history;
 psyche_common.ui.view) with the container state and log tail and the wallet;
-`describe_container` and `describe_wallet` turn those into short lines. No Textual here:
-`--no-tui` must not import it.
+`describe_container`, `describe_wallet` and `describe_verification` turn those into short
+lines (`ejection_alert`: the line saying that this operator's client was ejected, and
+why). No Textual here: `--no-tui` must not import it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from psyche_common.run_view import RunSnapshot
+from psyche_common.metrics_schema import ClientMetrics
+from psyche_common.run_view import RunReport, RunSnapshot
 from psyche_common.ui.view import RunView
 from run_manager.docker_supervisor import (
     ContainerExited,
@@ -105,3 +107,75 @@ def describe_wallet(view: WalletView) -> list[str]:
     points = "—" if view.points is None else str(view.points)
     line = f"wallet {view.address or '—'}  balance {balance}  points {points}"
     return [line + (f" ({view.error})" if view.error else "")]
+
+
+def describe_verification(run: RunSnapshot | None, metrics: ClientMetrics | None) -> list[str]:
+    """The run's verification (reports, ejections) and this client's part in it; no lines
+    while the run does not verify and the client has nothing to tell."""
+    lines: list[str] = []
+    verification = None if run is None else run.verification
+    if verification is not None and (verification.percent > 0 or verification.reports):
+        lines.append(f"run: verification {verification.percent}%  "
+                     f"{_plural(len(verification.reports), 'report')} this epoch  "
+                     f"{len(verification.ejected)} ejected")
+    if metrics is not None and (lines or _client_verifies(metrics)):
+        lines.append(f"this client: following {_plural(metrics.verification_following, 'trainer')}"
+                     f" · {metrics.verifications_passed} passed"
+                     f" · {metrics.verifications_failed} failed"
+                     f" · {_plural(metrics.verification_reports_sent, 'report')} sent")
+    alert = ejection_alert(run, metrics)
+    if alert is not None:
+        lines.append(alert)
+    return lines
+
+
+def ejection_alert(run: RunSnapshot | None, metrics: ClientMetrics | None) -> str | None:
+    """"EJECTED in epoch E by N followers (…)" and, while the coordinator still holds the
+    epoch's reports, what their replays found; None when this client was not ejected."""
+    if metrics is None or not metrics.ejected:
+        return None
+    followers = metrics.ejected_by
+    names = ", ".join(_short(f) for f in followers)
+    text = (f"EJECTED in epoch {metrics.ejected_epoch} by {_plural(len(followers), 'follower')}"
+            + (f" ({names})" if names else ""))
+    reports = _reports_against_me(run, metrics)
+    if not reports:
+        return text + ": their replays did not reproduce this client's results"
+    steps = ", ".join(str(r.step) for r in reports)
+    worst = max(reports, key=lambda r: r.manhattan)
+    return (text + f": their replays of step{'s' if len(reports) > 1 else ''} {steps} "
+            f"differ (jaccard {worst.jaccard:.3f}, hamming {worst.hamming:.3f}, "
+            f"manhattan {worst.manhattan:.3f})")
+
+
+def _reports_against_me(run: RunSnapshot | None, metrics: ClientMetrics) -> list[RunReport]:
+    """The reports that ejected this client, if the run still shows that epoch.
+
+    The client's metrics name its followers, not its own id: the accused is the ejected
+    client those followers reported (the one most of them reported, should they have
+    reported several).
+    """
+    if run is None or run.epoch != metrics.ejected_epoch:
+        return []
+    ejected = set(run.verification.ejected)
+    reports = [r for r in run.verification.reports
+               if r.reporter in metrics.ejected_by and (not ejected or r.accused in ejected)]
+    if not reports:
+        return []
+    accused = [r.accused for r in reports]
+    me = max(accused, key=accused.count)
+    return sorted((r for r in reports if r.accused == me), key=lambda r: r.step)
+
+
+def _client_verifies(metrics: ClientMetrics) -> bool:
+    return bool(metrics.verification_following or metrics.verifications_passed
+                or metrics.verifications_failed or metrics.verification_reports_sent
+                or metrics.ejected)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _short(identity: str) -> str:
+    return identity if len(identity) <= 16 else f"{identity[:6]}…{identity[-6:]}"

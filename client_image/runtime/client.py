@@ -115,6 +115,8 @@ class PsycheClient:
                                      ranks=options.ranks,
                                      adversary=options.test_adversary)
         self.counters = Counters()
+        # what the runtime tells only by event (following, ejected) reaches the metrics
+        events.listeners.append(self.counters.observe)
         self.state: CoordinatorState | None = None
         self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)
         self.addresses: dict[str, str] = {}

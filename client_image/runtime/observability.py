@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from client_image.runtime.events import RuntimeEvent
+from client_image.runtime.events import Ejected, Following, RuntimeEvent
 from psyche_common.metrics_schema import ClientMetrics, ConnectedPeer, RoundTripTime, SelectedPath
 
 LogMode = Literal["tui", "console", "json", "none"]
@@ -98,6 +98,23 @@ class Counters:
     verifications_passed: int = 0
     verifications_failed: int = 0
     verification_reports_sent: int = 0
+    # set by `observe` from the Following and Ejected events
+    verification_following: int = 0  # trainers followed this epoch (0: none, or cannot replay)
+    ejected_epoch: int | None = None  # the epoch of the last ejection of this client
+    ejected_by: tuple[str, ...] = ()  # the followers (hex) whose reports ejected it
+
+    def observe(self, event: RuntimeEvent) -> None:
+        """An `EventLog` listener for what the runtime tells only by event: the trainers
+        this client follows and its ejection. It sets values (never adds), so a second
+        subscription changes nothing."""
+        match event:
+            case Following(trainers=trainers, able=able):
+                self.verification_following = len(trainers) if able else 0
+            case Ejected(epoch=epoch, reporters=reporters):
+                self.ejected_epoch, self.ejected_by = epoch, tuple(reporters)
+                self.verification_following = 0
+            case _:
+                pass
 
 
 def snapshot(counters: Counters, client_version: str, node: Any | None,
@@ -133,7 +150,13 @@ def snapshot(counters: Counters, client_version: str, node: Any | None,
         downloads_bytes=downloads.bytes_received if downloads else 0,
         client_version=client_version, phase=counters.phase, epoch=counters.epoch,
         step=counters.step, loss=counters.loss, tokens_per_sec=counters.tokens_per_sec,
-        last_result_sizes=counters.last_result_sizes)
+        last_result_sizes=counters.last_result_sizes,
+        verification_following=counters.verification_following,
+        verifications_passed=counters.verifications_passed,
+        verifications_failed=counters.verifications_failed,
+        verification_reports_sent=counters.verification_reports_sent,
+        ejected=counters.ejected_epoch is not None, ejected_epoch=counters.ejected_epoch,
+        ejected_by=list(counters.ejected_by))
 
 
 class MetricsServer:

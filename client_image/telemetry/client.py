@@ -4,7 +4,7 @@ Three sources, so the runtime needs almost no telemetry code of its own:
   * observed on each collection (export or scrape): the runtime's `Counters`, the p2p
     node's blob download stats, gossip neighbours and connection diagnostics;
   * the runtime's typed events (`EventLog.listeners`, client_image.runtime.events):
-    Trained, WitnessSent, StateChanged…;
+    Trained, WitnessSent, StateChanged, Following, Ejected…;
   * spans: the round runner's `tracer.phase(name, state)` around warm-up, apply, train,
     witness and cooldown, attributes step and epoch.
 """
@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from client_image.p2p.diagnostics import PeerDiagnostics
 from client_image.runtime.events import (
+    Ejected,
+    Following,
     ModelLoaded,
     RuntimeEvent,
     StateChanged,
@@ -72,6 +74,10 @@ class ClientTelemetry:
         observe("psyche_results_downloaded_current_round",
                 one(lambda: counters.downloaded_current))
         observe("psyche_result_bytes_received", one(lambda: counters.result_bytes_received))
+        observe("psyche_verifications_passed", one(lambda: counters.verifications_passed))
+        observe("psyche_verifications_failed", one(lambda: counters.verifications_failed))
+        observe("psyche_verification_reports_sent",
+                one(lambda: counters.verification_reports_sent))
         stats = lambda: client.node.blobs.stats  # noqa: E731
         observe("psyche_downloads_started", one(lambda: stats().started))
         observe("psyche_downloads_finished", one(lambda: stats().finished))
@@ -87,6 +93,7 @@ class ClientTelemetry:
         observe("psyche_connection_latency_seconds", lambda: [
             (d.rtt_ms / 1000.0, {"peer": d.peer_hex[:16]})
             for d in self._diagnostics() if d.rtt_ms is not None])
+        telemetry.gauge("psyche_ejected").set(0)  # a series from the start, for alerts
         client.events.listeners.append(self.on_event)
 
     def _neighbours(self) -> float | None:
@@ -146,6 +153,11 @@ class ClientTelemetry:
                 t.gauge("psyche_p2p_model_params_downloaded").set(100.0)
             case TaskFailed(error_type="ModelSharingError"):
                 t.counter("psyche_p2p_params_download_failed_counter").add(1)
+            case Following(trainers=trainers, able=able):
+                t.gauge("psyche_verification_following").set(len(trainers) if able else 0)
+            case Ejected():
+                t.gauge("psyche_verification_following").set(0)
+                t.gauge("psyche_ejected").set(1)
             case _:
                 pass
 

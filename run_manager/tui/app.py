@@ -1,4 +1,6 @@
-"""The run-manager's TUI: run, witnesses, training, container and wallet panels.
+"""The run-manager's TUI: run, witnesses, training, container, verification and wallet
+panels (verification only while the run verifies; this client's ejection is also a
+notification).
 
 The supervisor and the monitor run as async workers on the app's event loop; their
 events update the shared Dashboard and the panels redraw from it. Keys: q stops the
@@ -22,8 +24,8 @@ from psyche_common.ui.training_panel import TrainingPanel
 from psyche_common.ui.witness_panel import WitnessPanel
 from run_manager.docker_supervisor import LogLine, Supervisor, SupervisorEvent, SupervisorFinished
 from run_manager.monitor import Monitor, Part
-from run_manager.tui.messages import DashboardChanged, SupervisorEventPosted
-from run_manager.tui.widgets import ContainerPanel, WalletPanel
+from run_manager.tui.messages import ClientEjected, DashboardChanged, SupervisorEventPosted
+from run_manager.tui.widgets import ContainerPanel, VerificationPanel, WalletPanel
 from run_manager.tui.widgets.log_screen import LogScreen
 from run_manager.view import Dashboard
 
@@ -61,6 +63,7 @@ class RunManagerApp(App[None]):
             yield WitnessPanel(id="witnesses")
             yield TrainingPanel(id="training")
             yield ContainerPanel(id="container")
+        yield VerificationPanel(id="verification")
         yield WalletPanel(id="wallet")
         yield Footer()
 
@@ -107,6 +110,10 @@ class RunManagerApp(App[None]):
     def _apply_dashboard_change(self, message: DashboardChanged) -> None:
         self.refresh_panels(message.part)
 
+    @on(ClientEjected)
+    def _alert_ejection(self, message: ClientEjected) -> None:
+        self.notify(message.text, title="client ejected", severity="error", timeout=600)
+
     def refresh_panels(self, part: Part | None = None) -> None:
         """Redraws the panels showing `part` (all of them when None)."""
         if part in (None, "run"):
@@ -114,6 +121,8 @@ class RunManagerApp(App[None]):
             self.query_one(WitnessPanel).show(self.dashboard)
         if part in (None, "training"):
             self.query_one(TrainingPanel).show(self.dashboard)
+        if part in (None, "run", "training"):
+            self.query_one(VerificationPanel).show(self.dashboard)
         if part in (None, "wallet", "run"):
             self.query_one(WalletPanel).show(self.dashboard)
         if part is None:

@@ -22,3 +22,11 @@ class DashboardChanged(Message):
     def __init__(self, part: Part) -> None:
         super().__init__()
         self.part = part
+
+
+class ClientEjected(Message):
+    """The coordinator ejected this operator's client; `text` says when, by whom and why."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text

@@ -12,33 +12,19 @@ from typing import Any
 
 from loopback import free_port
 
-from coordinator import CoordinatorState, load_data_config, load_state_file
-from coordinator.config import ServerDataLocation
+from coordinator import CoordinatorState
 from local_testnet.client_log import client_events
+from local_testnet.config_variant import write_config_variant
 from local_testnet.testnet import Testnet, TestnetOptions
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = REPO / "config" / "local-testnet"
 
 
 
 
 def write_config(directory: Path, data_port: int, **config: int) -> Path:
     """The default local-testnet config with `[config]` overrides and an absolute data dir."""
-    state = load_state_file(DEFAULT_CONFIG / "state.toml")
-    model = state.model.model_copy(update={
-        "data_location": ServerDataLocation(address=f"127.0.0.1:{data_port}")})
-    state = state.model_copy(update={"config": state.config.model_copy(update=config),
-                                     "model": model})
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "state.toml").write_text(state.to_toml())
-    load_state_file(directory / "state.toml")  # the overrides must still be a valid config
-    data = load_data_config(DEFAULT_CONFIG / "data.toml")
-    seed = ", ".join(str(b) for b in data.shuffle_seed)
-    (directory / "data.toml").write_text(
-        f'dir = "{Path(data.dir).resolve()}"\ntoken_size = "{data.token_size.name}"\n'
-        f"seq_len = {data.seq_len}\nshuffle_seed = [{seed}]\n")
-    return directory
+    return write_config_variant(directory, data_port, **config)
 
 
 def make_testnet(tmp_path: Path, num_clients: int, **overrides: Any) -> Testnet:
