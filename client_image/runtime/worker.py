@@ -21,7 +21,6 @@ import torch
 
 from client_image.runtime.ports import Unrunnable
 from client_image.training import (
-    DistroResult,
     DistroTrainer,
     ResultDecodeError,
     TrainStepOutput,
@@ -38,7 +37,12 @@ from client_image.training.precision import (
 )
 from client_image.training.rank_group import BuildSpec, RankFailed, RankGroup, RankSetup
 from client_image.verification.adversary import Adversary
-from client_image.verification.checks import screen
+from client_image.verification.checks import (
+    Fingerprint,
+    FingerprintCache,
+    fingerprint,
+    screen,
+)
 from client_image.verification.followers import Checked, Followers
 from coordinator.config import DistroOptimizer, LLMConfig
 
@@ -97,6 +101,7 @@ class TrainingWorker:
         self.model: torch.nn.Module | None = None
         self.trainer: DistroTrainer | None = None
         self.followers: Followers | None = None  # shadows of followed trainers, this epoch
+        self._fingerprints = FingerprintCache()  # what the checks need of each download
         self.model_dir: Path | None = None  # where config/tokenizer files live
         self._scratch = tempfile.TemporaryDirectory(prefix="psyche-client-model-")
         self._lock = asyncio.Lock()
@@ -282,10 +287,28 @@ class TrainingWorker:
             return dataclasses.replace(out, payload=payload)
         return await self._run(dishonest)
 
-    async def decode(self, payload: bytes) -> DistroResult:
-        """Validate a peer's payload against our model; raises ResultDecodeError."""
+    async def decode(self, payload: bytes) -> Fingerprint:
+        """Validate a peer's payload against our model (raises ResultDecodeError) and keep
+        what the cheap checks need of it, its fingerprint, not the decoded result. Runs off
+        the worker lock: decoding reads only the plans, so downloads never wait for
+        training, nor training for them."""
         assert self.trainer is not None
-        return await self._run(self.trainer.decode, payload)
+        trainer = self.trainer
+
+        def run() -> Fingerprint:
+            return fingerprint(trainer.decode(payload), trainer.plans)
+        kept = await asyncio.to_thread(run)
+        self._fingerprints.add(payload, kept)
+        return kept
+
+    def _fingerprint_of(self, payload: bytes) -> Fingerprint:
+        """The fingerprint kept at download, or (a result never downloaded here: our own)
+        decoded now. Raises ResultDecodeError."""
+        assert self.trainer is not None
+        kept = self._fingerprints.get(payload)
+        if kept is not None:
+            return kept
+        return fingerprint(self.trainer.decode(payload), self.trainer.plans)
 
     async def apply(self, step: int, payloads: Sequence[bytes]) -> int:
         """Apply the consensus payloads of an earlier step; returns how many applied."""
@@ -294,16 +317,7 @@ class TrainingWorker:
         if self.ranks is not None:
             return await self._run(self.ranks.run, "apply", step, list(payloads))
 
-        def run() -> int:
-            results = []
-            for payload in payloads:
-                try:
-                    results.append(trainer.decode(payload))
-                except ResultDecodeError as exc:  # verified on download; never expected
-                    log.error("step %d: dropping a payload that no longer decodes: %s", step, exc)
-            trainer.apply(step, results)
-            return len(results)
-        return await self._run(run)
+        return await self._run(trainer.apply_payloads, step, list(payloads))
 
     async def screen(self, of_step: int, results: Sequence[tuple[bytes, bytes]],
                      previous: Mapping[bytes, bytes]) -> dict[int, tuple[str, str]]:
@@ -313,21 +327,24 @@ class TrainingWorker:
 
         def run() -> dict[int, tuple[str, str]]:
             left_out: dict[int, tuple[str, str]] = {}
-            decoded: list[tuple[str, DistroResult]] = []
+            checked: list[tuple[str, Fingerprint]] = []
             positions: list[int] = []
             for position, (sender, payload) in enumerate(results):
                 try:
-                    decoded.append((sender.hex(), trainer.decode(payload)))
+                    checked.append((sender.hex(), self._fingerprint_of(payload)))
                     positions.append(position)
                 except ResultDecodeError as exc:  # verified on download; never expected
                     left_out[position] = ("undecodable", str(exc))
             earlier = {}
             for sender, payload in previous.items():
                 with contextlib.suppress(ResultDecodeError):
-                    earlier[sender.hex()] = trainer.decode(payload)
-            checked = screen(decoded, trainer.plans, earlier, trainer.learning_rate(of_step))
-            for index, check in checked.items():
+                    earlier[sender.hex()] = self._fingerprint_of(payload)
+            failed = screen(checked, trainer.plans, earlier, trainer.learning_rate(of_step))
+            for index, check in failed.items():
                 left_out[positions[index]] = (check.name, check.detail)
+            # The next screens compare with these results and with later steps' only.
+            self._fingerprints.forget_before(
+                of_step, [p for _, p in results] + list(previous.values()))
             return left_out
         return await self._run(run)
 

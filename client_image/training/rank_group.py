@@ -43,7 +43,6 @@ from client_image.training.parallel import (
 from client_image.training.precision import ComputeDType, enable_activation_checkpointing
 from client_image.training.sharded import ShardedDistroTrainer, full_tensor
 from client_image.training.trainer import TrainStepOutput
-from client_image.training.wire import ResultDecodeError
 from coordinator.config import DistroOptimizer, LRSchedule
 
 log = logging.getLogger(__name__)
@@ -136,14 +135,7 @@ class RankExecutor:
 
     def apply(self, step: int, payloads: list[bytes]) -> int:
         assert self.trainer is not None
-        results = []
-        for payload in payloads:
-            try:
-                results.append(self.trainer.decode(payload))
-            except ResultDecodeError as exc:  # verified on download; never expected
-                log.error("step %d: dropping a payload that no longer decodes: %s", step, exc)
-        self.trainer.apply(step, results)
-        return len(results)
+        return self.trainer.apply_payloads(step, payloads)
 
     def idle(self, step: int) -> None:
         assert self.trainer is not None

@@ -43,7 +43,7 @@ from client_image.training.trainer import (
     causal_lm_loss,
     trainable_parameters,
 )
-from client_image.training.wire import DistroResult, encode_result
+from client_image.training.wire import encode_result
 from coordinator.config import DistroOptimizer, LRSchedule
 
 
@@ -132,21 +132,13 @@ class ShardedDistroTrainer(DistroTrainer):
                 delta.zero_()
         self._pending = None
 
-    @torch.no_grad()
-    def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
-        """theta -= lr(step) * sign(mean of the peers' results), on this rank's shards."""
-        current = self._results_of_step(step, results)
-        if not current:
-            return False
-        started = time.perf_counter()
-        lr = self.learning_rate(step)
-        # One parameter at a time: the full-size scratch is the largest parameter's.
-        for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
-            update = decompress_parameter([r.tensors[i] for r in current], plan, param.dtype,
-                                          self.device)
-            param.add_(shard_like(update.sign_(), param), alpha=-lr)
-        self.timings.decompress_s += time.perf_counter() - started
-        return True
+    # apply: DistroTrainer's, one parameter at a time (the full-size scratch is the
+    # largest parameter's), each rank keeping the shard of the update it holds.
+    def _apply_device(self, param: torch.Tensor) -> torch.device | str:
+        return self.device
+
+    def _add_update(self, param: torch.Tensor, update: torch.Tensor, lr: float) -> None:
+        param.add_(shard_like(update.sign_(), param), alpha=-lr)
 
     def train(
         self,

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -39,15 +40,32 @@ from client_image.training.distro import (
     SparseResult,
     compress_blocks,
     decompress_blocks,
-    decompress_parameter,
+    decompress_parameter_streamed,
     plan_model,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
 from client_image.training.precision import ComputeDType, compute_context
-from client_image.training.wire import DistroResult, ResultDecodeError, decode_result, encode_result
+from client_image.training.wire import (
+    DistroResult,
+    ResultDecodeError,
+    ResultStream,
+    decode_result,
+    encode_result,
+)
 from coordinator.config import AdamWOptimizer, DistroOptimizer, LRSchedule
 
 logger = logging.getLogger(__name__)
+
+
+class _ResultSource(Protocol):
+    """A peer's result as apply reads it: a DistroResult, or a ResultStream over its bytes."""
+
+    step: int
+
+    def tensor(self, i: int) -> SparseResult: ...
+
+
+_R = TypeVar("_R", bound=_ResultSource)
 
 
 @dataclass
@@ -169,7 +187,7 @@ class DistroTrainer:
         return result
 
     @staticmethod
-    def _results_of_step(step: int, results: Sequence[DistroResult]) -> list[DistroResult]:
+    def _results_of_step(step: int, results: Sequence[_R]) -> list[_R]:
         """The results of step - 2 among `results` (a warning for none or for others)."""
         if not results:
             logger.warning("step %d: no results to apply, weights unchanged", step)
@@ -184,20 +202,53 @@ class DistroTrainer:
             )
         return [r for r in results if r.step == step - 2]
 
-    @torch.no_grad()
     def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
         """Step 1: theta -= lr(step) * sign(mean of the peers' decoded results). False if none."""
-        results = self._results_of_step(step, results)
-        if not results:
+        return self._apply_sources(step, results)
+
+    def apply_payloads(self, step: int, payloads: Sequence[bytes]) -> int:
+        """`apply` straight from the peers' wire bytes, decoding one parameter of one peer
+        at a time: the extra memory is a few copies of the largest parameter, whatever the
+        number of peers (docs/distro.md, "Apply"). The payloads were accepted by `decode`
+        on download; one whose header no longer parses is dropped with an error, never
+        half-applied. Returns how many results were applied."""
+        streams = []
+        for payload in payloads:
+            try:
+                stream = ResultStream(payload, self.plans)
+            except ResultDecodeError as exc:
+                logger.error("step %d: dropping a payload that no longer decodes: %s", step, exc)
+                continue
+            if stream.one_bit != self.config.quantize_1bit:
+                logger.error("step %d: dropping a payload with one_bit=%s", step, stream.one_bit)
+                continue
+            streams.append(stream)
+        current = self._results_of_step(step, streams)
+        return len(current) if self._apply_sources(step, current) else 0
+
+    @torch.no_grad()
+    def _apply_sources(self, step: int, sources: Sequence[_R]) -> bool:
+        """theta -= lr(step) * sign(mean of the peers' results), one parameter at a time."""
+        current = self._results_of_step(step, sources)
+        if not current:
             return False
         started = time.perf_counter()
         lr = self.learning_rate(step)
         for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
-            update = decompress_parameter([r.tensors[i] for r in results], plan, param.dtype,
-                                          param.device)
-            param.add_(update.sign_(), alpha=-lr)
+            def tensors_of(i: int = i) -> Iterator[SparseResult]:
+                return (source.tensor(i) for source in current)
+            update = decompress_parameter_streamed(tensors_of, len(current), plan, param.dtype,
+                                                   self._apply_device(param))
+            self._add_update(param, update, lr)
+            del update
         self.timings.decompress_s += time.perf_counter() - started
         return True
+
+    def _apply_device(self, param: torch.Tensor) -> torch.device | str:
+        return param.device
+
+    def _add_update(self, param: torch.Tensor, update: torch.Tensor, lr: float) -> None:
+        param.add_(update.sign_(), alpha=-lr)
 
     def reset_delta(self) -> None:
         """Forget the momentum and the pending error feedback: with verification on every

@@ -75,6 +75,10 @@ class DistroResult:
     one_bit: bool
     tensors: list[SparseResult]  # val is +-1 (float32) when one_bit, else bfloat16; 0 = empty
 
+    def tensor(self, i: int) -> SparseResult:
+        """Parameter i's coefficients (as ResultStream.tensor: apply takes either)."""
+        return self.tensors[i]
+
 
 def index_bits(block_numel: int) -> int:
     """w: bits needed for an index into a block of block_numel coefficients (at least 1)."""
@@ -149,6 +153,43 @@ def _encode_tensor(
 def decode_result(payload: bytes, plans: Sequence[BlockPlan]) -> DistroResult:
     """Parse and validate a peer's payload against the model's BlockPlans."""
     reader = _Reader(payload)
+    step, nonce, start, end, one_bit, short_blocks = _read_header(reader, plans)
+    decoded = [_decode_tensor(reader, plan, one_bit, short_blocks) for plan in plans]
+    if reader.remaining:
+        raise ResultDecodeError(f"{reader.remaining} trailing bytes after the last tensor")
+    if short_blocks and not any(short for _, short in decoded):
+        raise ResultDecodeError("short-blocks flag set but every block carries k coefficients")
+    return DistroResult(step, nonce, start, end, one_bit, [tensor for tensor, _ in decoded])
+
+
+class ResultStream:
+    """A payload decoded one tensor at a time, in parameter order (apply's streaming path:
+    at most one tensor of it decoded at once). `tensor(i)` decodes parameter i; asking
+    for the same i again re-decodes it from its bytes, and asking for i + 1 continues.
+    Meant for payloads `decode_result` has already accepted: a tensor that does not decode
+    still raises ResultDecodeError."""
+
+    def __init__(self, payload: bytes, plans: Sequence[BlockPlan]) -> None:
+        self.plans = plans
+        self._reader = _Reader(payload)
+        (self.step, self.trainer_nonce, self.batch_start, self.batch_end, self.one_bit,
+         self._short_blocks) = _read_header(self._reader, plans)
+        self._starts = [self._reader.position]  # byte offset of tensor i, as far as read
+
+    def tensor(self, i: int) -> SparseResult:
+        if not 0 <= i < min(len(self._starts), len(self.plans)):
+            raise IndexError(f"tensor {i}: tensors are read in order, the next new one is "
+                             f"{len(self._starts) - 1} of {len(self.plans)}")
+        self._reader.seek(self._starts[i])
+        tensor, _ = _decode_tensor(self._reader, self.plans[i], self.one_bit, self._short_blocks)
+        if i + 1 == len(self._starts):
+            self._starts.append(self._reader.position)
+        return tensor
+
+
+def _read_header(reader: _Reader, plans: Sequence[BlockPlan]
+                 ) -> tuple[int, int, int, int, bool, bool]:
+    """(step, nonce, batch start, batch end, one_bit, short_blocks), validated."""
     magic, version, flags, step, nonce, start, end = _FIXED.unpack(reader.take(_FIXED.size, "header"))
     if magic != MAGIC:
         raise ResultDecodeError(f"bad magic {magic!r}, expected {MAGIC!r}")
@@ -163,12 +204,7 @@ def decode_result(payload: bytes, plans: Sequence[BlockPlan]) -> DistroResult:
     n_tensors = reader.varint("tensor count")
     if n_tensors != len(plans):
         raise ResultDecodeError(f"{n_tensors} tensors, the model has {len(plans)} parameters")
-    decoded = [_decode_tensor(reader, plan, one_bit, short_blocks) for plan in plans]
-    if reader.remaining:
-        raise ResultDecodeError(f"{reader.remaining} trailing bytes after the last tensor")
-    if short_blocks and not any(short for _, short in decoded):
-        raise ResultDecodeError("short-blocks flag set but every block carries k coefficients")
-    return DistroResult(step, nonce, start, end, one_bit, [tensor for tensor, _ in decoded])
+    return step, nonce, start, end, one_bit, short_blocks
 
 
 def _decode_tensor(
@@ -244,6 +280,13 @@ class _Reader:
     @property
     def remaining(self) -> int:
         return len(self._data) - self._pos
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def seek(self, position: int) -> None:
+        self._pos = position
 
     def take(self, n: int, what: str) -> bytes:
         if n > self.remaining:

@@ -24,7 +24,8 @@ the same ones (runtime/round_runner.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,23 @@ from client_image.training.wire import DistroResult
 
 NEAR = 0.05
 SKETCH_SLOTS = 65_536
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """All the cheap checks read of a result: its step, fill fraction and slot sketch. A
+    client keeps this (at most SKETCH_SLOTS int32) from each download instead of the
+    decoded result, which is as large as the payload's coefficients."""
+
+    step: int
+    fill: float
+    sketch: torch.Tensor
+
+
+def fingerprint(result: DistroResult | Fingerprint, plans: Sequence[BlockPlan]) -> Fingerprint:
+    if isinstance(result, Fingerprint):
+        return result
+    return Fingerprint(result.step, fill_fraction(result, plans), sketch(result).to(torch.int32))
 
 
 @dataclass(frozen=True)
@@ -73,15 +91,19 @@ def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a == b) & filled).sum()) / float(filled.sum())
 
 
-def cheap_checks(result: DistroResult, plans: Sequence[BlockPlan], *,
-                 others: Mapping[str, DistroResult], previous: DistroResult | None,
+Checked = DistroResult | Fingerprint
+
+
+def cheap_checks(result: Checked, plans: Sequence[BlockPlan], *,
+                 others: Mapping[str, Checked], previous: Checked | None,
                  learning_rate: float, near: float = NEAR) -> list[CheapCheck]:
     """Every cheap check `result` fails (empty list: it passes them all).
 
     `others`: results of the same step to compare with (in a screen, the ones kept before
     it), by name; `previous`: the sender's own result of an earlier step, if any;
     `learning_rate`: the run's at the result's step."""
-    filled = fill_fraction(result, plans)
+    mine = fingerprint(result, plans)
+    filled = mine.fill
     if learning_rate == 0:
         return [] if filled == 0 else [CheapCheck("not_empty", "the learning rate is 0, "
                                                   "but the result moves weights")]
@@ -90,25 +112,25 @@ def cheap_checks(result: DistroResult, plans: Sequence[BlockPlan], *,
     failed = []
     if filled < 0.1:
         failed.append(CheapCheck("underfilled", f"{filled:.1%} of the slots kept"))
-    mine = sketch(result)
     for name, other in others.items():
-        same = agreement(mine, sketch(other))
+        same = agreement(mine.sketch, fingerprint(other, plans).sketch)
         if same >= 1 - near:
             failed.append(CheapCheck("copy", f"{same:.1%} of its slots are {name}'s"))
     if previous is not None:
-        same = agreement(mine, sketch(previous))
+        earlier = fingerprint(previous, plans)
+        same = agreement(mine.sketch, earlier.sketch)
         if same >= 1 - near:
             failed.append(CheapCheck("repeat", f"{same:.1%} of its slots repeat its result "
-                                               f"of step {previous.step}"))
+                                               f"of step {earlier.step}"))
     return failed
 
 
-def screen(results: Sequence[tuple[str, DistroResult]], plans: Sequence[BlockPlan],
-           previous: Mapping[str, DistroResult], learning_rate: float) -> dict[int, CheapCheck]:
+def screen(results: Sequence[tuple[str, Checked]], plans: Sequence[BlockPlan],
+           previous: Mapping[str, Checked], learning_rate: float) -> dict[int, CheapCheck]:
     """The results of one step a client leaves out of its apply, by position: each result
     is checked against the ones kept before it (so of two copies the first stays: a copy
     adds nothing, the original is not punished for it) and its sender's previous result."""
-    kept: dict[str, DistroResult] = {}
+    kept: dict[str, Checked] = {}
     left_out: dict[int, CheapCheck] = {}
     for position, (sender, result) in enumerate(results):
         failed = cheap_checks(result, plans, others=kept, previous=previous.get(sender),
@@ -118,3 +140,28 @@ def screen(results: Sequence[tuple[str, DistroResult]], plans: Sequence[BlockPla
         else:
             kept[sender] = result
     return left_out
+
+
+class FingerprintCache:
+    """sha256(payload) -> Fingerprint of the results a client downloaded, so that the
+    screen at apply reads the fingerprint, not a second decode. Thread-safe enough for one
+    writer on the event loop and one reader in the worker thread (dict operations only)."""
+
+    def __init__(self) -> None:
+        self._by_digest: dict[bytes, Fingerprint] = {}
+
+    def add(self, payload: bytes, print_: Fingerprint) -> None:
+        self._by_digest[hashlib.sha256(payload).digest()] = print_
+
+    def get(self, payload: bytes) -> Fingerprint | None:
+        return self._by_digest.get(hashlib.sha256(payload).digest())
+
+    def forget_before(self, step: int, keep: Iterable[bytes]) -> None:
+        """Drop fingerprints of results of steps before `step`, except `keep`'s."""
+        kept = {hashlib.sha256(payload).digest() for payload in keep}
+        for digest, print_ in list(self._by_digest.items()):
+            if print_.step < step and digest not in kept:
+                self._by_digest.pop(digest, None)
+
+    def __len__(self) -> int:
+        return len(self._by_digest)

@@ -149,3 +149,37 @@ async def test_the_workers_screen_leaves_out_copies_empties_and_repeats():
             {replayer: a, honest: a})
     finally:
         worker.close()
+
+
+async def test_the_worker_screens_downloads_by_their_fingerprints_without_decoding_again(
+        monkeypatch):
+    import tomllib
+    from pathlib import Path
+
+    from client_image.runtime.worker import TrainingWorker
+    from coordinator.config import state_file_from_dict
+
+    state = Path(__file__).resolve().parents[2] / "config" / "local-testnet" / "state.toml"
+    llm = state_file_from_dict(tomllib.loads(state.read_text())).model
+    worker = TrainingWorker(device="cpu", micro_batch_size=2, dtype="fp32")
+    try:
+        await worker.load_from_hub(str(TINY_MODEL), None, llm, start_step=0)
+        data = LocalDataProvider(TRAIN_DATA, 32)
+        old = (await worker.train(5, data.get_samples(0, 1), (0, 1), False)).payload
+        new = (await worker.train(7, data.get_samples(2, 3), (2, 3), False)).payload
+        assert old is not None and new is not None
+        for payload in (old, new):
+            kept = await worker.decode(payload)  # what a download does
+            assert 0 < kept.fill <= 1 and kept.sketch.dtype == torch.int32
+        trainer = worker.trainer
+        assert trainer is not None
+        decodes = []
+        real_decode = trainer.decode
+        monkeypatch.setattr(trainer, "decode", lambda p, *a: decodes.append(p) or real_decode(p))
+        assert await worker.screen(7, [(b"n" * 32, new)], {}) == {}
+        assert decodes == []  # read from the fingerprint kept at download
+        assert len(worker._fingerprints) == 1  # step 5's is no longer needed
+        assert await worker.screen(7, [(b"n" * 32, new)], {b"n" * 32: old}) == {}
+        assert decodes == [old]  # a dropped one is decoded again when it is asked for
+    finally:
+        worker.close()
