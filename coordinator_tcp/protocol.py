@@ -16,7 +16,8 @@ server speaks them too); they are re-exported here as part of this protocol.
 `Join.observe = true` opens a read-only connection (the testnet's watcher, dashboards,
 benchmarks): it is authenticated the same way and receives every StateUpdate, but its
 key is never offered to the coordinator as a pending client and any event it sends is
-rejected. The data server (`data_protocol`) reuses Challenge/Join for its handshake.
+rejected. An observer's StateUpdate also says how many clients are connected and asking
+to take part (`joined`), and comes again whenever that number changes. The data server (`data_protocol`) reuses Challenge/Join for its handshake.
 
 Messages after `Join` carry no sender field: the server attributes them to the key that
 signed the challenge, so a client can only ever speak for itself. Every message is a
@@ -127,6 +128,14 @@ class StateUpdate(_Message):
     server_time: int = 0
     # Unix time (float seconds) at which the server encoded this broadcast: latency probes.
     sent_at: float = 0.0
+    # Observers only: the clients connected and asking to take part (what the next tick
+    # is given; the coordinator state lists none until the warm-up). Clients' updates
+    # leave it out (`to_frame`), so a client of an earlier version still reads them.
+    joined: int | None = Field(default=None, ge=0)
+
+    def to_frame(self) -> bytes:
+        """The message's bytes, without the fields that are not set (None)."""
+        return self.model_dump_json(exclude_none=True).encode()
 
     @property
     def state_bytes(self) -> bytes:

@@ -93,6 +93,7 @@ class CoordinatorServer:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_broadcast: bytes | None = None
+        self._last_joined = 0  # `joined` as the observers last heard it
         self._reconnect_deadline = self.now() + options.reconnect_grace_s if resumed else None
         self._original_warmup_time = coordinator.state.config.warmup_time
         self._been_active = coordinator.state.run_state.active
@@ -234,10 +235,19 @@ class CoordinatorServer:
         return False
 
     # ------------------------------------------------------------------ broadcasting
-    def state_message(self) -> bytes:
-        return encode(StateUpdate(
-            state=base64.b64encode(encode_state(self.state)).decode(),
-            p2p_addresses=self.p2p_addresses, server_time=self.now(), sent_at=time.time()))
+    def state_message(self, *, observer: bool = False) -> bytes:
+        """The state broadcast; an observer's also says how many clients are connected
+        and asking to take part (`StateUpdate.joined`)."""
+        client, for_observers = self._state_messages()
+        return for_observers if observer else client
+
+    def _state_messages(self, encoded: bytes | None = None) -> tuple[bytes, bytes]:
+        """The state broadcast for the clients, and for the observers."""
+        update = StateUpdate(
+            state=base64.b64encode(encoded or encode_state(self.state)).decode(),
+            p2p_addresses=self.p2p_addresses, server_time=self.now(), sent_at=time.time())
+        joined = update.model_copy(update={"joined": len(self._pending())})
+        return update.to_frame(), joined.to_frame()
 
     def publish(self) -> None:
         """Broadcast (and persist) the state if it changed: after an operator action."""
@@ -246,13 +256,28 @@ class CoordinatorServer:
     def _publish_if_changed(self) -> None:
         encoded = encode_state(self.state)
         if encoded == self._last_broadcast:
+            self._tell_observers_if_joined_changed()
             return
         self._last_broadcast = encoded
+        self._last_joined = len(self._pending())
         self._persist(encoded)
-        self._send_all(self.state_message())
+        self._send_all(*self._state_messages(encoded))
         self.stats.broadcasts += 1
         for callback in self.on_change:
             callback(self.state)
+
+    def _tell_observers_if_joined_changed(self) -> None:
+        """A client joined or left while the state stayed the same (WaitingForMembers
+        lists nobody): the observers' dashboards say how many are there."""
+        joined = len(self._pending())
+        if joined == self._last_joined:
+            return
+        self._last_joined = joined
+        if self.observers:
+            payload = self.state_message(observer=True)
+            for observer in list(self.observers):
+                if not observer.send(payload):
+                    observer.writer.close()
 
     def save_state(self) -> None:
         """Save the state now (--save-state-dir; every change is saved as it happens, so
@@ -263,9 +288,10 @@ class CoordinatorServer:
         if self.store is not None:
             self.store.save(encoded or encode_state(self.state), self.p2p_addresses)
 
-    def _send_all(self, payload: bytes) -> None:
+    def _send_all(self, payload: bytes, observer_payload: bytes | None = None) -> None:
+        """`payload` to every client; `observer_payload` (or `payload`) to the observers."""
         for peer in [*self.peers.values(), *self.observers]:
-            if not peer.send(payload):
+            if not peer.send(observer_payload if peer.observer and observer_payload else payload):
                 log.warning("client %r is not reading: disconnecting", peer.identity)
                 peer.writer.close()
 
@@ -319,7 +345,7 @@ class CoordinatorServer:
             observer = _Peer(identity, message.p2p_address, writer, observer=True)
             self.observers.add(observer)
             writer.write(encode_frame(encode(Welcome(identity=identity.key))))
-            observer.send(self.state_message())
+            observer.send(self.state_message(observer=True))
             log.info("observer %r connected", identity)
             return observer
         previous = self.peers.pop(identity, None)
@@ -335,7 +361,8 @@ class CoordinatorServer:
             # A listed client came back on a new address (a restarted process): its peers
             # must dial the new one now, not at the next state change.
             self._persist()
-            self._send_all(self.state_message())
+            self._send_all(*self._state_messages())
+        self._tell_observers_if_joined_changed()
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
         return peer
 

@@ -1,8 +1,9 @@
 """A plain summary of a coordinator state for the TUIs (server and testnet) and logs.
 
-`summarize(state, now, connected)` says what a person watching the run wants to know:
-the phase and how long until its timeout, epoch, step, the clients, and this round's
-witnesses against the quorum. No Textual here, so it is cheap to test and reuse.
+`summarize(state, now, connected, joined)` says what a person watching the run wants to
+know: the phase and how long until its timeout, what the run waits for, epoch, step, the
+clients, and this round's witnesses against the quorum. No Textual here, so it is cheap
+to test and reuse.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator import CoordinatorState, RunState, witness_quorum
+from psyche_common.run_view import phase_elapsed
+from psyche_common.ui.view import describe_wait
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class ClientRow:
 class StateSummary:
     run_id: str
     phase: str
-    phase_elapsed_s: int
+    phase_elapsed_s: int | None  # None: no phase start in the state (a fresh run) to count from
     phase_timeout_s: int | None  # None: the phase waits for an event, not a timer
     epoch: int
     step: int
@@ -36,12 +39,27 @@ class StateSummary:
     quorum: int
     paused_pending: bool
     checkpoint: str
+    init_min_clients: int = 0
+    joined: int | None = None  # clients asking to take part; None: not known here
+    warmup_ready: int = 0  # warm-up witnesses received (Warmup only)
 
     @property
     def phase_timer(self) -> str:
-        if self.phase_timeout_s is None:
-            return f"{self.phase_elapsed_s}s"
-        return f"{self.phase_elapsed_s}s / {self.phase_timeout_s}s"
+        return phase_timer(self.phase_elapsed_s, self.phase_timeout_s)
+
+    @property
+    def waiting(self) -> str | None:
+        """What the run waits for ("waiting for 3 clients, 2 connected"); None in a round."""
+        return describe_wait(self.phase, init_min_clients=self.init_min_clients,
+                             joined=self.joined, warmup_ready=self.warmup_ready,
+                             warmup_target=self.witness_target)
+
+
+def phase_timer(elapsed_s: int | None, timeout_s: int | None) -> str:
+    """"3s / 20s" (elapsed / the phase's time limit), "3s" with no limit; "—" for an
+    elapsed time the state cannot tell (never a Unix time)."""
+    elapsed = "—" if elapsed_s is None else f"{elapsed_s}s"
+    return elapsed if timeout_s is None else f"{elapsed} / {timeout_s}s"
 
 
 def _phase_timeout(state: CoordinatorState) -> int | None:
@@ -55,15 +73,19 @@ def _phase_timeout(state: CoordinatorState) -> int | None:
     }.get(state.run_state)
 
 
-def summarize(state: CoordinatorState, now: int,
-              connected: set[bytes] | frozenset[bytes] = frozenset()) -> StateSummary:
+def summarize(state: CoordinatorState, now: float,
+              connected: set[bytes] | frozenset[bytes] = frozenset(),
+              joined: int | None = None) -> StateSummary:
+    """`now`: the coordinator's unix time; `connected`: keys of the connected clients;
+    `joined`: how many connected clients ask to take part (CoordinatorServer.pending)."""
     clients = state.epoch_state.clients
     witnesses = len(state.current_round.witnesses) if state.run_state.active else 0
     target = state.config.witness_count(len(clients))
+    elapsed = phase_elapsed(state.run_state_start_unix_timestamp, now)
     return StateSummary(
         run_id=state.run_id,
         phase=state.run_state.name,
-        phase_elapsed_s=max(0, now - state.run_state_start_unix_timestamp),
+        phase_elapsed_s=None if elapsed is None else int(elapsed),
         phase_timeout_s=_phase_timeout(state),
         epoch=state.progress.epoch,
         step=state.progress.step,
@@ -76,4 +98,8 @@ def summarize(state: CoordinatorState, now: int,
         quorum=witness_quorum(target),
         paused_pending=state.pending_pause,
         checkpoint=type(state.model.checkpoint).__name__,
+        init_min_clients=state.config.init_min_clients,
+        joined=joined,
+        warmup_ready=(len(state.current_round.witnesses)
+                      if state.run_state is RunState.Warmup else 0),
     )

@@ -1,6 +1,7 @@
 """The coordinator server's TUI (`psyche-coordinator run --tui true`).
 
-Dashboard: run id and address, phase with its timer, epoch, step, round height, this
+Dashboard: run id and address, phase with its timer, epoch, step, round height, what the
+run waits for ("waiting for 3 clients, 2 connected", "warming up: 1 of 2 ready"), this
 round's witnesses against the quorum, the clients and their states, the epoch's
 verification reports and ejected clients (when verification is on), samples served by
 the data server, and the server's log. Ctrl+P pauses the run (or resumes a paused one),
@@ -92,13 +93,14 @@ class CoordinatorApp(App[None]):
 
     def status_text(self) -> str:
         s = summarize(self.server.state, self.server.now(),
-                      {p.key for p in self.server.peers})
+                      {p.key for p in self.server.peers}, joined=len(self.server.pending))
         pause = "  (pause pending)" if s.paused_pending else ""
         return (
             f"run {s.run_id}  on {self.server.options.host}:{self.server.port}\n"
             f"phase {s.phase} {s.phase_timer}{pause}   epoch {s.epoch}   "
             f"step {s.step}/{s.total_steps}   height {s.height}\n"
-            f"witnesses {s.witnesses}/{s.witness_target} (quorum {s.quorum})   "
+            + (f"{s.waiting}\n" if s.waiting else "")
+            + f"witnesses {s.witnesses}/{s.witness_target} (quorum {s.quorum})   "
             f"clients {len(s.clients)}   connected {len(self.server.peers)}   "
             f"checkpoint {s.checkpoint}   Ctrl+P pause/resume"
             + (f"\n{verification}" if (verification := self.verification_text()) else "")

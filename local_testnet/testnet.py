@@ -112,7 +112,7 @@ class ClientProcess:
     process: asyncio.subprocess.Process | None = None
     losses: dict[int, float] = field(default_factory=dict)
     awaiting_rejoin: str | None = None  # None | "killed" | "out"
-    last_line: str = ""
+    last_line: str = ""  # its last log line (the TUI shows it in words: describe_line)
 
 
 def fit_to_clients(state: StateFile, num_clients: int) -> list[tuple[str, int, int]]:
@@ -165,6 +165,11 @@ class Testnet:
         self.server: asyncio.subprocess.Process | None = None
         self.clients = {i: ClientProcess(i) for i in range(1, options.num_clients + 1)}
         self.state: CoordinatorState | None = None
+        # What the last state update also said: the clients connected and asking to take
+        # part (None: not said), and the server's unix time then, with our monotonic time.
+        self.joined: int | None = None
+        self.server_time = 0
+        self.state_received = 0.0
         self.killed = 0
         self.rejoined = 0
         # step -> whether its round had batches to train (the clients' rule: a batch
@@ -261,7 +266,7 @@ class Testnet:
                                            lambda line: self._client_line(client, line))
 
     def _client_line(self, client: ClientProcess, line: str) -> None:
-        client.last_line = line[-200:]
+        client.last_line = line[:4000]  # whole (but bounded): a JSON event still parses
         event = parse_event(line)
         if event is not None and event["event"] == "trained":
             step, loss = event.get("step"), event.get("loss")
@@ -342,6 +347,8 @@ class Testnet:
                     if isinstance(message, StateUpdate):
                         with contextlib.suppress(StateDecodeError, ValueError):
                             self.state = decode_state(message.state_bytes)
+                            self.joined, self.server_time = message.joined, message.server_time
+                            self.state_received = time.monotonic()
                             self._track_rejoins(self.state)
                             self._track_rounds(self.state)
                             for listener in list(self.state_listeners):

@@ -1,8 +1,11 @@
 """The `psyche-testnet --tui` screen: the coordinator's state and every client's metrics.
 
-The server part comes from the testnet's observer connection; each client row from its
-metrics endpoint (http://127.0.0.1:6269+i, `run_manager.sources.ClientMetrics`), polled
-every second, with the process status and the last log line when the endpoint is down.
+The server part comes from the testnet's observer connection: the phase with its timer
+(on the coordinator's clock), what the run waits for ("waiting for 3 clients, 2
+connected", "warming up: 1 of 2 ready"), the clients and witnesses. Each client row comes
+from its metrics endpoint (http://127.0.0.1:6269+i, `run_manager.sources.ClientMetrics`),
+polled every second, with the process status and the last log line in words when the
+endpoint is down.
 `q` (or ctrl+q) stops the testnet, every process it started; ctrl+c, SIGINT, SIGTERM and
 SIGHUP (the terminal closed) too: the screen says "stopping…", the app exits and the
 processes are stopped (`Testnet.stop`), saying so on stderr; a second signal kills them
@@ -24,10 +27,13 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from coordinator_tcp.stopping import StopSignals, hangup_safe_driver, run_app_until_stopped
 from coordinator_tcp.summary import summarize
+from local_testnet.client_log import describe_line
 from psyche_common.metrics_source import HttpClientMetricsSource
 
 if TYPE_CHECKING:
     from local_testnet.testnet import Testnet
+
+STATUS_WIDTH = 60  # characters of a client's last log line in the status column
 
 
 class TestnetApp(App[None]):
@@ -86,11 +92,25 @@ class TestnetApp(App[None]):
                     f"work dir {net.options.work_dir}")
         if net.state is None:
             return "waiting for the coordinator…"
-        s = summarize(net.state, int(time.time()))
+        s = summarize(net.state, self.server_now(), joined=net.joined)
+        # Before an epoch the state lists no clients: the waiting line says who is there.
+        between_epochs = s.phase in ("Uninitialized", "WaitingForMembers")
+        run = [s.waiting] if s.waiting else []
+        if not between_epochs:
+            run.append(f"clients {len(s.clients)}  witnesses {s.witnesses}/{s.witness_target}"
+                       f" (quorum {s.quorum})")
         return (f"run {s.run_id}  phase {s.phase} {s.phase_timer}  epoch {s.epoch}  "
-                f"step {s.step}/{s.total_steps}  clients {len(s.clients)}  "
-                f"witnesses {s.witnesses}/{s.witness_target} (quorum {s.quorum})\n"
+                f"step {s.step}/{s.total_steps}\n"
+                + "  ·  ".join(run) + "\n"
                 f"killed {net.killed}  rejoined {net.rejoined}  work dir {net.options.work_dir}")
+
+    def server_now(self) -> float:
+        """The coordinator's unix time now: its time in the last state update, plus the
+        time since (this machine's clock when the update did not say)."""
+        net = self.testnet
+        if net.server_time <= 0:
+            return time.time()
+        return net.server_time + max(0.0, time.monotonic() - net.state_received)
 
     async def refresh_view(self) -> None:
         self.query_one("#server", Static).update(self.server_text())
@@ -103,12 +123,17 @@ class TestnetApp(App[None]):
             alive = "running" if process is not None and process.returncode is None else (
                 f"exit {process.returncode}" if process is not None else "not started")
             if isinstance(metrics, BaseException):
-                table.add_row(str(i), alive, "", "", "", "", "", "", client.last_line[-60:])
+                table.add_row(str(i), alive, "", "", "", "", "", "",
+                              _clip(describe_line(client.last_line), STATUS_WIDTH))
                 continue
             loss = "" if metrics.loss is None else f"{metrics.loss:.3f}"
             table.add_row(str(i), alive, metrics.phase, str(metrics.epoch), str(metrics.step),
                           loss, f"{metrics.tokens_per_sec:.0f}",
                           str(len(metrics.connected_peers)), "metrics ok")
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 async def run_testnet_tui(testnet: Testnet) -> None:

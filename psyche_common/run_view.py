@@ -3,7 +3,10 @@ show, and how to build it from a coordinator state.
 
     snapshot = build_snapshot(ObservedState(state, server_time, received_monotonic, 0))
     snapshot.phase, snapshot.phase_elapsed_s, snapshot.clients, snapshot.witnesses,
-    snapshot.verification
+    snapshot.verification, snapshot.init_min_clients, snapshot.joined
+
+`phase_elapsed(start, now)` is the one rule for a phase timer: no start (0) or clocks
+that cannot be compared give None, never a Unix time shown as seconds.
 
 Every backend (TCP server, Solana account, the client's own view) reduces to a
 `RunSnapshot`; the panels never see a `CoordinatorState`.
@@ -63,6 +66,9 @@ class WitnessProgress(_Frozen):
     """Elected witnesses whose witness message the coordinator has."""
     quorum: int = Field(default=0, ge=0)
     """Witness messages needed: {1->1, 2->2, 3->2, n>=4 -> floor(2n/3)}."""
+    target: int = Field(default=0, ge=0)
+    """W, the witnesses per round (config.witness_count): in Warmup, the warm-up witnesses
+    (clients with the model loaded, in `received`) that start the first round early."""
 
     @property
     def fraction(self) -> float:
@@ -106,6 +112,11 @@ class RunSnapshot(_Frozen):
     witnesses: WitnessProgress = Field(default_factory=WitnessProgress)
     client_version: str = ""
     verification: RunVerification = Field(default_factory=RunVerification)
+    init_min_clients: int = Field(default=0, ge=0)
+    """Clients the run waits for before it starts an epoch (config.init_min_clients)."""
+    joined: int | None = Field(default=None, ge=0)
+    """Clients asking to take part in the next epoch (connected to the TCP server, or
+    joined on Solana); None where the source cannot tell."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,28 @@ class ObservedState:
     received_monotonic: float
     connection: int
     """Which connection delivered it (counts up with every successful handshake)."""
+    joined: int | None = None
+    """Clients asking to take part, where the source says (RunSnapshot.joined)."""
+
+
+MAX_PHASE_S = 10 * 365 * 24 * 3600
+"""Longer than any phase lasts: an "elapsed" time beyond it is a Unix time (a start of
+0, or a start and a clock that are not the same kind of time), not a phase."""
+
+
+def phase_elapsed(start_unix: float, now_unix: float) -> float | None:
+    """Seconds since a phase started at `start_unix` by a clock that says `now_unix`.
+
+    None when the state holds no start (0: a run fresh from its state.toml has no phase
+    start yet) or the two times cannot be compared (more than MAX_PHASE_S apart); 0 when
+    the clock is behind the start (another machine's clock).
+    """
+    if start_unix <= 0 or now_unix <= 0:
+        return None
+    elapsed = now_unix - start_unix
+    if elapsed > MAX_PHASE_S:
+        return None
+    return max(0.0, elapsed)
 
 
 def phase_timeout_s(state: CoordinatorState) -> float | None:
@@ -161,7 +194,8 @@ def witness_progress(state: CoordinatorState) -> WitnessProgress:
                 index, round_.clients_len)
             if client is not None:
                 received.append(client.id.key.hex())
-    return WitnessProgress(elected=elected, received=received, quorum=witness_quorum(target))
+    return WitnessProgress(elected=elected, received=received, quorum=witness_quorum(target),
+                           target=target)
 
 
 def run_verification(state: CoordinatorState) -> RunVerification:
@@ -185,9 +219,8 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
     # Elapsed = (server time at send - phase start) + time since we received it: no
     # dependence on this machine's wall clock agreeing with the coordinator's.
     server_now = (observed.server_time or time.time()) + max(0.0, now - observed.received_monotonic)
-    started = state.run_state_start_unix_timestamp
     # A run fresh from its state.toml has no phase start yet (0): no elapsed time to show.
-    elapsed = 0.0 if started == 0 else max(0.0, server_now - started)
+    elapsed = phase_elapsed(state.run_state_start_unix_timestamp, server_now) or 0.0
     points = {entry.id.key: entry.earned for entry in state.rewards.entries}
     clients = [
         RunClient(id=c.id.key.hex(), state=c.state.name, points=points.get(c.id.key))  # type: ignore[arg-type]  # RunState names are the literals
@@ -204,4 +237,6 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
         witnesses=witness_progress(state),
         client_version=state.client_version,
         verification=run_verification(state),
+        init_min_clients=state.config.init_min_clients,
+        joined=observed.joined,
     )

@@ -1,7 +1,8 @@
 """The small UI kit both TUIs use (the run-manager's and the client's `--logs tui`).
 
     view            RunView (run snapshot + client metrics + loss history), describe_run,
-                    describe_witnesses, describe_training, format_duration, format_bytes
+                    describe_wait (what the run waits for), describe_witnesses,
+                    describe_training, format_duration, format_bytes
                     (plain text, no Textual: `--no-tui` imports only this)
     run_panel       RunPanel        phase and timer, epoch, step, the clients table
     witness_panel   WitnessPanel    elected witnesses and quorum progress

@@ -50,6 +50,35 @@ def format_bytes(count: float) -> str:
     return f"{count:.1f} GiB"  # unreachable; keeps mypy sure of the return
 
 
+def describe_wait(phase: str, *, init_min_clients: int, joined: int | None = None,
+                  warmup_ready: int = 0, warmup_target: int = 0) -> str | None:
+    """What the run waits for, in words; None while it trains (the witness line says how
+    the round is going). One wording for every TUI and `--no-tui`.
+
+    WaitingForMembers  "waiting for N clients, M connected" (N = init_min_clients, M the
+                       clients asking to take part; left out where unknown)
+    Warmup             "warming up: K of W ready" (K warm-up witnesses of the W that start
+                       the first round early)
+    Uninitialized, Paused, Finished: said plainly.
+    """
+    if phase == "WaitingForMembers":
+        line = f"waiting for {_plural(init_min_clients, 'client')}"
+        if joined is None:
+            return line
+        line += f", {joined} connected"
+        # Enough of them: the warm-up starts at the next tick (after the extra wait time).
+        return line + (": starting" if joined >= init_min_clients else "")
+    if phase == "Warmup":
+        return f"warming up: {warmup_ready} of {warmup_target} ready"
+    if phase == "Uninitialized":
+        return "not started: the run has no config and model yet"
+    if phase == "Paused":
+        return "paused: nothing trains until the run is resumed"
+    if phase == "Finished":
+        return "finished: the run is over"
+    return None
+
+
 def describe_run(run: RunSnapshot | None) -> list[str]:
     if run is None:
         return ["run: no coordinator data"]
@@ -57,10 +86,14 @@ def describe_run(run: RunSnapshot | None) -> list[str]:
     if run.phase_timeout_s is not None:
         timer += f" / {format_duration(run.phase_timeout_s)}"
     healthy = sum(1 for c in run.clients if c.state == "Healthy")
-    return [
+    lines = [
         f"run {run.run_id}: {run.phase} {timer}",
         f"epoch {run.epoch}  step {run.step}  clients {healthy}/{len(run.clients)} healthy",
     ]
+    wait = describe_wait(run.phase, init_min_clients=run.init_min_clients, joined=run.joined,
+                         warmup_ready=len(run.witnesses.received),
+                         warmup_target=run.witnesses.target)
+    return lines if wait is None else [*lines, wait]
 
 
 def describe_witnesses(run: RunSnapshot | None) -> list[str]:
@@ -71,6 +104,10 @@ def describe_witnesses(run: RunSnapshot | None) -> list[str]:
         f"witnesses {len(progress.received)}/{len(progress.elected)} sent, "
         f"quorum {len(progress.received)}/{progress.quorum} ({progress.fraction:.0%})"
     ]
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def describe_training(metrics: ClientMetrics | None, error: str = "") -> list[str]:

@@ -53,7 +53,9 @@ class SolanaCoordinatorSource:
         account = await self._account()
         if account.state is None:
             return None
-        return build_snapshot(ObservedState(account.state, int(time.time()), time.monotonic(), 0))
+        # The clients joined for the next epoch are the registry's pending entries.
+        return build_snapshot(ObservedState(account.state, int(time.time()), time.monotonic(), 0,
+                                            joined=len(account.pending)))
 
     async def close(self) -> None:
         await self.rpc.close()

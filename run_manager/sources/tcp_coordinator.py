@@ -165,6 +165,7 @@ class TcpCoordinatorSource:
         if state.run_id != self.run_id:
             self.last_problem = f"the coordinator sent run {state.run_id!r}, not {self.run_id!r}"
             return
-        self.observed = ObservedState(state, message.server_time, time.monotonic(), self.connections)
+        self.observed = ObservedState(state, message.server_time, time.monotonic(), self.connections,
+                                      joined=message.joined)
         if self._new_state is not None:
             self._new_state.set()

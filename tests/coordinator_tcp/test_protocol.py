@@ -79,6 +79,17 @@ def test_server_messages_round_trip(message: BaseModel) -> None:
     assert decode_server_message(encode(message)) == message
 
 
+def test_a_state_update_names_joined_only_for_observers() -> None:
+    """A client's update has no `joined` key (an earlier client, which forbids unknown
+    fields, still reads it); an observer's says how many clients are connected."""
+    update = StateUpdate(state=base64.b64encode(b"state").decode(), server_time=5)
+    assert b"joined" not in update.to_frame()
+    assert decode_server_message(update.to_frame()) == update
+    observed = update.model_copy(update={"joined": 2})
+    again = decode_server_message(observed.to_frame())
+    assert isinstance(again, StateUpdate) and again.joined == 2
+
+
 def test_witness_model_keeps_every_field() -> None:
     original = _witness().to_witness()
     again = decode_client_message(encode(WitnessSubmit(witness=WitnessModel.of(original))))

@@ -15,7 +15,7 @@ from coordinator import Coordinator, RunState, Witness, encode_state, selection_
 from coordinator.state import NodeIdentity
 from coordinator_tcp import CoordinatorServer, ServerOptions
 from coordinator_tcp.protocol import Challenge, StateUpdate, Welcome, encode
-from psyche_common.run_view import ObservedState, build_snapshot
+from psyche_common.run_view import ObservedState, RunSnapshot, build_snapshot
 from psyche_common.tcp.framing import encode_frame, read_frame
 from run_manager.runner import COORDINATOR_SOURCES, make_coordinator_source
 from run_manager.settings import load_settings
@@ -121,6 +121,47 @@ async def test_an_undecodable_broadcast_is_skipped_and_the_next_good_one_kept() 
         await server.wait_closed()
 
 
+async def test_the_snapshot_says_how_many_clients_are_connected_while_the_run_waits() -> None:
+    """The server tells its observers the clients connected and asking to take part (the
+    state lists none before the warm-up); the clients' own updates leave that out."""
+    from coordinator_tcp.client import ProtocolConnection
+    from psyche_common.identity import Identity
+    from psyche_common.ui.view import describe_run
+
+    server = CoordinatorServer(Coordinator.from_state_file(state_file("0.1.0", init_min_clients=2)),
+                               options())
+    await server.start()
+    source = TcpCoordinatorSource(f"127.0.0.1:{server.port}", RUN_ID, wait_s=10)
+
+    async def joined_becomes(count: int) -> RunSnapshot:
+        for _ in range(100):  # bounded: 5 s
+            snapshot = await source.snapshot()
+            if snapshot is not None and snapshot.joined == count:
+                return snapshot
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"joined never became {count}: {snapshot}")
+
+    try:
+        await source.client_version()
+        first = await joined_becomes(0)
+        assert (first.init_min_clients, first.phase) == (2, "WaitingForMembers")
+        identity = Identity.generate()
+        client, _ = await ProtocolConnection.connect(
+            "127.0.0.1", server.port, identity, RUN_ID, f"{identity.node_id}@127.0.0.1:1")
+        try:
+            snapshot = await joined_becomes(1)
+            assert describe_run(snapshot)[-1] == "waiting for 2 clients, 1 connected"
+            update = await asyncio.wait_for(client.receive(), 5)
+            assert isinstance(update, StateUpdate) and update.joined is None  # observers only
+        finally:
+            await client.close()
+        await joined_becomes(0)  # it left: the observers hear so
+        assert server.state.run_state is RunState.WaitingForMembers
+    finally:
+        await source.close()
+        await server.stop()
+
+
 def test_snapshot_lists_clients_elected_witnesses_and_quorum() -> None:
     """Driven through the real state machine: 3 clients, W = 1, one witness message."""
     coordinator = Coordinator.from_state_file(state_file("0.1.0", witness_nodes=1, init_min_clients=3))
@@ -142,6 +183,8 @@ def test_snapshot_lists_clients_elected_witnesses_and_quorum() -> None:
     elected = state.epoch_state.clients[elected_index].id
     assert snapshot.witnesses.elected == [elected.key.hex()]
     assert (snapshot.witnesses.received, snapshot.witnesses.quorum) == ([], 1)
+    assert (snapshot.init_min_clients, snapshot.joined, snapshot.witnesses.target) == (3, None, 1)
+    assert build_snapshot(ObservedState(state, 1033, 50.0, 1, joined=3)).joined == 3
 
     proof = selection_for_round(state).witness_of(elected_index)
     assert coordinator.witness(elected, Witness(proof), now=1034) is None
@@ -189,6 +232,7 @@ async def test_the_tui_run_panel_shows_a_real_tcp_coordinator() -> None:
                     await pilot.pause(0.1)
                 assert f"run {RUN_ID}: WaitingForMembers 00:00 / 00:01" in summary
                 assert "epoch 0  step 1  clients 0/0 healthy" in summary
+                assert "waiting for 1 client, 0 connected" in summary
                 assert app.query_one("#run-clients", DataTable).row_count == 0
 
                 # A client joins for real: after waiting_for_members_extra_time, Warmup.
@@ -202,6 +246,7 @@ async def test_the_tui_run_panel_shows_a_real_tcp_coordinator() -> None:
                             break
                         await pilot.pause(0.1)
                     assert "Warmup" in summary and "clients 1/1 healthy" in summary
+                    assert "warming up: 0 of 1 ready" in summary
                     table = app.query_one("#run-clients", DataTable)
                     assert table.get_row(identity.public_key.hex())[1] == "Healthy"
                 finally:

@@ -75,6 +75,35 @@ async def test_run_panel_shows_phase_timer_epoch_step_and_clients() -> None:
         assert table.get_row(ALICE)[2] == "120"
 
 
+async def test_run_panel_says_what_the_run_waits_for() -> None:
+    """WaitingForMembers: the clients wanted and connected; Warmup: those ready; Paused
+    and Finished in words; a round: no waiting line."""
+    dashboard = Dashboard()
+    app = RunManagerApp(dashboard)
+    waiting = RunSnapshot(run_id="llama2-20m", phase="WaitingForMembers", phase_timeout_s=30,
+                          init_min_clients=3, joined=2)
+    warmup = RunSnapshot(run_id="llama2-20m", phase="Warmup", phase_elapsed_s=4, phase_timeout_s=60,
+                         init_min_clients=3, joined=3, clients=[RunClient(id=ALICE), RunClient(id=BOB)],
+                         witnesses=WitnessProgress(received=[BOB], quorum=2, target=2))
+    expected = [
+        (waiting, "waiting for 3 clients, 2 connected"),
+        (waiting.model_copy(update={"joined": None}), "waiting for 3 clients"),
+        (warmup, "warming up: 1 of 2 ready"),
+        (RunSnapshot(run_id="llama2-20m", phase="Paused"), "paused: nothing trains until the run is resumed"),
+        (RunSnapshot(run_id="llama2-20m", phase="Finished"), "finished: the run is over"),
+    ]  # fmt: skip
+    async with app.run_test(size=(120, 40)) as pilot:
+        for snapshot, line in expected:
+            dashboard.apply_run(snapshot)
+            app.post_message(DashboardChanged("run"))
+            await pilot.pause()
+            assert text_of(app, "#run-summary").splitlines()[-1] == line
+        dashboard.apply_run(sample_dashboard().run)
+        app.post_message(DashboardChanged("run"))
+        await pilot.pause()
+        assert text_of(app, "#run-summary").splitlines()[-1].startswith("epoch 2  step 41")
+
+
 async def test_witness_panel_shows_quorum_progress() -> None:
     app = RunManagerApp(sample_dashboard())
     async with app.run_test(size=(120, 40)) as pilot:

@@ -158,6 +158,7 @@ async def test_the_run_manager_reads_the_client_version_and_state_on_chain(local
     assert await source.client_version() == "v7"
     snapshot = await source.snapshot()
     assert snapshot.phase == "WaitingForMembers" and snapshot.run_id == "watched"
+    assert snapshot.joined == 0  # nobody joined yet: the registry has no pending client
     await source.close()
     missing = SolanaCoordinatorSource([localnet.url], "nope")
     with pytest.raises(CoordinatorUnavailable, match="no run 'nope'"):
