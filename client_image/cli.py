@@ -10,12 +10,14 @@ Import-light on purpose: heavy modules (torch, iroh) load inside commands.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
 from client_image import identity_cli, plan_cli, sidecar_cli
+from psyche_common.stopping import exit_on_signals
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
 if TYPE_CHECKING:
@@ -239,9 +241,17 @@ def train(
     *,
     telemetry: TelemetryOptions,
 ) -> None:
-    """Join a run through its TCP coordinator and train until it finishes."""
+    """Join a run through its TCP coordinator and train until it finishes.
+
+    SIGINT, SIGTERM or SIGHUP stop it cleanly within seconds (exit 0); a second one at once.
+    """
     import asyncio
     import os
+
+    # Until the client runs (torch and iroh take seconds to load), a signal ends the process
+    # at once: nothing needs stopping yet, and as PID 1 of a container (no init) it would
+    # otherwise ignore `docker stop`'s SIGTERM until killed.
+    exit_on_signals(0, lambda sig: f"stopping… ({sig.name})")
 
     if logs not in ("tui", "console", "json", "none"):
         raise typer.BadParameter("use tui, console, json or none", param_hint="--logs")
@@ -333,27 +343,70 @@ def train(
     exporter = _start_telemetry(telemetry, client, identity.node_id, run_id)
 
     async def run() -> int:
-        import signal
+        _stop_on_signals(client, mode)
+        if mode != "tui":
+            return await client.run()
+        from client_image.runtime.tui import ClientApp
 
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, client.stop)
-        return await client.run()
+        return await ClientApp(client).run_async() or 0
 
     try:
-        if mode == "tui":
-            from client_image.runtime.tui import ClientApp
-
-            code = ClientApp(client).run() or 0
-        else:
-            code = asyncio.run(run())
+        code = asyncio.run(run())
     except BackendRejected as exc:
         typer.echo(f"error: the coordinator refused this client: {exc}", err=True)
         raise typer.Exit(code=1) from None
     finally:
+        # The loop gave the signals back: from here one more ends the process at once.
+        exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")
         if exporter is not None:
-            exporter.shutdown()
+            _shutdown_telemetry(exporter, stopping=client.stop_event.is_set())
     raise typer.Exit(code=code)
+
+
+# From the first SIGINT, SIGTERM or SIGHUP to the process's end: the client's own bounds
+# (client_image/runtime/client.py) fit in it; whatever is still running then is left
+# (a checkpoint write is abandoned whole: it is written under a staging name, then renamed).
+STOP_WITHIN_S = 8.0
+TELEMETRY_FLUSH_S = 2.0  # a stopping client's last export, to an endpoint that may be gone
+
+
+def _stop_on_signals(client: PsycheClient, mode: str) -> None:
+    """On the running loop: the first signal says "stopping… (SIGTERM)" and stops the
+    client (it withdraws from the run, stops its ranks and P2P node; exit 0), within
+    STOP_WITHIN_S at most; a second one ends the process at once."""
+    import logging
+
+    from psyche_common.stopping import StopSignals, exit_after, exit_now, say
+
+    signals = StopSignals()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if signals.count > 1:
+            client.worker.kill_ranks()
+            exit_now(0, f"stopping now ({sig.name} again)")
+        if mode != "tui":  # a TUI shows the log line
+            say(f"stopping… ({sig.name})")
+        logging.getLogger("client_image.cli").info("stopping… (%s)", sig.name)
+        client.stop(0, withdraw=True)
+        exit_after(STOP_WITHIN_S, 0, f"stopping now: the client did not stop within "
+                   f"{STOP_WITHIN_S:.0f} s", before=client.worker.kill_ranks)
+
+    signals.on_signal(on_signal)
+    signals.install()
+
+
+def _shutdown_telemetry(exporter: Telemetry, stopping: bool) -> None:
+    """Flush and stop the exporters; a stopping client waits TELEMETRY_FLUSH_S at most
+    (the endpoint may be as gone as the coordinator)."""
+    if not stopping:
+        exporter.shutdown()
+        return
+    import threading
+
+    flushing = threading.Thread(target=exporter.shutdown, name="telemetry-shutdown",
+                                daemon=True)
+    flushing.start()
+    flushing.join(TELEMETRY_FLUSH_S)
 
 
 def _start_telemetry(options: TelemetryOptions, client: PsycheClient, node_id: str,

@@ -57,11 +57,13 @@ def sidecar(
          str(main_port), "--local-rank", str(rank - start_rank), "--device", device])
         for rank in range(start_rank, start_rank + local_ranks)]
 
-    def stop(signum: int, _frame: object) -> None:
+    def stop(_signum: int, _frame: object) -> None:
+        # SIGTERM whatever came: a rank ignores SIGINT and SIGHUP, which reach the whole
+        # process group and are its starter's to handle (training/rank_group.py).
         for process in ranks:
-            process.send_signal(signum)
+            process.send_signal(signal.SIGTERM)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
     codes = [process.wait() for process in ranks]
     raise typer.Exit(code=max(codes) if all(c >= 0 for c in codes) else 1)

@@ -10,6 +10,8 @@
     tcp/            framing, the signed challenge/join handshake, Connection,
                     keep_connected (reconnect with backoff)
     ui/             RunView and the panels both TUIs show
+    stopping        StopSignals (SIGINT, SIGTERM, SIGHUP -> a clean stop), say, exit_on_signals
+                    and exit_after (a stop's deadline): every program stops this way
 
 Nothing is imported here: each program loads only the modules it uses.
 """

@@ -146,6 +146,12 @@ def _run_client(env_file: Path, options: object, tui: bool,
     from run_manager.view import Dashboard
 
     assert isinstance(options, RunOptions)
+    if not tui:
+        # Until the supervisor runs (no container yet), a signal ends the run-manager at
+        # once; from then on run_headless stops the container first.
+        from psyche_common.stopping import exit_on_signals
+
+        exit_on_signals(0, lambda sig: f"stopping… ({sig.name})")
     try:
         settings = load_settings(env_file)
         options.env_file_variables = read_env_file(env_file)
@@ -209,6 +215,8 @@ def _run_client(env_file: Path, options: object, tui: bool,
                 await _close(coordinator, metrics)
 
         finished = asyncio.run(headless())
+        # The loop gave the signals back; the container is gone: a signal now ends it.
+        exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")
     if exporter is not None:
         exporter.telemetry.shutdown()
     if finished is not None and finished.reason in ("gave-up", "error"):

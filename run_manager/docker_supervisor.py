@@ -9,7 +9,9 @@ Loop (Psyche's run-manager, plus crash restarts as its train_entrypoint.sh does)
      exit 0: the client finished, stop; any other code: a crash, restart after
      backoff_base_s * 2**(n-1) seconds (capped) up to `max_crash_restarts` times in a
      row (the count resets after `healthy_uptime_s` of uptime);
-  5. stop request (Ctrl+C, SIGTERM, q): stop and remove the container, return.
+  5. stop request (Ctrl+C, SIGTERM, SIGHUP, q): stop the container (SIGTERM, which the
+     client in it handles: an init, docker's tini, passes it on; SIGKILL after
+     `stop_timeout_s`, or at once on `hurry()`), remove it, return.
 A container a killed run-manager left behind is found by its labels and removed first.
 Docker calls block, so they run in worker threads; events reach `on_event` on the loop.
 """
@@ -20,8 +22,9 @@ import asyncio
 import contextlib
 import os
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -135,6 +138,18 @@ class Supervisor:
         """Restarts the container now (not counted as a crash)."""
         self._threadsafe(self._restart.set)
 
+    def hurry(self) -> None:
+        """Stops without waiting: the running container is killed now (a second signal).
+        Safe from any thread or a signal handler."""
+        def kill() -> None:
+            self._stop.set()
+            container = self.container
+            if container is not None:
+                threading.Thread(target=engine.kill_container, args=(container,),
+                                 name="container-kill", daemon=True).start()
+
+        self._threadsafe(kill)
+
     def _threadsafe(self, action: Callable[[], None]) -> None:
         if self._loop is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(action)
@@ -161,7 +176,9 @@ class Supervisor:
             await asyncio.to_thread(engine.remove_container, stale)
             self._on_event(StaleContainerRemoved(stale.id or ""))
         while not self._stop.is_set():
-            version = await self._coordinator.client_version()
+            version = await self._unless_stopped(self._coordinator.client_version())
+            if version is None:
+                break
             image = self.image(version)
             await asyncio.to_thread(engine.ensure_image, self._client, image, self._report_pull,
                                     pull=self._config.pull)
@@ -250,6 +267,20 @@ class Supervisor:
     def _stop_and_remove(self, container: Container) -> None:
         engine.stop_container(container, self._config.stop_timeout_s)
         engine.remove_container(container)
+
+    async def _unless_stopped(self, waiting: Awaitable[str]) -> str | None:
+        """`waiting`'s result, or None (and `waiting` cancelled) once a stop is requested:
+        a coordinator that does not answer must not hold the stop."""
+        task = asyncio.ensure_future(waiting)
+        stopped = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
+        return task.result()
 
     async def _sleep_unless_stopped(self, delay_s: float) -> bool:
         """Sleeps `delay_s`, cut short by a restart request; True when a stop request came."""

@@ -186,6 +186,10 @@ def create_container(client: docker.DockerClient, spec: ContainerSpec) -> Contai
             labels=spec.labels,
             network_mode="host",
             shm_size="1g",
+            # An init (docker's tini) is PID 1: it passes `docker stop`'s SIGTERM to the
+            # client, which stops cleanly (exit 0; 143 if it had not yet taken the
+            # signal), and reaps the client's rank processes.
+            init=True,
             device_requests=gpu_device_requests(spec),
             mounts=mounts,
         )
@@ -223,6 +227,12 @@ def stop_container(container: Container, timeout_s: int = 10) -> None:
     """SIGTERM, then SIGKILL after `timeout_s`; a container already gone is fine."""
     with contextlib.suppress(docker.errors.NotFound):
         container.stop(timeout=timeout_s)
+
+
+def kill_container(container: Container) -> None:
+    """SIGKILL now (a stop that must not wait); a container already stopped is fine."""
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.kill()
 
 
 def remove_container(container: Container) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from psyche_common.stopping import StopSignals, say
 from psyche_common.ui.view import describe_run, describe_training, describe_witnesses
 from run_manager.docker_supervisor import (
     ContainerStarted,
@@ -34,6 +35,8 @@ from run_manager.view import (
     describe_verification,
     describe_wallet,
 )
+
+POLL_STOP_S = 2.0  # a stopping run-manager waits this long for a poll in flight
 
 
 class SourceUnavailable(Exception):
@@ -184,15 +187,29 @@ async def run_headless(
     supervisor = supervisor_factory(printer.on_event)
     monitor = monitor_factory(printer.on_change)
     printer.on_change("wallet")
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, supervisor.request_stop)
+    signals = StopSignals()
+
+    def on_signal(sig: signal.Signals) -> None:
+        # SIGINT, SIGTERM, SIGHUP: stop the container (SIGTERM, bounded), remove it, exit 0;
+        # a second signal kills the container at once.
+        if signals.count > 1:
+            say(f"stopping now ({sig.name} again): killing the container")
+            supervisor.hurry()
+            return
+        say(f"stopping… ({sig.name}): the client container, then the run-manager")
+        supervisor.request_stop()
+
+    signals.on_signal(on_signal)
+    signals.install()
     stop_polling = asyncio.Event()
     polling = asyncio.create_task(monitor.run(stop_polling))
     try:
         return await supervisor.run()
     finally:
         stop_polling.set()
-        await polling
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
+        # A poll in flight (a coordinator that does not answer) must not hold the exit.
+        done, _ = await asyncio.wait({polling}, timeout=POLL_STOP_S)
+        if not done:
+            polling.cancel()
+            await asyncio.wait({polling}, timeout=1.0)
+        signals.remove()

@@ -50,9 +50,10 @@ from client_image.training.rank_group import RankSetup
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator.checkpoint_reports import describe_location
 from coordinator.config import HttpDataLocation, LocalDataLocation, ServerDataLocation
-from coordinator_tcp.protocol import ErrorReply
+from coordinator_tcp.protocol import ErrorReply, Withdraw
 from psyche_common.identity import Identity
 from psyche_common.metrics_schema import ClientMetrics
+from psyche_common.tcp.connection import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
     from client_image.telemetry import ClientTelemetry
@@ -60,6 +61,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 EXIT_VERSION_MISMATCH = 10
 EXIT_UNRUNNABLE = 3  # this client cannot train the run as configured (the model won't fit)
+# A stop's bounds (the CLI's deadline, STOP_WITHIN_S, ends whatever is left after them):
+WITHDRAW_TIMEOUT_S = 1.0  # sending Withdraw to a connected coordinator
+STOP_WAIT_IDLE_S = 3.0  # the worker thread's call in progress (a checkpoint write) to end
+STOP_P2P_S = 2.0  # closing the iroh endpoint
+STOP_RANKS_S = 3.0  # the rank processes to exit (then they are killed)
 
 
 @dataclass
@@ -122,6 +128,7 @@ class PsycheClient:
         self.addresses: dict[str, str] = {}
         self.exit_code: int | None = None
         self.stop_event = asyncio.Event()
+        self.withdrawing = False  # on stopping, send Withdraw (stop(withdraw=True))
         self.tasks = GuardedTasks(lambda name, exc: self.events.emit(TaskFailed(
             task=name, error=repr(exc), error_type=type(exc).__name__)))
         self.topic: GossipTopic | None = None
@@ -151,6 +158,8 @@ class PsycheClient:
                 backend.result()  # re-raise BackendRejected
         finally:
             self.stop_event.set()
+            if self.withdrawing:
+                await self._withdraw()
             for task in [gossip, backend]:
                 task.cancel()
             for task in [gossip, backend]:
@@ -158,11 +167,31 @@ class PsycheClient:
                     await task
             await self.tasks.close()
             await self.runner.close()
+            # A checkpoint being written in the worker thread may finish (else it is
+            # abandoned whole: staged, then renamed); so may a training step.
+            await self.worker.wait_idle(STOP_WAIT_IDLE_S)
             if self.metrics_server is not None:
                 await self.metrics_server.stop()
-            await self.node.stop()
-            self.worker.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.node.stop(), STOP_P2P_S)
+            self.worker.close(ranks_timeout_s=STOP_RANKS_S)
         return self.exit_code or 0
+
+    async def _withdraw(self) -> None:
+        """Tell a TCP coordinator this client leaves (a stop asked by a signal), when it is
+        connected, waiting at most WITHDRAW_TIMEOUT_S: an unreachable coordinator is not
+        waited for. Not between epochs: there the coordinator keeps a client that
+        disconnects listed as a holder of the epoch's model (coordinator_tcp/server.py), and
+        a Withdraw would undo that."""
+        backend, state = self.backend, self.state
+        if not isinstance(backend, TcpBackend) or not backend.connected.is_set():
+            return
+        if state is None or state.run_state in (RunState.Cooldown, RunState.WaitingForMembers,
+                                                 RunState.Finished):
+            return
+        with contextlib.suppress(TimeoutError, *CONNECTION_ERRORS):
+            if await asyncio.wait_for(backend.send(Withdraw()), WITHDRAW_TIMEOUT_S):
+                log.info("withdrew from the run")
 
     def _make_backend(self) -> CoordinatorBackend:
         options, p2p_address = self.options, self.node.address.to_string()
@@ -207,9 +236,12 @@ class PsycheClient:
                                               state.run_id, state.model.max_seq_len)
         raise RuntimeError(f"data location {type(location).__name__} is not supported")
 
-    def stop(self, exit_code: int = 0) -> None:
+    def stop(self, exit_code: int = 0, *, withdraw: bool = False) -> None:
+        """End `run` (with `exit_code`, unless a stop came first); `withdraw`: tell the
+        coordinator this client leaves (a signal's stop), if it can be told at once."""
         if self.exit_code is None:
             self.exit_code = exit_code
+        self.withdrawing = self.withdrawing or withdraw
         self.stop_event.set()
 
     def metrics(self) -> ClientMetrics:

@@ -15,7 +15,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -50,6 +50,13 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
 TOKENIZER_FILE = "tokenizer.json"
+
+
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    """A shielded call's error is its caller's; when the caller was cancelled, nobody
+    else reads it (and asyncio would log it as never retrieved)."""
+    if not call.cancelled():
+        call.exception()
 
 
 class WorkerError(RuntimeError):
@@ -105,6 +112,7 @@ class TrainingWorker:
         self.model_dir: Path | None = None  # where config/tokenizer files live
         self._scratch = tempfile.TemporaryDirectory(prefix="psyche-client-model-")
         self._lock = asyncio.Lock()
+        self._in_flight: asyncio.Future[Any] | None = None  # the worker thread's call
 
     @property
     def loaded(self) -> bool:
@@ -112,10 +120,26 @@ class TrainingWorker:
 
     async def _run(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         async with self._lock:
+            # Shielded: a cancelled caller (a stopping client) leaves the thread's call to
+            # end by itself, and `wait_idle` can wait for it (a checkpoint being written).
+            call = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+            call.add_done_callback(_retrieve)
+            self._in_flight = call
             try:
-                return await asyncio.to_thread(fn, *args, **kwargs)
+                return await asyncio.shield(call)
             except RankFailed as exc:  # a lost rank cannot come back in this process
                 raise Unrunnable(str(exc)) from exc
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the call running in the worker thread (a training
+        step, a checkpoint being written) to end; whether it did. A stopping client lets a
+        checkpoint write finish this way (one not finished in time is abandoned whole: it
+        is written under a staging name and renamed when complete)."""
+        call = self._in_flight
+        if call is None or call.done():
+            return True
+        await asyncio.wait({call}, timeout=timeout_s)
+        return call.done()
 
     # ------------------------------------------------------------------ loading
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
@@ -401,8 +425,16 @@ class TrainingWorker:
         return await self._run(save_checkpoint, model, checkpoint_dir, run_id, step,
                                tokenizer_dir=self.model_dir, keep_steps=keep_steps)
 
-    def close(self) -> None:
+    def close(self, ranks_timeout_s: float = 30.0) -> None:
+        """Stop the rank processes (at most `ranks_timeout_s`, then they are killed) and
+        drop the scratch files."""
         if self.ranks is not None:
-            self.ranks.close()
+            self.ranks.close(ranks_timeout_s)
             self.ranks = None
         self._scratch.cleanup()
+
+    def kill_ranks(self) -> None:
+        """Kill the rank processes at once (a stop out of time; safe from any thread)."""
+        ranks = self.ranks
+        if ranks is not None:
+            ranks.kill()

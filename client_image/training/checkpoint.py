@@ -11,9 +11,11 @@ A checkpoint directory holds, as Psyche's cooldown writes it:
 - the source's `generation_config.json`, tokenizer files and `*.py` as they were.
 
 Every file gets the mode of a normally created file (0666 less the umask). The directory is
-written under a temporary name and renamed, so a crash never leaves a half-written checkpoint
-under the final name. The newest `keep_steps` checkpoints of a run are kept, older ones
-deleted. Hub upload is a separate, optional call.
+written under a temporary name and renamed, so a crash or a stop never leaves a half-written
+checkpoint under the final name (an abandoned write is a hidden `.NAME.partial`, replaced by
+the next write of that step). The newest `keep_steps` checkpoints of a run are kept, older
+ones deleted, each renamed to a hidden name first so that none is ever seen half deleted.
+Hub upload is a separate, optional call.
 """
 
 from __future__ import annotations
@@ -181,12 +183,23 @@ def save_checkpoint(
             if path.is_file():
                 shutil.copyfile(path, staging / path.name)
     _give_normal_file_modes(staging)
-    shutil.rmtree(final, ignore_errors=True)
+    replaced = _set_aside(final) if final.exists() else None
     staging.rename(final)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
     for old_step, path in list_checkpoints(root, run_id)[:-keep_steps]:
         logger.info("deleting old checkpoint of step %d: %s", old_step, path)
-        shutil.rmtree(path)
+        shutil.rmtree(_set_aside(path))
     return final
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a checkpoint directory to a hidden name (one atomic step) before deleting
+    it: a process stopped while deleting never leaves part of a checkpoint under its name."""
+    aside = path.with_name(f".{path.name}.deleting")
+    shutil.rmtree(aside, ignore_errors=True)
+    path.rename(aside)
+    return aside
 
 
 def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor]]:

@@ -21,12 +21,14 @@ PSYCHE_START_RANK): they join the same TCP rendezvous at the main host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,21 +229,41 @@ class RankGroup:
                     log.warning("ranks: %s", exc)
                     return
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the followers: the `stop` command once the command running now (a training
+        step) has ended, then wait for them to exit; whatever is not done within
+        `timeout_s` (a command that does not end, a follower that does not exit) is killed."""
         self._closed.set()
         if not dist.is_initialized():
             return
-        if any(f.poll() is not None for f in self.followers):  # cannot stop a broken group
-            for follower in self.followers:
-                follower.kill()
+        deadline = time.monotonic() + timeout_s
+        broken = any(f.poll() is not None for f in self.followers)  # cannot stop a broken group
+        if broken or not self._lock.acquire(timeout=timeout_s):
+            self.kill()
             return
-        self.run("stop")
+        try:
+            dist.broadcast_object_list([("stop", ())], src=0, group=self._group)
+        except (RuntimeError, ConnectionError):
+            self.kill()
+            return
+        finally:
+            self._lock.release()
         for follower in self.followers:
             try:
-                follower.wait(timeout=30)
+                follower.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 follower.kill()
         dist.destroy_process_group()
+
+    def kill(self) -> None:
+        """Kill every local follower at once (from any thread): a stop out of time."""
+        self._closed.set()
+        for follower in self.followers:
+            if follower.poll() is None:
+                follower.kill()
+        for follower in self.followers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                follower.wait(timeout=5)
 
 
 def follow(rank: int, world_size: int, main_host: str, main_port: int, local_rank: int,
@@ -268,6 +290,35 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _leave_with_the_leader() -> Callable[[], None]:
+    """A local follower belongs to its leader (the client process that started it): the
+    leader stops it (`stop`), so a ctrl+c or a closed terminal, which reach the whole
+    process group, are the leader's to handle; and once the leader is gone, however it
+    went (killed, or out of time while stopping), the follower exits too instead of
+    waiting in a collective for a peer that will never come. Returns what ends the watch
+    (before the interpreter exits: a daemon thread still running then can abort it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    leader = os.getppid()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            if os.getppid() != leader:
+                os._exit(0)
+
+    watcher = threading.Thread(target=watch, name="leader-watch", daemon=True)
+    watcher.start()
+
+    def stop() -> None:
+        done.set()
+        watcher.join()
+
+    return stop
+
+
 def main() -> None:
     import argparse
 
@@ -279,6 +330,7 @@ def main() -> None:
     parser.add_argument("--local-rank", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    stop_watching = _leave_with_the_leader()
     try:
         follow(args.rank, args.world_size, args.main_host, args.main_port, args.local_rank,
                args.device)
@@ -286,6 +338,8 @@ def main() -> None:
         print(f"psyche rank {args.rank}: the client's process group ended: {exc}",
               file=sys.stderr)
         sys.exit(1)
+    finally:
+        stop_watching()
 
 
 if __name__ == "__main__":
