@@ -80,7 +80,9 @@ def bench_state_toml(clients: int, path: Path) -> None:
         "warmup_time": 30, "epoch_time": 3600, "max_round_train_time": 5,
         "round_witness_time": 1, "cooldown_time": 1, "total_steps": 100000,
         "waiting_for_members_extra_time": 1})
-    data["model"]["LLM"]["data_location"] = "Dummy"
+    # The simulated clients read no data, but `run` refuses a location a real client cannot
+    # read (coordinator/capabilities.py): a Local one needs no data server.
+    data["model"]["LLM"]["data_location"] = {"Local": str(ROOT / "assets" / "data" / "train")}
     path.write_text(state_file_from_dict(data).to_toml())
 
 

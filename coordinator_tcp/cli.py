@@ -2,7 +2,10 @@
 
     psyche-coordinator validate-config --state state.toml [--data-config data.toml]
 
-prints `OK` or every problem (one per line) and exits 1 on error.
+prints `OK` or every problem (one per line) and exits 1 on error: the syntax and rules of
+the files, then, for a valid state file, every field value this implementation's client
+cannot run (coordinator/capabilities.py), e.g. `state.toml: model.LLM.data_location:
+WeightedHttp is not supported by this client (supported: Server, Local, Http): ...`.
 
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
@@ -13,9 +16,9 @@ runs the TCP coordinator (and the TCP data server when the run's data location i
 `Server`) until SIGINT, SIGTERM or SIGHUP (or q / ctrl+c / ctrl+q in the TUI): it says
 "stopping…", closes every connection and both servers, saves the state (with
 --save-state-dir) and exits 0 (a requested stop is a server's normal end). The same
-config errors as validate-config exit 1, and so does a port that is in use, at once,
-with one line such as `error: port 20000 is in use: cannot listen on 0.0.0.0:20000
-(--server-port)`. Logs go to stderr (to the TUI's log panel with --tui true).
+config errors as validate-config (a value the client cannot run included) exit 1, and so
+does a port that is in use, at once, with one line such as `error: port 20000 is in use:
+cannot listen on 0.0.0.0:20000 (--server-port)`. Logs go to stderr (to the TUI's log panel with --tui true).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Annotated
 
 import typer
 
+from coordinator.capabilities import unsupported_fields
 from coordinator.config import ConfigError, load_data_config, load_state_file
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
@@ -41,9 +45,11 @@ def validate_config(
     """Check a run configuration; print OK or every error."""
     errors: list[str] = []
     try:
-        load_state_file(state)
+        state_file = load_state_file(state)
     except ConfigError as exc:
         errors += exc.errors
+    else:  # valid: can this implementation's client run it? (coordinator/capabilities.py)
+        errors += [f"{state}: {line}" for line in unsupported_fields(state_file)]
     if data_config is not None:
         from coordinator_tcp.data_server import data_problems
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coordinator import Coordinator
+from coordinator.capabilities import unsupported_fields
 from coordinator.checkpoint_reports import describe_location, with_configured_location
 from coordinator.config import (
     ConfigError,
@@ -64,7 +65,8 @@ class LoadedRun:
 
 
 def load_run(options: RunOptions) -> LoadedRun:
-    """Validate everything before anything listens; ConfigError lists every problem."""
+    """Validate everything before anything listens; ConfigError lists every problem,
+    values of the state file our client cannot run included (coordinator/capabilities.py)."""
     errors: list[str] = []
     state_file: StateFile | None = None
     data_config: DataServerConfig | None = None
@@ -72,6 +74,8 @@ def load_run(options: RunOptions) -> LoadedRun:
         state_file = load_state_file(options.state_path)
     except ConfigError as exc:
         errors += exc.errors
+    else:  # a run its clients cannot train is refused before anyone joins
+        errors += [f"{options.state_path}: {line}" for line in unsupported_fields(state_file)]
     if options.data_config_path is not None:
         try:
             data_config = load_data_config(options.data_config_path)

@@ -1,0 +1,119 @@
+"""What this implementation's client can run, beyond what parses.
+
+    unsupported_fields(state_file) -> list[str]
+
+A state file can be valid (coordinator/config.py accepts every value of Psyche's format)
+and still name something our client cannot do. This lists each such field, one line per
+problem, as `dotted.key: Value is not supported by this client (supported: A, B): why`,
+e.g. `model.LLM.data_location: WeightedHttp is not supported by this client (supported:
+Server, Local, Http): ...`. `psyche-coordinator validate-config` prints these lines
+and exits 1, and `psyche-coordinator run` refuses to start with them, so that a run the
+clients would fail in (at their first warm-up, after the coordinator has waited for them)
+is refused before anyone joins. Only a state file that parses is checked.
+
+Each rule states what the client code does (docs/run-config.md, "What this client runs");
+tests/client_runtime/test_client_capabilities.py checks the client still refuses them:
+
+- data_location: client_image/runtime/client.py `_open_data` opens Server (the TCP data
+  server), Local and Http (client_image/data `open_provider`), and raises for the rest;
+  of Http's locations, `location_urls` reads SingleUrl, UrlList and NumberedFiles, not Gcp.
+- checkpoint: client_image/runtime/model_keeper.py `load` loads P2P (from peers) and Hub
+  (or a local directory) and raises for the rest. The coordinator turns a P2P checkpoint
+  back into Hub when none of the last epoch's clients is in the next one (always the case
+  at a run's first epoch), and P2PGcs into Gcs; it turns Dummy into P2P only at the end
+  of a cooldown (coordinator/core.py `start_warmup`, `end_cooldown`). So P2P and Hub
+  runs load; Dummy, Gcs and P2PGcs fail at the first warm-up.
+- data_type: nothing in the client reads it; every run trains as Pretraining.
+- architecture: the client loads any transformers causal LM (AutoModelForCausalLM) and
+  tensor parallelism is Llama-only; only Llama models are exercised by the tests here.
+- optimizer: client_image/runtime/worker.py `_make_trainer` refuses AdamW (it shares
+  nothing with peers, so a networked run cannot use it).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from coordinator.config import HttpDataLocation, StateFile
+from coordinator.config_variants import Variant
+
+SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http")
+SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles")
+SUPPORTED_CHECKPOINTS = ("Hub", "P2P")
+SUPPORTED_DATA_TYPES = ("Pretraining",)
+SUPPORTED_ARCHITECTURES = ("HfLlama",)
+SUPPORTED_OPTIMIZERS = ("Distro",)
+
+_UNTESTED_ARCHITECTURE = ("the client would load it with transformers' AutoModelForCausalLM, "
+                          "but only Llama models are tested with this implementation and its "
+                          "tensor parallelism is Llama-only")
+
+# Why each refused value cannot run (every refused value of Psyche's format has one).
+REASONS: dict[str, dict[str, str]] = {
+    "data_location": {
+        "Dummy": "the client has no provider of dummy data",
+        "WeightedHttp": "the client does not mix weighted HTTP data sets",
+        "Preprocessed": "the client does not read preprocessed parquet data",
+    },
+    "data_location.Http.location": {
+        "Gcp": "the client does not list or read GCP buckets",
+    },
+    "checkpoint": {
+        "Dummy": "at a run's first warm-up the client loads only a Hub (or local) model or "
+                 "one from peers; Dummy turns into P2P only after the first cooldown",
+        "Gcs": "the client does not read GCS buckets",
+        "P2PGcs": "when no client of the last epoch is in the next one the coordinator "
+                  "turns it back into Gcs, which the client does not read",
+    },
+    "data_type": {
+        "Finetuning": "nothing in the client reads data_type: every run trains as "
+                      "Pretraining (Psyche's clients switch to variable-length attention)",
+    },
+    "architecture": {
+        "HfDeepseek": _UNTESTED_ARCHITECTURE,
+        "HfAuto": _UNTESTED_ARCHITECTURE,
+        "Torchtitan": "Psyche builds these models with torchtitan; the client loads only "
+                      "transformers models",
+    },
+    "optimizer": {
+        "AdamW": "a networked run needs the Distro optimizer (AdamW shares nothing with peers)",
+    },
+}
+
+
+def _problem(key: str, value: str, supported: tuple[str, ...], prefix: str) -> str | None:
+    if value in supported:
+        return None
+    why = REASONS.get(key, {}).get(value)
+    line = (f"{prefix}{key}: {value} is not supported by this client "
+            f"(supported: {', '.join(supported)})")
+    return f"{line}: {why}" if why else line
+
+
+def _tag(variant: Variant) -> str:
+    return type(variant).TAG
+
+
+def unsupported_fields(state_file: StateFile, prefix: str = "model.LLM.") -> list[str]:
+    """One line per field value of `state_file` that this implementation's client cannot
+    run (empty: it can run all of it). See the module docstring for the rules."""
+    llm = state_file.model
+    checks: list[tuple[str, str, tuple[str, ...]]] = [
+        ("architecture", llm.architecture, SUPPORTED_ARCHITECTURES),
+        ("data_type", llm.data_type, SUPPORTED_DATA_TYPES),
+        ("checkpoint", _tag(llm.checkpoint), SUPPORTED_CHECKPOINTS),
+        ("data_location", _tag(llm.data_location), SUPPORTED_DATA_LOCATIONS),
+        ("optimizer", _tag(llm.optimizer), SUPPORTED_OPTIMIZERS),
+    ]
+    if isinstance(llm.data_location, HttpDataLocation):
+        checks.append(("data_location.Http.location", _tag(llm.data_location.location),
+                       SUPPORTED_HTTP_LOCATIONS))
+    problems = [_problem(key, value, supported, prefix) for key, value, supported in checks]
+    return [problem for problem in problems if problem is not None]
+
+
+__all__ = [
+    "REASONS", "SUPPORTED_ARCHITECTURES", "SUPPORTED_CHECKPOINTS", "SUPPORTED_DATA_LOCATIONS",
+    "SUPPORTED_DATA_TYPES", "SUPPORTED_HTTP_LOCATIONS", "SUPPORTED_OPTIMIZERS",
+    "unsupported_fields",
+]

@@ -1,0 +1,99 @@
+"""The client refuses what coordinator/capabilities.py says it cannot run, and opens what
+it says it can: the table of docs/run-config.md ("What this client runs") is read off
+the client's code, and these keep the two together."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from client_image.data import DataProviderError, LocalDataProvider, location_urls
+from client_image.runtime.client import PsycheClient
+from client_image.runtime.model_keeper import ModelKeeper
+from client_image.runtime.worker import TrainingWorker, WorkerError
+from coordinator.capabilities import unsupported_fields
+from coordinator.config import state_file_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTNET = ROOT / "config" / "local-testnet" / "state.toml"
+
+
+def llm_with(**model: Any) -> Any:
+    data = tomllib.loads(TESTNET.read_text())
+    data["model"]["LLM"].update(model)
+    state = state_file_from_dict(data)
+    return state, state.model
+
+
+def fake_state(llm: Any) -> Any:
+    return SimpleNamespace(model=llm, epoch_state=SimpleNamespace(start_step=0), run_id="r")
+
+
+@pytest.mark.parametrize("location", [
+    "Dummy", {"WeightedHttp": "https://example.com/mix.json"}, {"Preprocessed": "some/dataset"}])
+async def test_the_client_opens_no_refused_data_location(location: Any) -> None:
+    state, llm = llm_with(data_location=location)
+    assert unsupported_fields(state)
+    with pytest.raises(RuntimeError, match="is not supported"):
+        await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+
+
+async def test_the_client_opens_a_local_data_location() -> None:
+    state, llm = llm_with(data_location={"Local": str(ROOT / "assets" / "data" / "train")})
+    assert unsupported_fields(state) == []
+    provider = await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+    assert isinstance(provider, LocalDataProvider) and provider.num_sequences > 0
+
+
+def test_the_client_reads_no_gcp_http_location() -> None:
+    location = {"Http": {"location": {"Gcp": {"bucket_name": "b"}},
+                         "token_size_in_bytes": "TwoBytes", "shuffle": "DontShuffle"}}
+    state, llm = llm_with(data_location=location)
+    assert unsupported_fields(state)
+    with pytest.raises(DataProviderError, match="GcpBucket is not supported"):
+        location_urls(llm.data_location)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.hub: list[str] = []
+
+    async def load_from_hub(self, repo_id: str, revision: str | None, llm: Any,
+                            start_step: int) -> None:
+        self.hub.append(repo_id)
+
+
+def keeper(worker: _Worker) -> ModelKeeper:
+    return ModelKeeper(me=None, worker=worker, peers=None, backend=None,
+                       events=SimpleNamespace(emit=lambda event: None),
+                       options=None, spawn=None)
+
+
+@pytest.mark.parametrize("checkpoint", [
+    {"Dummy": {"repo_id": "org/init"}}, {"Gcs": {"bucket": "b"}},
+    {"P2PGcs": {"bucket": "b"}}])
+async def test_the_client_loads_no_refused_checkpoint(checkpoint: Any) -> None:
+    state, llm = llm_with(checkpoint=checkpoint)
+    assert unsupported_fields(state)
+    with pytest.raises(RuntimeError, match="cannot be loaded by this client"):
+        await keeper(_Worker()).load(fake_state(llm), [])
+
+
+async def test_the_client_loads_a_hub_checkpoint() -> None:
+    state, llm = llm_with(checkpoint={"Hub": {"repo_id": "org/init"}})
+    assert unsupported_fields(state) == []
+    worker = _Worker()
+    await keeper(worker).load(fake_state(llm), [])
+    assert worker.hub == ["org/init"]
+
+
+def test_the_client_trains_no_adamw_run() -> None:
+    state, llm = llm_with(optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0,
+                                               "eps": 1e-8}})
+    assert unsupported_fields(state)
+    with pytest.raises(WorkerError, match="Distro"):
+        TrainingWorker._make_trainer(SimpleNamespace(), None, llm, 0)

@@ -1,0 +1,207 @@
+"""coordinator/capabilities.py: values that parse but that our client cannot run are
+refused, by `validate-config` and by `psyche-coordinator run` (docs/run-config.md,
+"What this client runs")."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from typer.testing import CliRunner
+
+from coordinator.capabilities import (
+    REASONS,
+    SUPPORTED_ARCHITECTURES,
+    SUPPORTED_CHECKPOINTS,
+    SUPPORTED_DATA_LOCATIONS,
+    SUPPORTED_DATA_TYPES,
+    SUPPORTED_HTTP_LOCATIONS,
+    SUPPORTED_OPTIMIZERS,
+    unsupported_fields,
+)
+from coordinator.config import StateFile, load_state_file, state_file_from_dict
+from coordinator.config_variants import CHECKPOINT, OPTIMIZER, Architecture, DataType
+from coordinator.data_location import DATA_LOCATION, HTTP_LOCATION
+from coordinator_tcp.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTNET = ROOT / "config" / "local-testnet" / "state.toml"
+BUNDLED = sorted(ROOT.glob("config/*/state.toml"))
+
+SEED = list(range(32))
+DISTRO = {"Distro": {"compression_decay": 0.999, "compression_chunk": 16,
+                     "compression_topk": 4, "quantize_1bit": False}}
+
+
+def state_dict(**model: Any) -> dict[str, Any]:
+    data = tomllib.loads(TESTNET.read_text())
+    data["model"]["LLM"].update(model)
+    return data
+
+
+def state_with(**model: Any) -> StateFile:
+    return state_file_from_dict(state_dict(**model))
+
+
+def http(location: Any) -> dict[str, Any]:
+    return {"Http": {"location": location, "token_size_in_bytes": "TwoBytes",
+                     "shuffle": {"Seeded": SEED}}}
+
+
+REFUSED: list[tuple[str, Any, str]] = [
+    ("architecture", "HfDeepseek",
+     "model.LLM.architecture: HfDeepseek is not supported by this client (supported: HfLlama): "
+     "the client would load it with transformers' AutoModelForCausalLM, but only Llama models "
+     "are tested with this implementation and its tensor parallelism is Llama-only"),
+    ("architecture", "HfAuto",
+     "model.LLM.architecture: HfAuto is not supported by this client (supported: HfLlama): "
+     "the client would load it with transformers' AutoModelForCausalLM, but only Llama models "
+     "are tested with this implementation and its tensor parallelism is Llama-only"),
+    ("architecture", "Torchtitan",
+     "model.LLM.architecture: Torchtitan is not supported by this client (supported: HfLlama): "
+     "Psyche builds these models with torchtitan; the client loads only transformers models"),
+    ("data_type", "Finetuning",
+     "model.LLM.data_type: Finetuning is not supported by this client (supported: "
+     "Pretraining): nothing in the client reads data_type: every run trains as Pretraining "
+     "(Psyche's clients switch to variable-length attention)"),
+    ("checkpoint", {"Dummy": {"repo_id": "org/init"}},
+     "model.LLM.checkpoint: Dummy is not supported by this client (supported: Hub, P2P): at a "
+     "run's first warm-up the client loads only a Hub (or local) model or one from peers; "
+     "Dummy turns into P2P only after the first cooldown"),
+    ("checkpoint", {"Gcs": {"bucket": "b"}},
+     "model.LLM.checkpoint: Gcs is not supported by this client (supported: Hub, P2P): the "
+     "client does not read GCS buckets"),
+    ("checkpoint", {"P2PGcs": {"bucket": "b", "prefix": "p"}},
+     "model.LLM.checkpoint: P2PGcs is not supported by this client (supported: Hub, P2P): when "
+     "no client of the last epoch is in the next one the coordinator turns it back into Gcs, "
+     "which the client does not read"),
+    ("data_location", "Dummy",
+     "model.LLM.data_location: Dummy is not supported by this client (supported: Server, "
+     "Local, Http): the client has no provider of dummy data"),
+    ("data_location", {"WeightedHttp": "https://example.com/mix.json"},
+     "model.LLM.data_location: WeightedHttp is not supported by this client (supported: "
+     "Server, Local, Http): the client does not mix weighted HTTP data sets"),
+    ("data_location", {"Preprocessed": "some/dataset"},
+     "model.LLM.data_location: Preprocessed is not supported by this client (supported: "
+     "Server, Local, Http): the client does not read preprocessed parquet data"),
+    ("data_location", http({"Gcp": {"bucket_name": "b", "filter_directory": "d"}}),
+     "model.LLM.data_location.Http.location: Gcp is not supported by this client (supported: "
+     "SingleUrl, UrlList, NumberedFiles): the client does not list or read GCP buckets"),
+    ("optimizer", {"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}},
+     "model.LLM.optimizer: AdamW is not supported by this client (supported: Distro): a "
+     "networked run needs the Distro optimizer (AdamW shares nothing with peers)"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), REFUSED,
+                         ids=[f"{key}-{message.split(': ')[1].split()[0]}"
+                              for key, _, message in REFUSED])
+def test_each_unsupported_value_is_refused_with_its_message(key: str, value: Any,
+                                                            message: str) -> None:
+    assert unsupported_fields(state_with(**{key: value})) == [message]
+
+
+ACCEPTED: list[tuple[str, Any]] = [
+    ("checkpoint", {"Hub": {"repo_id": "org/init", "revision": "r"}}),
+    # A state file's P2P becomes Hub at the first warm-up (no holder of a last epoch).
+    ("checkpoint", {"P2P": {"repo_id": "org/init"}}),
+    ("data_location", {"Server": "127.0.0.1:20001"}),
+    ("data_location", {"Local": "assets/data/train"}),
+    ("data_location", http({"SingleUrl": "https://example.com/a.bin"})),
+    ("data_location", http({"UrlList": ["https://example.com/a.bin"]})),
+    ("data_location", http({"NumberedFiles": {"url_template": "https://example.com/{}.bin",
+                                              "start_index": 0, "n_left_pad_zeros": 3,
+                                              "num_files": 2}})),
+    ("optimizer", DISTRO),
+    ("lr_schedule", {"WarmupStableDecay": {
+        "base_lr": 1e-3, "warmup_init_lr": 0.0, "cosine_decay_final_lr": 1e-4,
+        "linear_decay_final_lr": 1e-5, "warmup_steps": 1, "stable_steps": 1,
+        "cosine_decay_steps": 1, "linear_decay_steps": 1}}),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), ACCEPTED)
+def test_what_the_client_runs_is_accepted(key: str, value: Any) -> None:
+    assert unsupported_fields(state_with(**{key: value})) == []
+
+
+@pytest.mark.parametrize("path", BUNDLED, ids=[path.parent.name for path in BUNDLED])
+def test_the_bundled_configs_pass(path: Path) -> None:
+    assert unsupported_fields(load_state_file(path)) == []
+
+
+def test_the_bundled_configs_are_the_expected_ones() -> None:
+    assert {path.parent.name for path in BUNDLED} >= {"local-testnet", "llama2-20m-dev"}
+
+
+def test_every_problem_is_listed_in_field_order() -> None:
+    state = state_with(architecture="Torchtitan", data_type="Finetuning",
+                       checkpoint={"Gcs": {"bucket": "b"}}, data_location="Dummy",
+                       optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0,
+                                            "eps": 1e-8}})
+    keys = [line.split(":")[0] for line in unsupported_fields(state)]
+    assert keys == ["model.LLM.architecture", "model.LLM.data_type", "model.LLM.checkpoint",
+                    "model.LLM.data_location", "model.LLM.optimizer"]
+
+
+def test_every_refused_variant_of_the_format_has_a_reason() -> None:
+    """A variant added to the format is either supported or refused with a reason."""
+    from typing import get_args
+
+    families = [
+        ("architecture", get_args(Architecture), SUPPORTED_ARCHITECTURES),
+        ("data_type", get_args(DataType), SUPPORTED_DATA_TYPES),
+        ("checkpoint", tuple(CHECKPOINT.variants), SUPPORTED_CHECKPOINTS),
+        ("data_location", tuple(DATA_LOCATION.variants), SUPPORTED_DATA_LOCATIONS),
+        ("data_location.Http.location", tuple(HTTP_LOCATION.variants), SUPPORTED_HTTP_LOCATIONS),
+        ("optimizer", tuple(OPTIMIZER.variants), SUPPORTED_OPTIMIZERS),
+    ]
+    for key, values, supported in families:
+        assert set(supported) <= set(values), key
+        assert set(REASONS[key]) == set(values) - set(supported), key
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def write_refused(tmp_path: Path) -> Path:
+    path = tmp_path / "state.toml"
+    path.write_text(tomli_w.dumps(state_dict(
+        architecture="HfAuto", data_location={"WeightedHttp": "https://example.com/mix.json"})))
+    return path
+
+
+def test_validate_config_prints_one_line_per_problem_and_exits_1(tmp_path: Path) -> None:
+    path = write_refused(tmp_path)
+    result = CliRunner().invoke(app, ["validate-config", "--state", str(path)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert lines == [
+        f"{path}: model.LLM.architecture: HfAuto is not supported by this client (supported: "
+        "HfLlama): the client would load it with transformers' AutoModelForCausalLM, but only "
+        "Llama models are tested with this implementation and its tensor parallelism is "
+        "Llama-only",
+        f"{path}: model.LLM.data_location: WeightedHttp is not supported by this client "
+        "(supported: Server, Local, Http): the client does not mix weighted HTTP data sets",
+    ]
+
+
+def test_validate_config_still_says_ok_for_the_bundled_configs() -> None:
+    for path in BUNDLED:
+        result = CliRunner().invoke(app, ["validate-config", "--state", str(path)])
+        assert result.exit_code == 0 and result.output.strip() == "OK", result.output
+
+
+def test_run_refuses_to_start_with_the_same_lines(tmp_path: Path) -> None:
+    path = write_refused(tmp_path)
+    result = CliRunner().invoke(app, ["run", "--state", str(path), "--server-port", "0",
+                                      "--bind-host", "127.0.0.1"])
+    assert result.exit_code == 1
+    problems = [line for line in result.output.splitlines() if "is not supported" in line]
+    assert [line.split(": ")[1] for line in problems] == ["model.LLM.architecture",
+                                                          "model.LLM.data_location"]
+    assert all(line.startswith(f"{path}: ") for line in problems)
+    assert "listening" not in result.output
