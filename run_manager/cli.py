@@ -124,6 +124,7 @@ def _use_coordinator_program(program_id: str) -> None:
 def _run_client(env_file: Path, options: object, tui: bool,
                 telemetry: TelemetryOptions | None = None) -> int:
     from psyche_common.metrics_source import HttpClientMetricsSource
+    from psyche_common.stopping import exit_on_signals
     from psyche_common.wallet import keypair_public_key
     from run_manager import engine
     from run_manager.discovery import DiscoveryFailed
@@ -146,12 +147,9 @@ def _run_client(env_file: Path, options: object, tui: bool,
     from run_manager.view import Dashboard
 
     assert isinstance(options, RunOptions)
-    if not tui:
-        # Until the supervisor runs (no container yet), a signal ends the run-manager at
-        # once; from then on run_headless stops the container first.
-        from psyche_common.stopping import exit_on_signals
-
-        exit_on_signals(0, lambda sig: f"stopping… ({sig.name})")
+    # Until the supervisor runs (no container yet), a signal ends the run-manager at once;
+    # from then on run_headless, or the TUI (run_tui), stops the container first.
+    exit_on_signals(0, lambda sig: f"stopping… ({sig.name})")
     try:
         settings = load_settings(env_file)
         options.env_file_variables = read_env_file(env_file)
@@ -199,12 +197,20 @@ def _run_client(env_file: Path, options: object, tui: bool,
         return Monitor(dashboard, coordinator, metrics, on_change, rpc_url=settings.RPC)
 
     if tui:
-        from run_manager.tui.app import RunManagerApp
+        from run_manager.tui.app import RunManagerApp, run_tui
 
         tui_app = RunManagerApp(dashboard, make_supervisor, make_monitor)
-        tui_app.run()
+
+        async def with_tui() -> None:
+            try:
+                await run_tui(tui_app)
+            finally:
+                await _close(coordinator, metrics)
+
+        asyncio.run(with_tui())
         finished = tui_app.finished
-        asyncio.run(_close(coordinator, metrics))
+        # The container is gone and the loop gave the signals back: a signal now ends it.
+        exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")
     else:
 
         async def headless() -> SupervisorFinished:

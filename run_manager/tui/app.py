@@ -3,13 +3,18 @@ panels (verification only while the run verifies; this client's ejection is also
 notification).
 
 The supervisor and the monitor run as async workers on the app's event loop; their
-events update the shared Dashboard and the panels redraw from it. Keys: q stops the
-client gracefully and quits, r restarts the client, l shows the full-screen logs.
+events update the shared Dashboard and the panels redraw from it. Keys: q (or ctrl+c)
+stops the client gracefully and quits, r restarts the client, l shows the full-screen
+logs. SIGINT, SIGTERM and SIGHUP (`run_tui`) stop as q does; a second stop kills the
+container at once. The app exits once the container is gone, leaving the terminal as
+it found it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -17,8 +22,10 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid
+from textual.driver import Driver
 from textual.widgets import Footer, Header
 
+from psyche_common.stopping import StopSignals, hangup_safe_driver
 from psyche_common.ui.run_panel import RunPanel
 from psyche_common.ui.training_panel import TrainingPanel
 from psyche_common.ui.witness_panel import WitnessPanel
@@ -55,6 +62,7 @@ class RunManagerApp(App[None]):
         self.supervisor: Supervisor | None = None
         self.finished: SupervisorFinished | None = None
         self._stop_polling = asyncio.Event()
+        self.stop_requests = 0  # q / ctrl+c / signals so far
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -128,12 +136,32 @@ class RunManagerApp(App[None]):
         if part is None:
             self.query_one(ContainerPanel).show(self.dashboard)
 
+    def get_driver_class(self) -> type[Driver]:
+        # A closed terminal (SIGHUP) must not stop the app from stopping the container.
+        return hangup_safe_driver(super().get_driver_class())
+
     def action_stop(self) -> None:
+        self.stop_for("q")
+
+    def action_help_quit(self) -> None:  # ctrl+c: stop, as SIGINT does (not "press ctrl+q")
+        self.stop_for("ctrl+c")
+
+    def stop_for(self, reason: str) -> None:
+        """Stop the client container, then exit (q, ctrl+c, SIGINT, SIGTERM, SIGHUP); a
+        second stop kills the container at once. Safe from a signal handler on this loop."""
+        self.stop_requests += 1
         if self.supervisor is None or self.finished is not None:
             self._stop_polling.set()
             self.exit()
             return
-        self.notify("stopping the client container…")
+        if self.stop_requests > 1:
+            with contextlib.suppress(Exception):  # unmounting
+                self.notify(f"stopping now ({reason} again): killing the container",
+                            severity="warning")
+            self.supervisor.hurry()
+            return
+        with contextlib.suppress(Exception):
+            self.notify(f"stopping… ({reason}): the client container, then the run-manager")
         self.supervisor.request_stop()  # the supervise worker exits the app once it is removed
 
     def action_restart_client(self) -> None:
@@ -146,3 +174,18 @@ class RunManagerApp(App[None]):
     def action_show_logs(self) -> None:
         if not isinstance(self.screen, LogScreen):
             self.push_screen(LogScreen(self.dashboard.log_tail))
+
+
+async def run_tui(app: RunManagerApp) -> None:
+    """The app until it exits: after q, or after a signal once the container is stopped."""
+    signals = StopSignals()
+
+    def on_signal(sig: signal.Signals) -> None:
+        app.stop_for(sig.name)
+
+    signals.on_signal(on_signal)
+    signals.install()
+    try:
+        await app.run_async()
+    finally:
+        signals.remove()

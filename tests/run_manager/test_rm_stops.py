@@ -168,3 +168,81 @@ async def test_sigterm_stops_a_training_client_which_withdraws_first(
         assert "withdrew from the run" in output
     finally:
         await observer.close()
+
+
+class TuiRunManager:
+    """One `run-manager` with its TUI, on a pseudo-terminal whose output is collected."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.output = bytearray()
+        self._master = -1
+
+    def start(self, env_file: Path, *args: str) -> None:
+        import pty
+
+        self._master, slave = pty.openpty()
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
+        self.process = subprocess.Popen([*RUN_MANAGER, "--env-file", str(env_file), *args],
+                                        stdin=slave, stdout=slave, stderr=slave, env=env,
+                                        start_new_session=True)
+        os.close(slave)
+        os.set_blocking(self._master, False)
+
+    def drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._master, 65536)
+            except (BlockingIOError, OSError):
+                return
+            if not chunk:
+                return
+            self.output += chunk
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+        if self._master >= 0:
+            os.close(self._master)
+            self._master = -1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_the_tui_stops_the_container_on_a_signal_and_gives_the_terminal_back(
+    docker_client: docker.DockerClient, client_image: str, run_id: str, tmp_path: Path,
+    sig: signal.Signals,
+) -> None:  # fmt: skip
+    env_file = tmp_path / "run.env"
+    env_file.write_text(  # nobody listens at the coordinator's address
+        f"RUN_ID={run_id}\nCOORDINATOR_ADDRESS=127.0.0.1:{free_port()}\nGPUS=none\n"
+        "IROH_RELAY=disabled\nTORCH_THREADS=1\nMAX_CRASH_RESTARTS=0\n")
+    tui = TuiRunManager()
+    since = time.time()
+    try:
+        tui.start(env_file, "--client-version", version_of(client_image))
+        deadline = time.monotonic() + START_WITHIN_S
+        while not engine.find_managed_containers(docker_client, run_id):
+            tui.drain()
+            assert tui.process is not None and tui.process.poll() is None, bytes(tui.output)
+            assert time.monotonic() < deadline, "no client container started"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)  # the app is drawn and supervising
+        assert tui.process is not None
+        started = time.monotonic()
+        tui.process.send_signal(sig)
+        while tui.process.poll() is None and time.monotonic() - started < STOP_WITHIN_S + 10:
+            tui.drain()
+            await asyncio.sleep(0.1)
+        tui.drain()
+        elapsed = time.monotonic() - started
+        assert tui.process.poll() == 0, bytes(tui.output)[-2000:]
+        assert elapsed < STOP_WITHIN_S, f"{elapsed:.1f} s: the container was killed, not stopped"
+        assert engine.find_managed_containers(docker_client, run_id) == []
+        codes = container_exit_codes(docker_client, run_id, since)
+        assert len(codes) == 1 and codes[0] in CLEAN_EXIT_CODES, codes
+        if sig is signal.SIGTERM:  # the terminal is still there: the app gave it back
+            assert bytes(tui.output).rfind(b"\x1b[?1049l") > bytes(tui.output).rfind(
+                b"\x1b[?1049h") >= 0
+    finally:
+        tui.close()

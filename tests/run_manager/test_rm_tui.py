@@ -183,3 +183,11 @@ def test_snapshot_empty_dashboard(snap_compare: Any) -> None:
 
 def test_snapshot_full_screen_logs(snap_compare: Any) -> None:
     assert snap_compare(RunManagerApp(sample_dashboard()), press=["l"], terminal_size=(120, 40))
+
+
+async def test_ctrl_c_stops_like_q_instead_of_asking_for_ctrl_q() -> None:
+    app = RunManagerApp(sample_dashboard())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+    assert app.stop_requests == 1 and app.return_code == 0 and not app.is_running
