@@ -5,18 +5,21 @@
 A state file can be valid (coordinator/config.py accepts every value of Psyche's format)
 and still name something our client cannot do. This lists each such field, one line per
 problem, as `dotted.key: Value is not supported by this client (supported: A, B): why`,
-e.g. `model.LLM.data_location: WeightedHttp is not supported by this client (supported:
-Server, Local, Http): ...`. `psyche-coordinator validate-config` prints these lines
-and exits 1, and `psyche-coordinator run` refuses to start with them, so that a run the
-clients would fail in (at their first warm-up, after the coordinator has waited for them)
-is refused before anyone joins. Only a state file that parses is checked.
+e.g. `model.LLM.data_location.Http.location: Gcp is not supported by this client
+(supported: SingleUrl, UrlList, NumberedFiles): ...`. `psyche-coordinator
+validate-config` prints these lines and exits 1, and `psyche-coordinator run` refuses to
+start with them, so that a run the clients would fail in (at their first warm-up, after
+the coordinator has waited for them) is refused before anyone joins. Only a state file
+that parses is checked.
 
 Each rule states what the client code does (docs/run-config.md, "What this client runs");
 tests/client_runtime/test_client_capabilities.py checks the client still refuses them:
 
 - data_location: client_image/runtime/client.py `_open_data` opens Server (the TCP data
-  server), Local and Http (client_image/data `open_provider`), and raises for the rest;
-  of Http's locations, `location_urls` reads SingleUrl, UrlList and NumberedFiles, not Gcp.
+  server) and, through client_image/data `open_provider`, Local, Http, Dummy (zeros, as
+  Psyche's), Preprocessed (parquet) and WeightedHttp (a blend of Http locations): every
+  variant; of Http's locations (also inside WeightedHttp), `location_urls` reads
+  SingleUrl, UrlList and NumberedFiles, not Gcp.
 - checkpoint: client_image/runtime/model_keeper.py `load` loads P2P (from peers) and Hub
   (or a local directory) and raises for the rest. The coordinator turns a P2P checkpoint
   back into Hub when none of the last epoch's clients is in the next one (always the case
@@ -37,7 +40,7 @@ from __future__ import annotations
 from coordinator.config import HttpDataLocation, StateFile
 from coordinator.config_variants import Variant
 
-SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http")
+SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http", "Dummy", "Preprocessed", "WeightedHttp")
 SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles")
 SUPPORTED_CHECKPOINTS = ("Hub", "P2P")
 SUPPORTED_DATA_TYPES = ("Pretraining",)
@@ -50,11 +53,7 @@ _UNTESTED_ARCHITECTURE = ("the client would load it with transformers' AutoModel
 
 # Why each refused value cannot run (every refused value of Psyche's format has one).
 REASONS: dict[str, dict[str, str]] = {
-    "data_location": {
-        "Dummy": "the client has no provider of dummy data",
-        "WeightedHttp": "the client does not mix weighted HTTP data sets",
-        "Preprocessed": "the client does not read preprocessed parquet data",
-    },
+    "data_location": {},  # every variant runs (Http's Gcp location is refused below)
     "data_location.Http.location": {
         "Gcp": "the client does not list or read GCP buckets",
     },

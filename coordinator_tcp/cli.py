@@ -4,8 +4,8 @@
 
 prints `OK` or every problem (one per line) and exits 1 on error: the syntax and rules of
 the files, then, for a valid state file, every field value this implementation's client
-cannot run (coordinator/capabilities.py), e.g. `state.toml: model.LLM.data_location:
-WeightedHttp is not supported by this client (supported: Server, Local, Http): ...`.
+cannot run (coordinator/capabilities.py), e.g. `state.toml: model.LLM.architecture:
+HfAuto is not supported by this client (supported: HfLlama): ...`.
 
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]

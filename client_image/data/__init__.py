@@ -10,7 +10,14 @@ Public surface:
     await HttpDataProvider.open(location: HttpDataLocation, max_seq_len, *, client=None,
                                 retries=3, backoff_s=1.0, timeout_s=5.0)
         await .fetch(start, end); await .aclose()
-    await open_provider(location: LocalDataLocation | HttpDataLocation, max_seq_len, **kw)
+    DummyDataProvider(max_seq_len)   Dummy: zeros for every index (Psyche's dummy data)
+    PreprocessedDataProvider(dir, max_seq_len)
+                                      parquet rows (`inputs`), read by row groups
+    open_preprocessed(source, max_seq_len)   a directory or a HF dataset id (blocking)
+    WeightedDataProvider(providers, weights, shuffle)   Psyche's greedy blend
+    await open_weighted_http(url, max_seq_len)           WeightedHttp: JSON of Http locations
+    await open_provider(location: OpenableLocation, max_seq_len, **kw)
+                                      Local, Http, Dummy, Preprocessed, WeightedHttp
     DataProviderError                 missing/short file, index out of range, server failure
     shuffle_in_place(items, seed)     ChaCha8Rng + rand 0.9 slice shuffle (Seeded shuffle)
     await TcpDataProvider.open(address, identity, run_id, max_seq_len)
@@ -22,13 +29,22 @@ psyche_common.token_files.sequences for the offset rules).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol, TypedDict, Unpack
 
 import torch
 
+from client_image.data.dummy import DummyDataProvider
 from client_image.data.http import HttpDataProvider, location_urls
 from client_image.data.tcp_provider import DataServerMismatch, TcpDataProvider
-from coordinator.config import HttpDataLocation, LocalDataLocation, TokenSize
+from coordinator.config import (
+    DummyDataLocation,
+    HttpDataLocation,
+    LocalDataLocation,
+    PreprocessedDataLocation,
+    TokenSize,
+    WeightedHttpDataLocation,
+)
 from psyche_common.token_files.chacha import ChaChaRng, shuffle_in_place
 from psyche_common.token_files.local import LocalDataProvider
 from psyche_common.token_files.sequences import DataProviderError
@@ -49,28 +65,49 @@ class _HttpOptions(TypedDict, total=False):
     timeout_s: float
 
 
+OpenableLocation = (LocalDataLocation | HttpDataLocation | DummyDataLocation
+                    | PreprocessedDataLocation | WeightedHttpDataLocation)
+OPENABLE_LOCATIONS = (LocalDataLocation, HttpDataLocation, DummyDataLocation,
+                      PreprocessedDataLocation, WeightedHttpDataLocation)
+
+
 async def open_provider(
-    location: LocalDataLocation | HttpDataLocation,
+    location: OpenableLocation,
     max_seq_len: int,
     *,
     token_size: TokenSize = TokenSize.TwoBytes,
     **http_options: Unpack[_HttpOptions],
 ) -> DataProvider:
-    """A provider for a run config's data location (Local: TwoBytes, unshuffled)."""
+    """A provider for a run config's data location (Local: TwoBytes, unshuffled).
+
+    pyarrow (Preprocessed) is imported only when such a location is opened."""
     if isinstance(location, LocalDataLocation):
         return LocalDataProvider(location.path, max_seq_len, token_size)
     if isinstance(location, HttpDataLocation):
         return await HttpDataProvider.open(location, max_seq_len, **http_options)
+    if isinstance(location, DummyDataLocation):
+        return DummyDataProvider(max_seq_len)
+    if isinstance(location, PreprocessedDataLocation):
+        from client_image.data.preprocessed import open_preprocessed
+
+        return await asyncio.to_thread(open_preprocessed, location.source, max_seq_len)
+    if isinstance(location, WeightedHttpDataLocation):
+        from client_image.data.weighted import open_weighted_http
+
+        return await open_weighted_http(location.url, max_seq_len, **http_options)
     raise DataProviderError(f"data location {type(location).__name__} is not supported here")
 
 
 __all__ = [
+    "OPENABLE_LOCATIONS",
     "ChaChaRng",
     "DataProvider",
     "DataProviderError",
     "DataServerMismatch",
+    "DummyDataProvider",
     "HttpDataProvider",
     "LocalDataProvider",
+    "OpenableLocation",
     "TcpDataProvider",
     "location_urls",
     "open_provider",

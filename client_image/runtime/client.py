@@ -49,7 +49,7 @@ from client_image.runtime.worker import TrainingWorker
 from client_image.training.rank_group import RankSetup
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator.checkpoint_reports import describe_location
-from coordinator.config import HttpDataLocation, LocalDataLocation, ServerDataLocation
+from coordinator.config import ServerDataLocation
 from coordinator_tcp.protocol import ErrorReply, Withdraw
 from psyche_common.identity import Identity
 from psyche_common.metrics_schema import ClientMetrics
@@ -226,10 +226,10 @@ class PsycheClient:
         self.stop(EXIT_UNRUNNABLE)
 
     async def _open_data(self, state: CoordinatorState) -> DataProvider:
-        from client_image.data import TcpDataProvider, open_provider
+        from client_image.data import OPENABLE_LOCATIONS, TcpDataProvider, open_provider
 
         location = state.model.data_location
-        if isinstance(location, LocalDataLocation | HttpDataLocation):
+        if isinstance(location, OPENABLE_LOCATIONS):
             return await open_provider(location, state.model.max_seq_len)
         if isinstance(location, ServerDataLocation):
             return await TcpDataProvider.open(location.address, self.options.identity,

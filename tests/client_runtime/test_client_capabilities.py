@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from client_image.data import DataProviderError, LocalDataProvider, location_urls
+from client_image.data import (
+    DataProviderError,
+    DummyDataProvider,
+    LocalDataProvider,
+    location_urls,
+)
 from client_image.runtime.client import PsycheClient
 from client_image.runtime.model_keeper import ModelKeeper
 from client_image.runtime.worker import TrainingWorker, WorkerError
@@ -33,13 +38,50 @@ def fake_state(llm: Any) -> Any:
     return SimpleNamespace(model=llm, epoch_state=SimpleNamespace(start_step=0), run_id="r")
 
 
-@pytest.mark.parametrize("location", [
-    "Dummy", {"WeightedHttp": "https://example.com/mix.json"}, {"Preprocessed": "some/dataset"}])
-async def test_the_client_opens_no_refused_data_location(location: Any) -> None:
-    state, llm = llm_with(data_location=location)
-    assert unsupported_fields(state)
-    with pytest.raises(RuntimeError, match="is not supported"):
-        await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+async def test_the_client_opens_a_dummy_data_location() -> None:
+    state, llm = llm_with(data_location="Dummy")
+    assert unsupported_fields(state) == []
+    provider = await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+    assert isinstance(provider, DummyDataProvider)
+    assert (await provider.fetch(5, 6)).shape == (2, llm.max_seq_len)
+
+
+async def test_the_client_opens_a_preprocessed_data_location(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    state, llm = llm_with(data_location={"Preprocessed": str(tmp_path)})
+    assert unsupported_fields(state) == []
+    rows = [[i] * llm.max_seq_len for i in range(3)]
+    pq.write_table(pa.table({"inputs": rows}), tmp_path / "train-0.parquet")
+    provider = await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+    assert provider.num_sequences == 3
+    assert (await provider.fetch(1, 2)).tolist() == rows[1:]
+
+
+async def test_the_client_opens_a_weighted_http_data_location(tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+
+    from tests.data.range_http_server import serve_directory
+
+    seq = 4
+    np.arange(3 * seq + 1, dtype="<u2").tofile(tmp_path / "a.ds")  # HTTP: 2 samples
+    with serve_directory(tmp_path) as server:
+        location = {"location": {"SingleUrl": f"{server.url}/a.ds"},
+                    "token_size_in_bytes": "TwoBytes", "shuffle": "DontShuffle"}
+        (tmp_path / "mix.json").write_text(
+            json.dumps({"shuffle": "DontShuffle", "providers": [[location, 1.0]]}))
+        state, llm = llm_with(data_location={"WeightedHttp": f"{server.url}/mix.json"},
+                              max_seq_len=seq)
+        assert unsupported_fields(state) == []
+        provider = await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+        try:
+            assert provider.num_sequences == 2
+            assert (await provider.fetch(0, 1)).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        finally:
+            await provider.aclose()
 
 
 async def test_the_client_opens_a_local_data_location() -> None:

@@ -78,15 +78,6 @@ REFUSED: list[tuple[str, Any, str]] = [
      "model.LLM.checkpoint: P2PGcs is not supported by this client (supported: Hub, P2P): when "
      "no client of the last epoch is in the next one the coordinator turns it back into Gcs, "
      "which the client does not read"),
-    ("data_location", "Dummy",
-     "model.LLM.data_location: Dummy is not supported by this client (supported: Server, "
-     "Local, Http): the client has no provider of dummy data"),
-    ("data_location", {"WeightedHttp": "https://example.com/mix.json"},
-     "model.LLM.data_location: WeightedHttp is not supported by this client (supported: "
-     "Server, Local, Http): the client does not mix weighted HTTP data sets"),
-    ("data_location", {"Preprocessed": "some/dataset"},
-     "model.LLM.data_location: Preprocessed is not supported by this client (supported: "
-     "Server, Local, Http): the client does not read preprocessed parquet data"),
     ("data_location", http({"Gcp": {"bucket_name": "b", "filter_directory": "d"}}),
      "model.LLM.data_location.Http.location: Gcp is not supported by this client (supported: "
      "SingleUrl, UrlList, NumberedFiles): the client does not list or read GCP buckets"),
@@ -110,6 +101,10 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("checkpoint", {"P2P": {"repo_id": "org/init"}}),
     ("data_location", {"Server": "127.0.0.1:20001"}),
     ("data_location", {"Local": "assets/data/train"}),
+    ("data_location", "Dummy"),
+    ("data_location", {"WeightedHttp": "https://example.com/mix.json"}),
+    ("data_location", {"Preprocessed": "some/dataset"}),
+    ("data_location", {"Preprocessed": "/data/parquet"}),
     ("data_location", http({"SingleUrl": "https://example.com/a.bin"})),
     ("data_location", http({"UrlList": ["https://example.com/a.bin"]})),
     ("data_location", http({"NumberedFiles": {"url_template": "https://example.com/{}.bin",
@@ -139,12 +134,13 @@ def test_the_bundled_configs_are_the_expected_ones() -> None:
 
 def test_every_problem_is_listed_in_field_order() -> None:
     state = state_with(architecture="Torchtitan", data_type="Finetuning",
-                       checkpoint={"Gcs": {"bucket": "b"}}, data_location="Dummy",
+                       checkpoint={"Gcs": {"bucket": "b"}},
+                       data_location=http({"Gcp": {"bucket_name": "b"}}),
                        optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0,
                                             "eps": 1e-8}})
     keys = [line.split(":")[0] for line in unsupported_fields(state)]
     assert keys == ["model.LLM.architecture", "model.LLM.data_type", "model.LLM.checkpoint",
-                    "model.LLM.data_location", "model.LLM.optimizer"]
+                    "model.LLM.optimizer", "model.LLM.data_location.Http.location"]
 
 
 def test_every_refused_variant_of_the_format_has_a_reason() -> None:
@@ -170,7 +166,7 @@ def test_every_refused_variant_of_the_format_has_a_reason() -> None:
 def write_refused(tmp_path: Path) -> Path:
     path = tmp_path / "state.toml"
     path.write_text(tomli_w.dumps(state_dict(
-        architecture="HfAuto", data_location={"WeightedHttp": "https://example.com/mix.json"})))
+        architecture="HfAuto", data_location=http({"Gcp": {"bucket_name": "b"}}))))
     return path
 
 
@@ -184,8 +180,9 @@ def test_validate_config_prints_one_line_per_problem_and_exits_1(tmp_path: Path)
         "HfLlama): the client would load it with transformers' AutoModelForCausalLM, but only "
         "Llama models are tested with this implementation and its tensor parallelism is "
         "Llama-only",
-        f"{path}: model.LLM.data_location: WeightedHttp is not supported by this client "
-        "(supported: Server, Local, Http): the client does not mix weighted HTTP data sets",
+        f"{path}: model.LLM.data_location.Http.location: Gcp is not supported by this "
+        "client (supported: SingleUrl, UrlList, NumberedFiles): the client does not list or "
+        "read GCP buckets",
     ]
 
 
@@ -201,7 +198,7 @@ def test_run_refuses_to_start_with_the_same_lines(tmp_path: Path) -> None:
                                       "--bind-host", "127.0.0.1"])
     assert result.exit_code == 1
     problems = [line for line in result.output.splitlines() if "is not supported" in line]
-    assert [line.split(": ")[1] for line in problems] == ["model.LLM.architecture",
-                                                          "model.LLM.data_location"]
+    assert [line.split(": ")[1] for line in problems] == [
+        "model.LLM.architecture", "model.LLM.data_location.Http.location"]
     assert all(line.startswith(f"{path}: ") for line in problems)
     assert "listening" not in result.output
