@@ -4,9 +4,12 @@ Public surface (import from the submodules; they are loaded lazily from here too
 
     protocol        PROTOCOL_VERSION, Challenge, Join(observe=...), Welcome, StateUpdate,
                     Heartbeat, ErrorReply, WarmupWitness, WitnessSubmit, HealthCheck,
-                    CheckpointReport, Withdraw, WitnessModel, encode, decode_client_message,
-                    decode_server_message, join_signing_bytes, ProtocolError
+                    CheckpointReport, Withdraw, WitnessModel, Notice, ResyncAddresses, encode,
+                    decode_client_message, decode_server_message, join_signing_bytes,
+                    ProtocolError, VersionMismatch
                     (the handshake messages and the framing are psyche_common.tcp's)
+    addresses       AddressBook (the server's p2p address map: pruned, numbered changes),
+                    AddressMirror (a receiver's copy; says when to ask for the whole map)
     client          ProtocolConnection.connect(host, port, identity, run_id, p2p_address,
                     observe=False) -> (connection, welcome); JoinRefused
     server          CoordinatorServer(coordinator, ServerOptions, p2p_addresses=, clock=,

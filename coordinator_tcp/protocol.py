@@ -7,8 +7,14 @@ One connection = one client identity:
                             signature = Ed25519(identity, JOIN_DOMAIN || nonce || run_id || p2p_address)}
     server -> client   Welcome | ErrorReply(fatal) and close
     then               client: WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
-                               | VerificationReportMessage
-                       server: StateUpdate (on every change) | Heartbeat | ErrorReply
+                               | VerificationReportMessage | ResyncAddresses
+                       server: StateUpdate (on every change) | Heartbeat | ErrorReply | Notice
+
+A StateUpdate carries the whole p2p address map only in a connection's first state (and
+in the answer to `ResyncAddresses`); every other carries the changes since the previous
+one, numbered so that a receiver that missed one finds out (`coordinator_tcp.addresses`).
+A client left out of the epoch (it is full, or it started before the client came) is
+told so, and what it waits for, in a `Notice`.
 
 The handshake messages and the envelope are `psyche_common.tcp.messages` (the data
 server speaks them too); they are re-exported here as part of this protocol.
@@ -46,6 +52,7 @@ from psyche_common.tcp.messages import (
     Heartbeat,
     Join,
     ProtocolError,
+    VersionMismatch,
     Welcome,
     encode,
     join_signing_bytes,
@@ -120,11 +127,18 @@ class HealthCheckEntry(BaseModel):
 # ------------------------------------------------------------------ server -> client
 class StateUpdate(_Message):
     """The whole coordinator state (`coordinator.encode_state`, base64) and the p2p
-    addresses the server learned at join time, keyed by hex identity."""
+    addresses the server learned at join time, keyed by hex identity: the whole map when
+    `addresses_full`, else the entries added or changed since the previous StateUpdate
+    and the keys removed (`p2p_removed`). `addresses_seq` numbers the map this message
+    leads to: one more than the previous one's when it changes anything, the same when
+    it does not (`coordinator_tcp.addresses.AddressMirror` applies them)."""
 
     type: Literal["state"] = "state"
     state: str
     p2p_addresses: dict[str, str] = Field(default_factory=dict)
+    p2p_removed: list[str] = Field(default_factory=list)
+    addresses_seq: int = Field(default=0, ge=0)
+    addresses_full: bool = False
     server_time: int = 0
     # Unix time (float seconds) at which the server encoded this broadcast: latency probes.
     sent_at: float = 0.0
@@ -134,15 +148,39 @@ class StateUpdate(_Message):
     joined: int | None = Field(default=None, ge=0)
 
     def to_frame(self) -> bytes:
-        """The message's bytes, without the fields that are not set (None)."""
-        return self.model_dump_json(exclude_none=True).encode()
+        """The message's bytes, without the fields that are not set (None) and without
+        empty address changes."""
+        empty = {name for name in ("p2p_addresses", "p2p_removed") if not getattr(self, name)}
+        return self.model_dump_json(exclude_none=True, exclude=empty).encode()
 
     @property
     def state_bytes(self) -> bytes:
         return base64.b64decode(self.state)
 
 
+NoticeCode = Literal["epoch_full", "epoch_started", "taking_part"]
+
+
+class Notice(_Message):
+    """To one client, when what it waits for changes: it is left out of the epoch
+    (`epoch_full`: the epoch holds its `cap` clients; `epoch_started`: it joined after
+    the epoch began) and waits for the next one, or it is taking part again. `text` is
+    the sentence its log shows."""
+
+    type: Literal["notice"] = "notice"
+    code: NoticeCode
+    text: str = Field(max_length=512)
+    cap: int = Field(default=0, ge=0)
+
+
 # ------------------------------------------------------------------ client -> server
+class ResyncAddresses(_Message):
+    """The StateUpdates did not follow each other (a change was missed): send the whole
+    p2p address map again (answered with a StateUpdate whose `addresses_full` is set)."""
+
+    type: Literal["resync"] = "resync"
+
+
 class WarmupWitness(_Message):
     type: Literal["warmup_witness"] = "warmup_witness"
     witness: WitnessModel
@@ -196,38 +234,41 @@ class VerificationReportMessage(_Message):
 
 
 ServerMessage = Annotated[
-    Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply, Field(discriminator="type")
+    Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply | Notice,
+    Field(discriminator="type"),
 ]
 ClientMessage = Annotated[
     Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
-    | VerificationReportMessage,
+    | VerificationReportMessage | ResyncAddresses,
     Field(discriminator="type"),
 ]
-_SERVER: TypeAdapter[Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply] = (
+_SERVER: TypeAdapter[Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply | Notice] = (
     TypeAdapter(ServerMessage))
 _CLIENT: TypeAdapter[
     Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
-    | VerificationReportMessage
+    | VerificationReportMessage | ResyncAddresses
 ] = TypeAdapter(ClientMessage)
 
 
 def decode_client_message(
     frame: bytes,
-) -> Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw | VerificationReportMessage:
+) -> (Join | WarmupWitness | WitnessSubmit | HealthCheck | CheckpointReport | Withdraw
+      | VerificationReportMessage | ResyncAddresses):
     return validate_frame(_CLIENT, frame, "client")
 
 
 def decode_server_message(
     frame: bytes,
-) -> Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply:
+) -> Challenge | Welcome | StateUpdate | Heartbeat | ErrorReply | Notice:
     return validate_frame(_SERVER, frame, "server")
 
 
 __all__ = [
     "JOIN_DOMAIN", "PERMANENT_JOIN_ERRORS", "PROTOCOL_VERSION", "U64", "BloomModel", "Bytes32",
     "Challenge", "CheckpointReport", "ClientMessage", "ErrorReply", "HealthCheck",
-    "HealthCheckEntry", "Heartbeat", "Join", "ProtocolError", "ServerMessage", "StateUpdate",
-    "VerificationReportMessage", "WarmupWitness", "Welcome", "Withdraw", "WitnessMetadata", "WitnessModel", "WitnessSubmit",
+    "HealthCheckEntry", "Heartbeat", "Join", "Notice", "NoticeCode", "ProtocolError",
+    "ResyncAddresses", "ServerMessage", "StateUpdate",
+    "VerificationReportMessage", "VersionMismatch", "WarmupWitness", "Welcome", "Withdraw", "WitnessMetadata", "WitnessModel", "WitnessSubmit",
     "decode_client_message", "decode_server_message", "encode", "join_signing_bytes",
     "parse_envelope", "signed_join", "validate_frame",
 ]

@@ -4,7 +4,11 @@ One asyncio task ticks the coordinator every `tick_interval_s` with the clients 
 joined (in join order) and an OS-random seed, as Psyche's server does; every accepted
 event and every tick that changes the state is followed by a broadcast of the whole
 encoded state to every joined client (clients de-duplicate by content), plus a
-heartbeat. All coordinator calls run on the event loop thread, one at a time.
+heartbeat. The p2p addresses go with it as changes (`coordinator_tcp.addresses`): the
+whole map only in a connection's first state and when it asks (`ResyncAddresses`), and
+only of clients connected or in the epoch. A client left out of the epoch is told why
+and what it waits for (`Notice`). All coordinator calls run on the event loop thread,
+one at a time.
 
 Untrusted input is handled at the edge (the shared `AcceptGate`): a handshake must
 finish within a timeout, at most `max_handshakes` may be in flight and at most
@@ -21,10 +25,11 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from coordinator import (
+    MAX_CLIENTS,
     ClientState,
     Coordinator,
     CoordinatorError,
@@ -34,6 +39,7 @@ from coordinator import (
     RunState,
     encode_state,
 )
+from coordinator_tcp.addresses import AddressBook
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
     CheckpointReport,
@@ -41,7 +47,10 @@ from coordinator_tcp.protocol import (
     HealthCheck,
     Heartbeat,
     Join,
+    Notice,
+    NoticeCode,
     ProtocolError,
+    ResyncAddresses,
     StateUpdate,
     VerificationReportMessage,
     WarmupWitness,
@@ -82,7 +91,7 @@ class CoordinatorServer:
         self.peers: dict[NodeIdentity, _Peer] = {}  # joined, in join order
         # Read-only connections (Join.observe): they get broadcasts, never join the run.
         self.observers: set[_Peer] = set()
-        self.p2p_addresses: dict[str, str] = dict(p2p_addresses or {})
+        self.addresses = AddressBook(p2p_addresses)
         self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
         self._gate = AcceptGate(self.options.max_handshakes,
                                 self.options.max_handshakes_per_address,
@@ -104,6 +113,11 @@ class CoordinatorServer:
     @property
     def state(self) -> CoordinatorState:
         return self.coordinator.state
+
+    @property
+    def p2p_addresses(self) -> dict[str, str]:
+        """hex identity -> the p2p address it joined with (connected or in the epoch)."""
+        return self.addresses.addresses
 
     @property
     def port(self) -> int:
@@ -236,16 +250,33 @@ class CoordinatorServer:
 
     # ------------------------------------------------------------------ broadcasting
     def state_message(self, *, observer: bool = False) -> bytes:
-        """The state broadcast; an observer's also says how many clients are connected
-        and asking to take part (`StateUpdate.joined`)."""
-        client, for_observers = self._state_messages()
-        return for_observers if observer else client
+        """The state with the whole address map as last broadcast (a connection's first
+        state, the answer to ResyncAddresses); an observer's also says how many clients
+        are connected and asking to take part (`StateUpdate.joined`)."""
+        update = StateUpdate(
+            state=base64.b64encode(encode_state(self.state)).decode(),
+            p2p_addresses=self.addresses.sent, addresses_seq=self.addresses.version,
+            addresses_full=True, server_time=self.now(), sent_at=time.time(),
+            joined=len(self._pending()) if observer else None)
+        return update.to_frame()
 
-    def _state_messages(self, encoded: bytes | None = None) -> tuple[bytes, bytes]:
-        """The state broadcast for the clients, and for the observers."""
+    def _address_keys(self) -> set[str]:
+        """Whose addresses the clients need: those connected (asking to take part) and
+        the epoch's, listed and exited. The rest (clients that left) are dropped."""
+        epoch = self.state.epoch_state
+        return {*(node.key.hex() for node in self.peers),
+                *(client.id.key.hex() for client in epoch.clients),
+                *(client.id.key.hex() for client in epoch.exited_clients)}
+
+    def _state_messages(self, encoded: bytes | None = None, *,
+                        commit: bool = True) -> tuple[bytes, bytes]:
+        """The state broadcast for the clients, and for the observers, with the address
+        changes since the previous broadcast (`commit`; else none: the same map)."""
+        changed, removed = self.addresses.commit(self._address_keys()) if commit else ({}, [])
         update = StateUpdate(
             state=base64.b64encode(encoded or encode_state(self.state)).decode(),
-            p2p_addresses=self.p2p_addresses, server_time=self.now(), sent_at=time.time())
+            p2p_addresses=changed, p2p_removed=removed, addresses_seq=self.addresses.version,
+            server_time=self.now(), sent_at=time.time())
         joined = update.model_copy(update={"joined": len(self._pending())})
         return update.to_frame(), joined.to_frame()
 
@@ -260,9 +291,11 @@ class CoordinatorServer:
             return
         self._last_broadcast = encoded
         self._last_joined = len(self._pending())
+        messages = self._state_messages(encoded)
         self._persist(encoded)
-        self._send_all(*self._state_messages(encoded))
+        self._send_all(*messages)
         self.stats.broadcasts += 1
+        self._notify_waiting(self.peers.values())
         for callback in self.on_change:
             callback(self.state)
 
@@ -274,7 +307,7 @@ class CoordinatorServer:
             return
         self._last_joined = joined
         if self.observers:
-            payload = self.state_message(observer=True)
+            payload = self._state_messages(commit=False)[1]
             for observer in list(self.observers):
                 if not observer.send(payload):
                     observer.writer.close()
@@ -286,7 +319,7 @@ class CoordinatorServer:
 
     def _persist(self, encoded: bytes | None = None) -> None:
         if self.store is not None:
-            self.store.save(encoded or encode_state(self.state), self.p2p_addresses)
+            self.store.save(encoded or encode_state(self.state), self.addresses.addresses)
 
     def _send_all(self, payload: bytes, observer_payload: bytes | None = None) -> None:
         """`payload` to every client; `observer_payload` (or `payload`) to the observers."""
@@ -294,6 +327,53 @@ class CoordinatorServer:
             if not peer.send(observer_payload if peer.observer and observer_payload else payload):
                 log.warning("client %r is not reading: disconnecting", peer.identity)
                 peer.writer.close()
+
+    def _answer_resync(self, peer: _Peer) -> None:
+        """The state with the whole address map again, to a connection that asked: once
+        per map version (asking again brings nothing new, so asking costs the server at
+        most one whole map per change)."""
+        if peer.resynced_version == self.addresses.version:
+            return
+        peer.resynced_version = self.addresses.version
+        peer.send(self.state_message(observer=peer.observer))
+
+    # ------------------------------------------------------------------ waiting clients
+    def _notify_waiting(self, peers: Iterable[_Peer]) -> None:
+        """Tell each of `peers` left out of the epoch why and what it waits for (and,
+        once it is in, that it takes part): one Notice each time that changes."""
+        state = self.state
+        run_state = state.run_state
+        if run_state is RunState.WaitingForMembers:
+            positions = {node: i for i, node in enumerate(self._pending())}
+            for peer in peers:
+                position = positions.get(peer.identity)
+                if position is not None and position >= MAX_CLIENTS:
+                    self._notice(peer, "epoch_full", f"the epoch is full ({MAX_CLIENTS} "
+                                 f"clients): waiting for the next one ({position} clients "
+                                 "joined before this one)")
+            return
+        if run_state not in (RunState.Warmup, RunState.RoundTrain, RunState.RoundWitness,
+                             RunState.Cooldown):
+            return  # paused, finished: the state says what the run waits for
+        listed = {client.id for client in state.epoch_state.clients}
+        full = len(listed) >= MAX_CLIENTS
+        for peer in peers:
+            if peer.identity in listed:
+                if peer.notice is not None and peer.notice != "taking_part":
+                    self._notice(peer, "taking_part", "taking part in the epoch")
+            elif full:
+                self._notice(peer, "epoch_full", f"the epoch is full ({MAX_CLIENTS} clients): "
+                             "waiting for the next one")
+            else:
+                self._notice(peer, "epoch_started", f"the epoch started before this client "
+                             f"joined ({run_state.name}, {len(listed)} clients): waiting "
+                             "for the next one")
+
+    def _notice(self, peer: _Peer, code: NoticeCode, text: str) -> None:
+        if peer.notice == code:
+            return
+        peer.notice = code
+        peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
 
     # ------------------------------------------------------------------ connections
     async def _handle_connection(self, reader: asyncio.StreamReader,
@@ -353,16 +433,18 @@ class CoordinatorServer:
             previous.writer.close()
         peer = _Peer(identity, message.p2p_address, writer)
         self.peers[identity] = peer
-        moved = self.p2p_addresses.get(identity.key.hex()) != message.p2p_address
-        self.p2p_addresses[identity.key.hex()] = message.p2p_address
+        moved = self.addresses.get(identity.key.hex()) != message.p2p_address
+        self.addresses.set(identity.key.hex(), message.p2p_address)
         writer.write(encode_frame(encode(Welcome(identity=identity.key))))
         peer.send(self.state_message())
         if moved and self.state.index_of(identity) is not None:
             # A listed client came back on a new address (a restarted process): its peers
             # must dial the new one now, not at the next state change.
+            messages = self._state_messages()
             self._persist()
-            self._send_all(*self._state_messages())
+            self._send_all(*messages)
         self._tell_observers_if_joined_changed()
+        self._notify_waiting([peer])
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
         return peer
 
@@ -386,6 +468,9 @@ class CoordinatorServer:
 
     def _apply(self, peer: _Peer, message: object) -> Rejected | None:
         sender, now = peer.identity, self.now()
+        if isinstance(message, ResyncAddresses):
+            self._answer_resync(peer)
+            return None
         if peer.observer:
             return Rejected(CoordinatorError.WrongRunState,
                             "an observer connection is read-only: join without observe to act")
@@ -437,5 +522,7 @@ class CoordinatorServer:
                 if index is not None and not self.state.run_state.halted:
                     self.coordinator.withdraw(index)
             self._publish_if_changed()
+            if self.state.run_state is RunState.WaitingForMembers:
+                self._notify_waiting(self.peers.values())  # those after it moved up
         peer.writer.close()
         log.info("client %r disconnected", peer.identity)

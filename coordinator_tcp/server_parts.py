@@ -52,6 +52,8 @@ class _Peer:
         self.p2p_address = address
         self.writer = writer
         self.observer = observer
+        self.notice: str | None = None  # the code of the last Notice it was sent
+        self.resynced_version: int | None = None  # the map version it last asked for whole
 
     def send(self, payload: bytes) -> bool:
         """Queue a frame without waiting; False if the peer is too far behind."""

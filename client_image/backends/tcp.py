@@ -3,8 +3,13 @@
 The connection is the shared `psyche_common.tcp.Connection`, kept up by
 `keep_connected` (capped, jittered backoff) when it drops (a restarted server, a network
 blip); each new connection re-joins with a fresh signed challenge. A refusal retrying
-cannot fix (wrong run id, bad signature) is raised as `BackendRejected` so the client
-exits with a clear message.
+cannot fix (wrong run id, bad signature, another protocol version) is raised as
+`BackendRejected` so the client exits with a clear message.
+
+The p2p addresses come as changes after a whole first map (`coordinator_tcp.addresses`);
+when one does not follow the last the backend asks for the whole map again and hands
+the client the best map it has meanwhile. A `Notice` (left out of a full or started
+epoch, waiting for the next) goes to the log.
 
 Nothing the client says is lost to a restart: a message sent while disconnected waits
 for the next connection (up to `reconnect_wait_s`), and the messages sent in the last
@@ -28,8 +33,16 @@ from client_image.backends.base import (
     StateCallback,
 )
 from coordinator import StateDecodeError, decode_state
+from coordinator_tcp.addresses import AddressMirror
 from coordinator_tcp.client import ProtocolConnection
-from coordinator_tcp.protocol import PERMANENT_JOIN_ERRORS, ErrorReply, StateUpdate
+from coordinator_tcp.protocol import (
+    PERMANENT_JOIN_ERRORS,
+    ErrorReply,
+    Notice,
+    ResyncAddresses,
+    StateUpdate,
+    VersionMismatch,
+)
 from psyche_common.identity import Identity
 from psyche_common.tcp.connection import (
     CONNECTION_ERRORS,
@@ -60,6 +73,8 @@ class TcpBackend:
         self._connection: Connection | None = None
         self._recent: deque[tuple[float, BaseModel]] = deque(maxlen=64)
         self._replay: list[BaseModel] = []
+        self.addresses = AddressMirror()
+        self.notice: Notice | None = None  # the last thing the coordinator said we wait for
         self.connected = asyncio.Event()
 
     async def run(self, on_state: StateCallback, on_error: ErrorCallback,
@@ -84,7 +99,11 @@ class TcpBackend:
             if refused.error in PERMANENT_JOIN_ERRORS:
                 raise BackendRejected(str(refused)) from None
             raise
+        except VersionMismatch as mismatch:
+            raise BackendRejected(f"the coordinator at {self.host}:{self.port} speaks another "
+                                  f"protocol: {mismatch}") from None
         self._connection = connection
+        self.addresses.reset()
         self.connected.set()
         replay, self._replay = self._replay, []
         for message in replay:
@@ -93,12 +112,23 @@ class TcpBackend:
             while True:
                 message = await connection.receive()
                 if isinstance(message, StateUpdate):
+                    if self.addresses.apply(message):
+                        log.warning("missed a change of the p2p addresses (map %s): asking "
+                                    "the coordinator for the whole map", message.addresses_seq)
+                        await connection.send(ResyncAddresses())
                     try:
                         state = decode_state(message.state_bytes)
                     except (StateDecodeError, ValueError) as exc:
                         log.error("undecodable coordinator state: %s", exc)
                         continue
-                    await on_state(ServerState(state, message.p2p_addresses, message.server_time))
+                    await on_state(ServerState(state, dict(self.addresses.addresses),
+                                               message.server_time))
+                elif isinstance(message, Notice):
+                    self.notice = message
+                    if message.code == "taking_part":
+                        log.info("coordinator: %s", message.text)
+                    else:
+                        log.warning("coordinator: %s", message.text)
                 elif isinstance(message, ErrorReply):
                     if message.fatal and message.error in PERMANENT_JOIN_ERRORS:
                         raise BackendRejected(f"{message.error}: {message.detail}")

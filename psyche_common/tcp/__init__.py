@@ -3,7 +3,7 @@
 
     framing      read_frame, write_frame, encode_frame, FrameError, *_MAX_FRAME
     messages     Message, Challenge, Join, Welcome, Heartbeat, ErrorReply, ProtocolError,
-                 encode, validate_frame, signed_join, join_signing_bytes
+                 VersionMismatch, encode, validate_frame, signed_join, join_signing_bytes
     connection   Connection.connect(...), JoinRefused, Backoff, keep_connected,
                  parse_host_port, CONNECTION_ERRORS
     handshake    accept_join, send_fatal, JoinRejected (servers)

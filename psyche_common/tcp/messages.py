@@ -32,7 +32,9 @@ from pydantic import (
 
 from psyche_common.identity import Identity
 
-PROTOCOL_VERSION = 1
+# 2: the coordinator's StateUpdate carries the p2p address map as numbered changes after
+# a whole first map (coordinator_tcp.addresses); 1 sent the whole map in every state.
+PROTOCOL_VERSION = 2
 JOIN_DOMAIN = b"psyche-tcp-join/1"
 
 
@@ -63,7 +65,7 @@ class Message(BaseModel):
     """Every frame is one JSON object with `type` and `version`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    version: Literal[1] = 1  # PROTOCOL_VERSION
+    version: Literal[2] = 2  # PROTOCOL_VERSION
 
 
 # ------------------------------------------------------------------ server -> client
@@ -115,6 +117,16 @@ class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol version."""
 
 
+class VersionMismatch(ProtocolError):
+    """The peer speaks another protocol version: retrying will not change that."""
+
+    def __init__(self, theirs: object):
+        super().__init__(f"unsupported protocol version {theirs!r}: this side speaks "
+                         f"{PROTOCOL_VERSION} (run a client and coordinator of the same "
+                         "release)")
+        self.theirs = theirs
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors()[:5]:
@@ -142,8 +154,7 @@ def parse_envelope(frame: bytes, kind: str) -> dict[str, Any]:
             f"invalid {kind} message: expected a JSON object, got {type(data).__name__}")
     version = data.get("version", PROTOCOL_VERSION)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"unsupported protocol version {version!r}: this side speaks {PROTOCOL_VERSION}")
+        raise VersionMismatch(version)
     if not isinstance(data.get("type"), str):
         raise ProtocolError(f"invalid {kind} message: no `type` field")
     return data

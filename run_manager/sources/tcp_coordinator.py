@@ -23,7 +23,12 @@ import time
 
 from coordinator import StateDecodeError, decode_state
 from coordinator_tcp.client import ProtocolConnection
-from coordinator_tcp.protocol import PERMANENT_JOIN_ERRORS, ErrorReply, StateUpdate
+from coordinator_tcp.protocol import (
+    PERMANENT_JOIN_ERRORS,
+    ErrorReply,
+    StateUpdate,
+    VersionMismatch,
+)
 from psyche_common.identity import Identity
 from psyche_common.run_view import ObservedState, RunSnapshot, build_snapshot
 from psyche_common.tcp.connection import Backoff, JoinRefused, keep_connected, parse_host_port
@@ -128,6 +133,9 @@ class TcpCoordinatorSource:
                 if error.error in PERMANENT_JOIN_ERRORS:
                     self._refused = (f"the coordinator at {self.address} refused to show run "
                                      f"{self.run_id!r}: {error}")
+            elif isinstance(error, VersionMismatch):
+                self.last_problem = f"the coordinator at {self.address} speaks another protocol: {error}"
+                self._refused = self.last_problem
             else:
                 self.last_problem = f"{type(error).__name__}: {error}".rstrip(": ")
 

@@ -82,9 +82,9 @@ async def test_the_run_goes_on_through_garbage_mutations_and_a_slow_sender(
     server, clock = clocked
     honest = await join(server, identity(1))
     await next_state(honest)
-    garbage = [b"\xff" * 40, b"[1,2,3]", b'{"type":"join","version":1}',
-               b'{"type":"witness","version":1,"witness":{"position":-1}}',
-               b"{" * 5000, json.dumps({"type": "join", "version": 1, "run_id": "x" * 99}).encode()]
+    garbage = [b"\xff" * 40, b"[1,2,3]", b'{"type":"join","version":2}',
+               b'{"type":"witness","version":2,"witness":{"position":-1}}',
+               b"{" * 5000, json.dumps({"type": "join", "version": 2, "run_id": "x" * 99}).encode()]
     # Before the join: each is refused as a handshake failure.
     for frame in garbage:
         reply = decode_server_message(await hostile(server, [frame], join_first=False))
