@@ -150,6 +150,7 @@ def rank_main(rank: int, dims: ParallelDims, port: int, model_dir: str, steps: i
         torch.save(asdict(trace), out)
     import torch.distributed as dist
 
+    dist.barrier()  # nobody tears down while a peer is still in a collective
     dist.destroy_process_group()
 
 
@@ -209,6 +210,11 @@ def main() -> None:
         print(json.dumps(check_layout(dims, args.model, args.steps)))
     else:
         rank_main(args.rank, dims, args.port, args.model, args.steps, args.reference, args.out)
+        # Done and saved: leave without the interpreter's teardown, where gloo's threads
+        # still running can abort the process (exit -6, seen under load in CI).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

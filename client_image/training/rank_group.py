@@ -340,6 +340,11 @@ def main() -> None:
         sys.exit(1)
     finally:
         stop_watching()
+    # Stopped cleanly: leave without the interpreter's teardown, where the process
+    # group's threads still running can abort the process (exit -6).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
