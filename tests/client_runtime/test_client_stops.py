@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 from loopback import free_port
+from processes import cmdline, session_members
 from tcp_helpers import RUN_ID, TESTNET
 
 from coordinator import ClientState, CoordinatorState, RunState, decode_state
@@ -57,27 +58,6 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes of session `sid`, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] not in (b"Z", b"X"):
-            found.append(int(entry.name))
-    return found
-
-
-def cmdline(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    return ""
 
 
 def assert_ports_free(tcp_port: int, udp_port: int) -> None:

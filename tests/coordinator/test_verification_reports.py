@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import struct
 
 import pytest
 from coordinator_sim import state_file
+from verification_round import key, report
+from verification_round import running as running_round
 
 from coordinator import (
     ClientState,
     Coordinator,
     CoordinatorError,
-    NodeIdentity,
-    RunState,
     decode_state,
     encode_state,
 )
@@ -25,10 +24,6 @@ from coordinator.verification import (
     follow_plan,
     plan_for_epoch,
 )
-
-
-def key(i: int) -> NodeIdentity:
-    return NodeIdentity(hashlib.sha256(b"member" + i.to_bytes(2, "little")).digest())
 
 
 @pytest.mark.parametrize("m", [2, 3, 4, 7, 16, 100])
@@ -72,21 +67,8 @@ def test_members_include_exited_clients_and_ignore_order() -> None:
 
 # ------------------------------------------------------------------ reports on a running coordinator
 def running(clients: int = 4, percent: int = 50) -> Coordinator:
-    coordinator = Coordinator.from_state_file(state_file(
-        verification_percent=percent, min_clients=3, init_min_clients=clients, witness_nodes=0))
-    nodes = [key(i) for i in range(clients)]
-    for now in range(1_000, 1_000 + 100_000, 50):
-        coordinator.tick(nodes, now, 99)
-        if coordinator.state.run_state is RunState.RoundTrain:
-            break
-    assert coordinator.state.run_state is RunState.RoundTrain
-    coordinator.state.progress.step += 3  # three steps trained in this epoch
-    return coordinator
-
-
-def report(reporter: NodeIdentity, accused: NodeIdentity, step: int) -> VerificationReport:
-    return VerificationReport(reporter, accused, step, b"\x01" * 32, b"\x02" * 32,
-                              310_000, 480_000, 1_200_000)
+    return running_round(state_file(verification_percent=percent, min_clients=3,
+                                    init_min_clients=clients, witness_nodes=0), clients)
 
 
 def test_two_followers_reports_eject_the_trainer_and_one_does_not() -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from loopback import free_port
+from processes import session_members
 from tcp_helpers import RUN_ID, TESTNET, identity, next_state
 
 from coordinator_tcp.client import ProtocolConnection
@@ -49,21 +50,6 @@ def run_args(tmp_path: Path, server_port: int, data_port: int, *extra: str) -> l
     return [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state),
             "--data-config", str(data), "--server-port", str(server_port),
             "--bind-host", "127.0.0.1", "--save-state-dir", str(tmp_path / "saved"), *extra]
-
-
-def session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes of session `sid`, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] not in (b"Z", b"X"):
-            found.append(int(entry.name))
-    return found
 
 
 def assert_port_free(port: int) -> None:

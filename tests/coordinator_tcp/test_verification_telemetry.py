@@ -4,14 +4,13 @@ and the run snapshot both TUIs show (a running round, reports via
 
 from __future__ import annotations
 
-import hashlib
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from tcp_helpers import make_state_file
+from verification_round import report
+from verification_round import running as running_round
 
-from coordinator import ClientState, Coordinator, NodeIdentity, RunState
-from coordinator.state import VerificationReport
+from coordinator import ClientState, Coordinator
 from coordinator.verification import plan_for_epoch
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
 from coordinator_tcp.telemetry import CoordinatorTelemetry, ejected_clients
@@ -20,26 +19,9 @@ from psyche_common.run_view import ObservedState, build_snapshot
 from psyche_common.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
 
 
-def key(i: int) -> NodeIdentity:
-    return NodeIdentity(hashlib.sha256(b"member" + i.to_bytes(2, "little")).digest())
-
-
 def running(clients: int = 4, percent: int = 50) -> Coordinator:
-    coordinator = Coordinator.from_state_file(make_state_file(
-        verification_percent=percent, min_clients=3, init_min_clients=clients, witness_nodes=0))
-    nodes = [key(i) for i in range(clients)]
-    for now in range(1_000, 1_000 + 100_000, 50):
-        coordinator.tick(nodes, now, 99)
-        if coordinator.state.run_state is RunState.RoundTrain:
-            break
-    assert coordinator.state.run_state is RunState.RoundTrain
-    coordinator.state.progress.step += 3  # three steps trained in this epoch
-    return coordinator
-
-
-def report(reporter: NodeIdentity, accused: NodeIdentity, step: int) -> VerificationReport:
-    return VerificationReport(reporter, accused, step, b"\x01" * 32, b"\x02" * 32,
-                              310_000, 480_000, 1_200_000)
+    return running_round(make_state_file(verification_percent=percent, min_clients=3,
+                                         init_min_clients=clients, witness_nodes=0), clients)
 
 
 def gauges(telemetry: Telemetry) -> dict[str, float]:

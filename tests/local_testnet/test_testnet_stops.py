@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from loopback import free_port
+from processes import cmdline
 from tcp_helpers import ROOT, TESTNET
 
 START_WITHIN_S = 120.0  # a coordinator and torch-importing clients on a busy 2-core machine
@@ -45,13 +46,6 @@ def live_processes() -> dict[int, list[bytes]]:
                 and fields[0] not in (b"Z", b"X"):
             found[int(entry.name)] = fields
     return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 class Started:

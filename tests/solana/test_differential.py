@@ -86,10 +86,11 @@ def _random_bloom(rng: random.Random, items: list[bytes]) -> Bloom:
 
 
 class Harness:
-    def __init__(self, state_file, rng: random.Random):
+    def __init__(self, state_file, rng: random.Random, clients: list[Keypair] = CLIENTS):
+        self.clients = clients
         self.run = SvmRun.create(state_file, ProgramSvm())
         self.run.authorize_permissionless()
-        for client in CLIENTS:
+        for client in clients:
             self.run.svm.airdrop(client.pubkey(), 10**9)
         self.python = Coordinator(copy.deepcopy(self.run.account().state))
         self.registry: list[tuple[bytes, int]] = []
@@ -125,7 +126,7 @@ class Harness:
         return chain_error
 
     def _client(self, i: int) -> tuple[Keypair, NodeIdentity]:
-        return CLIENTS[i], NodeIdentity(bytes(CLIENTS[i].pubkey()))
+        return self.clients[i], NodeIdentity(bytes(self.clients[i].pubkey()))
 
     def _witness(self, i: int, honest: bool, warmup: bool) -> tuple[Witness, NodeIdentity]:
         _, node = self._client(i)
@@ -155,7 +156,7 @@ class Harness:
                 self.next_active += 1
             return result
         if kind == "join":
-            key = bytes(CLIENTS[event[1]].pubkey())
+            key = bytes(self.clients[event[1]].pubkey())
             for n, (k, _) in enumerate(self.registry):
                 if k == key:
                     self.registry[n] = (k, self.next_active)
@@ -208,15 +209,15 @@ class Harness:
         if kind == "tick":
             run.tick()
         elif kind == "join":
-            run.join(CLIENTS[event[1]])
+            run.join(self.clients[event[1]])
         elif kind == "warmup_witness":
-            run.warmup_witness(CLIENTS[event[1]], self._pending_witness[0])
+            run.warmup_witness(self.clients[event[1]], self._pending_witness[0])
         elif kind == "witness":
-            run.witness(CLIENTS[event[1]], self._pending_witness[0])
+            run.witness(self.clients[event[1]], self._pending_witness[0])
         elif kind == "health_check":
-            run.health_check(CLIENTS[event[1]], self._client(event[2])[1], self._pending_check)
+            run.health_check(self.clients[event[1]], self._client(event[2])[1], self._pending_check)
         elif kind == "checkpoint":
-            run.checkpoint(CLIENTS[event[1]], self._pending_index, self._pending_repo)
+            run.checkpoint(self.clients[event[1]], self._pending_index, self._pending_repo)
         elif kind == "pause":
             run.set_paused(True)
         elif kind == "resume":

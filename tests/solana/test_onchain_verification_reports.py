@@ -35,40 +35,18 @@ class ReportHarness(Harness):
     def __init__(self, clients: list[Keypair], percent: int, min_clients: int = 2):
         state_file = _state_file(2, min_clients, 1, 10, total_steps=40)
         config = state_file.config.model_copy(update={"verification_percent": percent})
-        super().__init__(state_file.model_copy(update={"config": config}), random.Random(5))
-        self.clients = clients
-        for client in clients:
-            self.svm.airdrop(client.pubkey(), 10**9)
-
-    def _client(self, i: int) -> tuple[Keypair, NodeIdentity]:
-        return self.clients[i], NodeIdentity(bytes(self.clients[i].pubkey()))
+        super().__init__(state_file.model_copy(update={"config": config}), random.Random(5),
+                         clients)
 
     def _python(self, event: tuple, now: int, seed: int) -> Any:
-        kind = event[0]
-        if kind == "report":
+        if event[0] == "report":
             _, node = self._client(event[1])
             return self.python.verification_report(node, event[2])
-        if kind == "join":
-            key = bytes(self.clients[event[1]].pubkey())
-            for n, (k, _) in enumerate(self.registry):
-                if k == key:
-                    self.registry[n] = (k, self.next_active)
-                    break
-            else:
-                self.registry.append((key, self.next_active))
-            return None
         return super()._python(event, now, seed)
 
     def _chain(self, event: tuple) -> None:
-        kind, run = event[0], self.run
-        if kind == "report":
-            run.verification_report(self.clients[event[1]], event[2])
-        elif kind == "join":
-            run.join(self.clients[event[1]])
-        elif kind == "warmup_witness":
-            run.warmup_witness(self.clients[event[1]], self._pending_witness[0])
-        elif kind == "witness":
-            run.witness(self.clients[event[1]], self._pending_witness[0])
+        if event[0] == "report":
+            self.run.verification_report(self.clients[event[1]], event[2])
         else:
             super()._chain(event)
 
