@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from client_image.training.defaults import DISTRO_PSYCHE  # noqa: E402
 from client_image.training.simulate import (  # noqa: E402
     DEFAULT_ADAMW_LR,
     DEFAULT_DISTRO_LR,
@@ -96,9 +97,10 @@ def main() -> None:
     parser.add_argument("--total-batch", type=int, default=16)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--topk", type=int, default=8)
-    parser.add_argument("--chunk", type=int, default=64)
-    parser.add_argument("--compression-decay", type=float, default=0.95)
+    parser.add_argument("--topk", type=int, default=DISTRO_PSYCHE.compression_topk)
+    parser.add_argument("--chunk", type=int, default=DISTRO_PSYCHE.compression_chunk)
+    parser.add_argument("--compression-decay", type=float,
+                        default=DISTRO_PSYCHE.compression_decay)
     parser.add_argument("--no-quantize", action="store_true", help="send bf16 values, not signs")
     parser.add_argument("--distro-lr", type=float, default=DEFAULT_DISTRO_LR)
     parser.add_argument("--adamw-lr", type=float, default=DEFAULT_ADAMW_LR)

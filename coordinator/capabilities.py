@@ -29,15 +29,19 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
 - data_type: nothing in the client reads it; every run trains as Pretraining.
 - architecture: the client loads any transformers causal LM (AutoModelForCausalLM) and
   tensor parallelism is Llama-only; only Llama models are exercised by the tests here.
-- optimizer: client_image/runtime/worker.py `_make_trainer` refuses AdamW (it shares
-  nothing with peers, so a networked run cannot use it).
+- optimizer: client_image/runtime/worker.py `_make_trainer` builds Distro and SparseLoCo
+  trainers and refuses AdamW (it shares nothing with peers, so a networked run cannot use
+  it); SparseLoCo runs with verification off only (followers replay DisTrO trainers) and
+  on a model that is not split across ranks.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from coordinator.config import HttpDataLocation, StateFile
+import math
+
+from coordinator.config import HttpDataLocation, SparseLoCoOptimizer, StateFile
 from coordinator.config_variants import Variant
 
 SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http", "Dummy", "Preprocessed", "WeightedHttp")
@@ -45,7 +49,7 @@ SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles")
 SUPPORTED_CHECKPOINTS = ("Hub", "P2P")
 SUPPORTED_DATA_TYPES = ("Pretraining",)
 SUPPORTED_ARCHITECTURES = ("HfLlama",)
-SUPPORTED_OPTIMIZERS = ("Distro",)
+SUPPORTED_OPTIMIZERS = ("Distro", "SparseLoCo")
 
 _UNTESTED_ARCHITECTURE = ("the client would load it with transformers' AutoModelForCausalLM, "
                           "but only Llama models are tested with this implementation and its "
@@ -108,11 +112,49 @@ def unsupported_fields(state_file: StateFile, prefix: str = "model.LLM.") -> lis
         checks.append(("data_location.Http.location", _tag(llm.data_location.location),
                        SUPPORTED_HTTP_LOCATIONS))
     problems = [_problem(key, value, supported, prefix) for key, value, supported in checks]
+    if _tag(llm.optimizer) == "SparseLoCo" and state_file.config.verification_percent:
+        problems.append(
+            f"config.verification_percent: {state_file.config.verification_percent} is not "
+            "supported by this client with the SparseLoCo optimizer (supported: 0): "
+            "verifiers replay DisTrO trainers only")
     return [problem for problem in problems if problem is not None]
 
 
+def explanations(state_file: StateFile) -> list[str]:
+    """What the run's less familiar settings mean, one line each (validate-config prints
+    them after OK): today SparseLoCo's fields, with the numbers they give."""
+    optimizer = state_file.model.optimizer
+    if not isinstance(optimizer, SparseLoCoOptimizer):
+        return []
+    o, cfg = optimizer, state_file.config
+    block = o.chunk * o.chunk
+    k = max(1, min(block, math.ceil(o.topk_density * block - 1e-9)))
+    per_client = cfg.global_batch_size_start // max(1, cfg.init_min_clients)
+    return [
+        f"optimizer SparseLoCo: each round a client runs inner_steps = {o.inner_steps} AdamW "
+        f"steps on its share of the round's {cfg.global_batch_size_start} sequences "
+        f"(about {per_client} with {cfg.init_min_clients} clients, "
+        f"{max(1, per_client // o.inner_steps)} per step)",
+        f"  inner_lr = {o.inner_lr}: the peak inner rate; lr_schedule gives its shape over "
+        f"inner steps (round s, inner step j is step s * {o.inner_steps} + j)",
+        f"  topk_density = {o.topk_density}, chunk = {o.chunk}: {k} values sent of every "
+        f"{o.chunk} x {o.chunk} block of the error-fed pseudo-gradient",
+        f"  quant_bits = {o.quant_bits}: each value is a sign and one of "
+        f"{1 << (o.quant_bits - 1)} magnitudes of its block's scale",
+        f"  error_decay = {o.error_decay}: what was not sent decays by this each round "
+        "(it stands in for the outer momentum)",
+        f"  outer_lr = {o.outer_lr}: the step taken along the peers' mean update",
+    ]
+
+
 __all__ = [
-    "REASONS", "SUPPORTED_ARCHITECTURES", "SUPPORTED_CHECKPOINTS", "SUPPORTED_DATA_LOCATIONS",
-    "SUPPORTED_DATA_TYPES", "SUPPORTED_HTTP_LOCATIONS", "SUPPORTED_OPTIMIZERS",
+    "REASONS",
+    "SUPPORTED_ARCHITECTURES",
+    "SUPPORTED_CHECKPOINTS",
+    "SUPPORTED_DATA_LOCATIONS",
+    "SUPPORTED_DATA_TYPES",
+    "SUPPORTED_HTTP_LOCATIONS",
+    "SUPPORTED_OPTIMIZERS",
+    "explanations",
     "unsupported_fields",
 ]

@@ -55,6 +55,7 @@ from coordinator.config_variants import (
     OptimizerConfig,
     P2PCheckpoint,
     P2PGcsCheckpoint,
+    SparseLoCoOptimizer,
     StrictStr,
     WarmupStableDecayLR,
 )
@@ -279,6 +280,16 @@ def llm_config_errors(llm: LLMConfig, cfg: CoordinatorConfig | None,
             errors.append(
                 f"{prefix}cold_start_warmup_steps: must be <= ({c}epoch_time - {c}warmup_time) "
                 f"// {c}max_round_train_time ({limit}), got {llm.cold_start_warmup_steps}")
+    if cfg is not None and isinstance(llm.optimizer, SparseLoCoOptimizer):
+        # A round's batch is cut into inner_steps parts on every client: the clients a run
+        # starts with each need a sample per inner step.
+        needed = llm.optimizer.inner_steps * cfg.init_min_clients
+        errors.extend(
+            f"{config_prefix}{key}: must be >= {prefix}optimizer.SparseLoCo.inner_steps"
+            f" x {config_prefix}init_min_clients ({needed}) so that every client has "
+            f"a sample for each inner step, got {getattr(cfg, key)}"
+            for key in ("global_batch_size_start", "global_batch_size_end")
+            if getattr(cfg, key) < needed)
     return errors
 
 
@@ -392,7 +403,7 @@ __all__ = [
     "HubCheckpoint", "LLMConfig", "LRSchedule", "LinearLR", "LocalDataLocation",
     "NumberedFiles", "OptimizerConfig", "P2PCheckpoint", "P2PGcsCheckpoint",
     "PreprocessedDataLocation", "Progress", "SeededShuffle", "ServerDataLocation", "Shuffle",
-    "SingleUrl", "StateFile", "TokenSize", "UrlList", "WarmupStableDecayLR",
+    "SingleUrl", "SparseLoCoOptimizer", "StateFile", "TokenSize", "UrlList", "WarmupStableDecayLR",
     "WeightedHttpDataLocation", "coordinator_config_errors", "llm_config_errors",
     "load_data_config", "load_state_file", "parse_data_config", "parse_state_toml",
     "state_file_from_dict", "validation_messages",

@@ -225,9 +225,32 @@ class AdamWOptimizer(Variant):
     clip_grad_norm: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
 
 
-OptimizerConfig = DistroOptimizer | AdamWOptimizer
+class SparseLoCoOptimizer(Variant):
+    """SparseLoCo (arXiv 2508.15706): each round a client runs `inner_steps` AdamW steps
+    on its data, then sends its error-fed pseudo-gradient as a chunked top-k
+    (`topk_density` of every `chunk` x `chunk` block) at `quant_bits` bits per value;
+    peers average the sparse updates and take the outer step `outer_lr`. The run's
+    lr_schedule gives the inner learning rate's shape over inner steps (inner step j of
+    round s is step s * inner_steps + j), scaled so its base_lr is `inner_lr`. Not a
+    Psyche optimizer: an extension of this implementation."""
+
+    TAG: ClassVar[str] = "SparseLoCo"
+    inner_steps: Annotated[int, Strict(), Field(ge=1, le=1024)]
+    inner_lr: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+    inner_betas: tuple[Annotated[float, Field(ge=0, lt=1)],
+                       Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)
+    inner_weight_decay: NonNegFloat = 0.0
+    clip_grad_norm: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
+    topk_density: Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
+    chunk: Annotated[int, Strict(), Field(gt=0, le=2**16 - 1)]
+    quant_bits: Annotated[int, Strict(), Field(ge=2, le=8)]
+    error_decay: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
+    outer_lr: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+
+
+OptimizerConfig = DistroOptimizer | AdamWOptimizer | SparseLoCoOptimizer
 OPTIMIZER = ExternallyTagged(
-    DistroOptimizer, AdamWOptimizer,
+    DistroOptimizer, AdamWOptimizer, SparseLoCoOptimizer,
     rejected={"Dummy": "the Dummy optimizer trains nothing; use Distro or AdamW"},
 )
 

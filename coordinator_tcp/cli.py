@@ -28,7 +28,7 @@ from typing import Annotated
 
 import typer
 
-from coordinator.capabilities import unsupported_fields
+from coordinator.capabilities import explanations, unsupported_fields
 from coordinator.config import ConfigError, load_data_config, load_state_file
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
@@ -44,12 +44,14 @@ def validate_config(
 ) -> None:
     """Check a run configuration; print OK or every error."""
     errors: list[str] = []
+    notes: list[str] = []
     try:
         state_file = load_state_file(state)
     except ConfigError as exc:
         errors += exc.errors
     else:  # valid: can this implementation's client run it? (coordinator/capabilities.py)
         errors += [f"{state}: {line}" for line in unsupported_fields(state_file)]
+        notes = explanations(state_file)
     if data_config is not None:
         from coordinator_tcp.data_server import data_problems
 
@@ -62,6 +64,8 @@ def validate_config(
             typer.echo(line, err=True)
         raise typer.Exit(code=1)
     typer.echo("OK")
+    for line in notes:
+        typer.echo(line)
 
 
 def _parse_bool(value: str) -> bool:

@@ -36,6 +36,7 @@ from client_image.training.precision import (
     resolve_compute_dtype,
 )
 from client_image.training.rank_group import BuildSpec, RankFailed, RankGroup, RankSetup
+from client_image.training.sparseloco_trainer import SparseLoCoTrainer
 from client_image.verification.adversary import Adversary
 from client_image.verification.checks import (
     Fingerprint,
@@ -44,7 +45,7 @@ from client_image.verification.checks import (
     screen,
 )
 from client_image.verification.followers import Checked, Followers
-from coordinator.config import DistroOptimizer, LLMConfig
+from coordinator.config import DistroOptimizer, LLMConfig, SparseLoCoOptimizer
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -106,7 +107,7 @@ class TrainingWorker:
         self.activation_checkpointing = activation_checkpointing
         configure_backends(device)
         self.model: torch.nn.Module | None = None
-        self.trainer: DistroTrainer | None = None
+        self.trainer: DistroTrainer | SparseLoCoTrainer | None = None
         self.followers: Followers | None = None  # shadows of followed trainers, this epoch
         self._fingerprints = FingerprintCache()  # what the checks need of each download
         self.model_dir: Path | None = None  # where config/tokenizer files live
@@ -144,8 +145,19 @@ class TrainingWorker:
     # ------------------------------------------------------------------ loading
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
         self.followers = None  # they shadowed the previous model
+        if isinstance(llm.optimizer, SparseLoCoOptimizer):
+            if self.rank_setup is not None:
+                raise WorkerError("the SparseLoCo optimizer does not run on a model split "
+                                  "across ranks yet; run one rank per client")
+            self.model = model
+            self.trainer = SparseLoCoTrainer(
+                model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
+                cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
+                compute=self.compute)
+            return
         if not isinstance(llm.optimizer, DistroOptimizer):
-            raise WorkerError("a networked run needs the Distro optimizer (AdamW shares nothing)")
+            raise WorkerError("a networked run needs the Distro or SparseLoCo optimizer "
+                              "(AdamW shares nothing)")
         if self.rank_setup is not None:
             self._build_on_ranks(model, llm.optimizer, llm, start_step)
             return
@@ -299,7 +311,7 @@ class TrainingWorker:
         if self.ranks is not None:
             return await self._run(self.ranks.run, "train", step, batch, batch_id, cold_start)
         adversary = self.adversary
-        if adversary is None:
+        if adversary is None or not isinstance(trainer, DistroTrainer):
             return await self._run(trainer.train, step, batch, batch_id=batch_id,
                                    cold_start=cold_start)
 
@@ -392,8 +404,9 @@ class TrainingWorker:
         """Shadow `trainers` this epoch (verification/followers.py); False when this client
         cannot replay: a model split over ranks is not supported yet."""
         trainer = self.trainer
-        if self.ranks is not None or trainer is None or self.model is None:
-            self.followers = None
+        if (self.ranks is not None or not isinstance(trainer, DistroTrainer)
+                or self.model is None):
+            self.followers = None  # SparseLoCo runs have verification off (capabilities.py)
             return not trainers
         followers = Followers(self.model, trainer.config, trainer.lr_schedule,
                               micro_batch_size=trainer.micro_batch_size,

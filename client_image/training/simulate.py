@@ -5,6 +5,9 @@ step's batch, publishes a payload in the wire format; every peer decodes all pay
 step s-2 and applies them before training step s, exactly as the network would deliver
 them. After the last step two apply-only rounds flush the pipeline (as at an epoch's end).
 AdamW: one model on the whole batch (the dense all-reduce baseline).
+SparseLoCo: as DisTrO, one round per `inner_steps` steps: a round's batch is those steps'
+samples, so every optimizer sees the same samples for the same `steps` (rounds =
+steps / inner_steps; the schedule counts inner steps, so it is AdamW's).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from typing import Literal
 
 import torch
 
+from client_image.training.defaults import ADAMW_LR, DISTRO_LR, DISTRO_PSYCHE, SPARSELOCO
 from client_image.training.model import load_causal_lm
 from client_image.training.precision import ComputeDType
+from client_image.training.sparseloco_trainer import SparseLoCoTrainer
 from client_image.training.trainer import AdamWTrainer, DistroTrainer, Timings
 from coordinator.config import (
     AdamWOptimizer,
@@ -27,6 +32,7 @@ from coordinator.config import (
     DistroOptimizer,
     LRSchedule,
     SeededShuffle,
+    SparseLoCoOptimizer,
 )
 from psyche_common.token_files.local import LocalDataProvider
 
@@ -39,26 +45,35 @@ class SimulationConfig:
     total_batch: int = 16
     micro_batch: int = 4
     peers: int = 4
-    optimizer: Literal["distro", "adamw"] = "distro"
+    optimizer: Literal["distro", "adamw", "sparseloco"] = "distro"
     seq_len: int = 128
     seed: int = 0
     device: str = "cpu"
     dtype: Literal["bf16", "fp32"] = "fp32"  # the weights'
     compute: ComputeDType = "fp32"  # forward/backward (precision.py)
     buffer_dtype: Literal["bf16", "fp32"] = "fp32"  # DisTrO's delta
-    distro: DistroOptimizer = field(
-        default_factory=lambda: DistroOptimizer(
-            # decay 0.95: tuned on the tiny model (0.999, 0.99, 0.95, 0.9 tried; see bench/distro.py)
-            compression_decay=0.95, compression_topk=8, compression_chunk=64,
-            quantize_1bit=True, clip_grad_norm=1.0, weight_decay=None,
-        )
-    )
+    distro: DistroOptimizer = field(default_factory=lambda: DISTRO_PSYCHE)
     adamw: AdamWOptimizer = field(
         default_factory=lambda: AdamWOptimizer(
             betas=(0.9, 0.95), weight_decay=0.0, eps=1e-8, clip_grad_norm=1.0
         )
     )
+    sparseloco: SparseLoCoOptimizer = field(default_factory=lambda: SPARSELOCO)
     lr_schedule: LRSchedule | None = None  # default: cosine from default_lr
+
+    @property
+    def rounds(self) -> int:
+        """Optimizer rounds: steps, or steps / inner_steps for SparseLoCo."""
+        if self.optimizer == "sparseloco":
+            return self.steps // self.sparseloco.inner_steps
+        return self.steps
+
+    @property
+    def round_batch(self) -> int:
+        """Samples of one round over all peers."""
+        if self.optimizer == "sparseloco":
+            return self.total_batch * self.sparseloco.inner_steps
+        return self.total_batch
 
 
 def default_schedule(optimizer: str, steps: int, base_lr: float | None = None) -> LRSchedule:
@@ -72,8 +87,8 @@ def default_schedule(optimizer: str, steps: int, base_lr: float | None = None) -
     )
 
 
-DEFAULT_DISTRO_LR = 2e-3
-DEFAULT_ADAMW_LR = 2e-3
+DEFAULT_DISTRO_LR = DISTRO_LR
+DEFAULT_ADAMW_LR = ADAMW_LR
 
 
 @dataclass
@@ -102,25 +117,31 @@ class Simulation:
         torch.manual_seed(config.seed)
         seed_bytes = config.seed.to_bytes(32, "little")
         self.data = LocalDataProvider(config.data, config.seq_len, shuffle=SeededShuffle(seed=seed_bytes))
-        needed = config.steps * config.total_batch
+        needed = config.rounds * config.round_batch
         if needed > self.data.num_sequences:
             raise ValueError(
-                f"{config.steps} steps x {config.total_batch} samples need {needed} sequences, "
+                f"{config.rounds} rounds x {config.round_batch} samples need {needed} sequences, "
                 f"the data set has {self.data.num_sequences}"
             )
         schedule = config.lr_schedule or default_schedule(config.optimizer, config.steps)
-        n_models = config.peers if config.optimizer == "distro" else 1
+        n_models = config.peers if config.optimizer != "adamw" else 1
         models = [
             load_causal_lm(config.model, dtype=config.dtype, device=config.device)
             for _ in range(n_models)
         ]
         self.params = sum(p.numel() for p in models[0].parameters() if p.requires_grad)
         buffer_dtype = torch.bfloat16 if config.buffer_dtype == "bf16" else torch.float32
-        self.distro = [
-            DistroTrainer(m, config.distro, schedule, micro_batch_size=config.micro_batch,
-                          compute=config.compute, buffer_dtype=buffer_dtype)
-            for m in models
-        ] if config.optimizer == "distro" else []
+        self.distro: list[DistroTrainer | SparseLoCoTrainer] = []
+        if config.optimizer == "distro":
+            self.distro = [
+                DistroTrainer(m, config.distro, schedule, micro_batch_size=config.micro_batch,
+                              compute=config.compute, buffer_dtype=buffer_dtype)
+                for m in models]
+        elif config.optimizer == "sparseloco":
+            self.distro = [
+                SparseLoCoTrainer(m, config.sparseloco, schedule,
+                                  micro_batch_size=config.micro_batch, compute=config.compute)
+                for m in models]
         self.adamw = (
             AdamWTrainer(models[0], config.adamw, schedule, micro_batch_size=config.micro_batch,
                          compute=config.compute)
@@ -131,7 +152,7 @@ class Simulation:
 
     @property
     def timings(self) -> Timings:
-        trainers: list[DistroTrainer | AdamWTrainer] = list(self.distro)
+        trainers: list[DistroTrainer | SparseLoCoTrainer | AdamWTrainer] = list(self.distro)
         if self.adamw is not None:
             trainers.append(self.adamw)
         total = Timings()
@@ -141,15 +162,15 @@ class Simulation:
         return total
 
     def run(self) -> Iterator[StepReport]:
-        for step in range(self.config.steps):
+        for step in range(self.config.rounds):
             yield self.step(step)
         if self.distro:  # flush: the last two steps' results are applied without training
-            for step in range(self.config.steps, self.config.steps + 2):
+            for step in range(self.config.rounds, self.config.rounds + 2):
                 self._apply(step)
 
     def step(self, step: int) -> StepReport:
         cfg = self.config
-        ranges = peer_batch_ids(step, cfg.total_batch, cfg.peers)
+        ranges = peer_batch_ids(step, cfg.round_batch, cfg.peers)
         dense = self.params * 4
         if self.adamw is not None:
             batch = self.data.get_samples(step * cfg.total_batch, (step + 1) * cfg.total_batch - 1)

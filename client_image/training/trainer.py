@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -102,6 +102,12 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
+LossFn = Callable[[torch.nn.Module, torch.Tensor, int, ComputeDType], float]
+"""(model, batch, micro_batch_size, compute) -> mean loss, with its gradients accumulated
+into the parameters: what a trainer calls to train on a batch (causal_lm_loss by default;
+any other objective trains the same way)."""
+
+
 def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int,
                    compute: ComputeDType = "fp32", weight: float = 1.0) -> float:
     """Forward/backward over micro-batches; the fp32 gradients accumulate the mean loss
@@ -137,6 +143,7 @@ class DistroTrainer:
         start_step: int = 0,
         compute: ComputeDType = "fp32",
         buffer_dtype: torch.dtype = torch.float32,
+        loss_fn: LossFn = causal_lm_loss,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -145,6 +152,7 @@ class DistroTrainer:
         self.config = optimizer
         self.lr_schedule = lr_schedule
         self.micro_batch_size = micro_batch_size
+        self.loss_fn = loss_fn
         self.cold_start_warmup_steps = cold_start_warmup_steps
         self.start_step = start_step
         named = trainable_parameters(model)
@@ -296,9 +304,9 @@ class DistroTrainer:
         self.timings.apply_s += time.perf_counter() - started
 
         started = time.perf_counter()
-        loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size,
-                              self.compute)
-        grad_norm = _clip(self.params, self.config.clip_grad_norm)
+        loss = self.loss_fn(self.model, batch.to(self.params[0].device), self.micro_batch_size,
+                            self.compute)
+        grad_norm = clip_gradients(self.params, self.config.clip_grad_norm)
         self.timings.forward_backward_s += time.perf_counter() - started
 
         with torch.no_grad():
@@ -364,7 +372,7 @@ class AdamWTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss = causal_lm_loss(self.model, batch.to(self.params[0].device), self.micro_batch_size,
                               self.compute)
-        grad_norm = _clip(self.params, self.config.clip_grad_norm)
+        grad_norm = clip_gradients(self.params, self.config.clip_grad_norm)
         self.timings.forward_backward_s += time.perf_counter() - started
         started = time.perf_counter()
         for group in self.optimizer.param_groups:
@@ -374,7 +382,7 @@ class AdamWTrainer:
         return TrainStepOutput(step, loss, None, grad_norm)
 
 
-def _clip(params: Sequence[torch.Tensor], max_norm: float | None) -> float:
+def clip_gradients(params: Sequence[torch.Tensor], max_norm: float | None) -> float:
     """Global L2 clipping: grad *= c / (norm + 1e-6) when norm > c. Returns the norm."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:

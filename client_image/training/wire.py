@@ -113,13 +113,13 @@ def encode_result(
     out = bytearray(
         _FIXED.pack(MAGIC, WIRE_VERSION, flags, step, trainer_nonce, batch_start, batch_end)
     )
-    out += _varint(len(tensors))
+    out += encode_varint(len(tensors))
     for (counts, body), plan, short in zip(encoded, plans, n_short, strict=True):
-        out += _varint(plan.n_blocks) + _varint(plan.block_numel) + _varint(plan.topk)
+        out += encode_varint(plan.n_blocks) + encode_varint(plan.block_numel) + encode_varint(plan.topk)
         if flags & FLAG_SHORT_BLOCKS:
-            out += _varint(short)
+            out += encode_varint(short)
             if short:
-                out += _pack_uints(counts.astype(np.uint64), count_bits(plan.topk))
+                out += pack_uints(counts.astype(np.uint64), count_bits(plan.topk))
         out += body
     return bytes(out)
 
@@ -139,7 +139,7 @@ def _encode_tensor(
     wire_val = val if one_bit else val.to(torch.bfloat16)
     sent = (wire_val != 0).numpy()
     idx = sparse.idx.detach().cpu().numpy().astype(np.uint64)[sent]
-    body = _pack_uints(idx, index_bits(plan.block_numel))
+    body = pack_uints(idx, index_bits(plan.block_numel))
     kept = wire_val[torch.from_numpy(sent)]
     if one_bit:
         # The sign bit, as Psyche's signbit quantization (only nonzero values get here).
@@ -152,7 +152,7 @@ def _encode_tensor(
 
 def decode_result(payload: bytes, plans: Sequence[BlockPlan]) -> DistroResult:
     """Parse and validate a peer's payload against the model's BlockPlans."""
-    reader = _Reader(payload)
+    reader = Reader(payload)
     step, nonce, start, end, one_bit, short_blocks = _read_header(reader, plans)
     decoded = [_decode_tensor(reader, plan, one_bit, short_blocks) for plan in plans]
     if reader.remaining:
@@ -171,7 +171,7 @@ class ResultStream:
 
     def __init__(self, payload: bytes, plans: Sequence[BlockPlan]) -> None:
         self.plans = plans
-        self._reader = _Reader(payload)
+        self._reader = Reader(payload)
         (self.step, self.trainer_nonce, self.batch_start, self.batch_end, self.one_bit,
          self._short_blocks) = _read_header(self._reader, plans)
         self._starts = [self._reader.position]  # byte offset of tensor i, as far as read
@@ -187,7 +187,7 @@ class ResultStream:
         return tensor
 
 
-def _read_header(reader: _Reader, plans: Sequence[BlockPlan]
+def _read_header(reader: Reader, plans: Sequence[BlockPlan]
                  ) -> tuple[int, int, int, int, bool, bool]:
     """(step, nonce, batch start, batch end, one_bit, short_blocks), validated."""
     magic, version, flags, step, nonce, start, end = _FIXED.unpack(reader.take(_FIXED.size, "header"))
@@ -208,50 +208,13 @@ def _read_header(reader: _Reader, plans: Sequence[BlockPlan]
 
 
 def _decode_tensor(
-    reader: _Reader, plan: BlockPlan, one_bit: bool, short_blocks: bool
+    reader: Reader, plan: BlockPlan, one_bit: bool, short_blocks: bool
 ) -> tuple[SparseResult, bool]:
     """One tensor, and whether it had short blocks."""
     where = f"tensor {plan.name!r}"
-    n_blocks = reader.varint(f"{where} block count")
-    block_numel = reader.varint(f"{where} block size")
-    k = reader.varint(f"{where} k")
-    expected = (plan.n_blocks, plan.block_numel, plan.topk)
-    if (n_blocks, block_numel, k) != expected:
-        raise ResultDecodeError(
-            f"{where}: (blocks, block size, k) = {(n_blocks, block_numel, k)}, "
-            f"the model expects {expected} for shape {plan.shape}"
-        )
-    counts = np.full(n_blocks, k, dtype=np.int64)
-    n_short = reader.varint(f"{where} short block count") if short_blocks else 0
-    if n_short:
-        if n_short > n_blocks:
-            raise ResultDecodeError(f"{where}: {n_short} short blocks, the tensor has {n_blocks}")
-        cw = count_bits(k)
-        raw_counts = reader.take_packed(n_blocks * cw, f"{where} block counts")
-        counts = _unpack_uints(raw_counts, cw, n_blocks).astype(np.int64)
-        if int(counts.max()) > k:
-            raise ResultDecodeError(
-                f"{where}: a block claims {int(counts.max())} coefficients, k is {k}"
-            )
-        if int((counts < k).sum()) != n_short:
-            raise ResultDecodeError(
-                f"{where}: {int((counts < k).sum())} blocks carry fewer than k = {k}, "
-                f"the header says {n_short}"
-            )
-    total = int(counts.sum())
-    width = index_bits(block_numel)
-    flat_idx = _unpack_uints(reader.take_packed(total * width, f"{where} indices"), width, total)
-    if total and int(flat_idx.max()) >= block_numel:
-        raise ResultDecodeError(
-            f"{where}: index {int(flat_idx.max())} outside a block of {block_numel}"
-        )
-    used = np.arange(k) < counts[:, None]  # (n_blocks, k): the slots this payload fills
-    idx = np.zeros((n_blocks, k), dtype=np.uint64)
-    idx[used] = flat_idx
-    # Compared, never subtracted: the indices are unsigned, and the difference of a
-    # decreasing pair wraps around to a large positive number ([3, 1, 3] passed that way).
-    if k > 1 and not bool((idx[:, 1:] > idx[:, :-1])[used[:, 1:]].all()):
-        raise ResultDecodeError(f"{where}: indices of a block are not strictly increasing")
+    read_tensor_header(reader, plan)
+    n_blocks, k = plan.n_blocks, plan.topk
+    idx, used, total, n_short = read_indices(reader, plan, short_blocks)
     if one_bit:
         raw = reader.take_packed(total, f"{where} sign bits")
         bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=total, bitorder="little")
@@ -270,7 +233,71 @@ def _decode_tensor(
     return SparseResult(torch.from_numpy(idx.astype(np.int64)), val), n_short > 0
 
 
-class _Reader:
+def read_tensor_header(reader: Reader, plan: BlockPlan) -> None:
+    """n_blocks | block_numel | k, which must be the plan's."""
+    where = f"tensor {plan.name!r}"
+    n_blocks = reader.varint(f"{where} block count")
+    block_numel = reader.varint(f"{where} block size")
+    k = reader.varint(f"{where} k")
+    expected = (plan.n_blocks, plan.block_numel, plan.topk)
+    if (n_blocks, block_numel, k) != expected:
+        raise ResultDecodeError(
+            f"{where}: (blocks, block size, k) = {(n_blocks, block_numel, k)}, "
+            f"the model expects {expected} for shape {plan.shape}"
+        )
+
+
+def read_indices(reader: Reader, plan: BlockPlan, short_blocks: bool
+                 ) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """A tensor's block counts and indices, after its header: (idx (n_blocks, k) uint64,
+    used (n_blocks, k) bool: the slots this payload fills, total indices, short blocks).
+    Shared by every result format that sends DisTrO's per-block top-k indices."""
+    where = f"tensor {plan.name!r}"
+    k, block_numel = plan.topk, plan.block_numel
+    counts, n_short = read_counts(reader, plan, short_blocks)
+    total = int(counts.sum())
+    width = index_bits(block_numel)
+    flat_idx = unpack_uints(reader.take_packed(total * width, f"{where} indices"), width, total)
+    if total and int(flat_idx.max()) >= block_numel:
+        raise ResultDecodeError(
+            f"{where}: index {int(flat_idx.max())} outside a block of {block_numel}"
+        )
+    used = np.arange(k) < counts[:, None]  # (n_blocks, k): the slots this payload fills
+    idx = np.zeros((plan.n_blocks, k), dtype=np.uint64)
+    idx[used] = flat_idx
+    # Compared, never subtracted: the indices are unsigned, and the difference of a
+    # decreasing pair wraps around to a large positive number ([3, 1, 3] passed that way).
+    if k > 1 and not bool((idx[:, 1:] > idx[:, :-1])[used[:, 1:]].all()):
+        raise ResultDecodeError(f"{where}: indices of a block are not strictly increasing")
+    return idx, used, total, n_short
+
+
+def read_counts(reader: Reader, plan: BlockPlan, short_blocks: bool) -> tuple[np.ndarray, int]:
+    """Each block's number of values (k unless the short-block section says fewer) and
+    how many blocks are short."""
+    where = f"tensor {plan.name!r}"
+    n_blocks, k = plan.n_blocks, plan.topk
+    counts = np.full(n_blocks, k, dtype=np.int64)
+    n_short = reader.varint(f"{where} short block count") if short_blocks else 0
+    if n_short:
+        if n_short > n_blocks:
+            raise ResultDecodeError(f"{where}: {n_short} short blocks, the tensor has {n_blocks}")
+        cw = count_bits(k)
+        raw_counts = reader.take_packed(n_blocks * cw, f"{where} block counts")
+        counts = unpack_uints(raw_counts, cw, n_blocks).astype(np.int64)
+        if int(counts.max()) > k:
+            raise ResultDecodeError(
+                f"{where}: a block claims {int(counts.max())} coefficients, k is {k}"
+            )
+        if int((counts < k).sum()) != n_short:
+            raise ResultDecodeError(
+                f"{where}: {int((counts < k).sum())} blocks carry fewer than k = {k}, "
+                f"the header says {n_short}"
+            )
+    return counts, n_short
+
+
+class Reader:
     def __init__(self, payload: bytes) -> None:
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise ResultDecodeError(f"payload must be bytes, got {type(payload).__name__}")
@@ -322,7 +349,7 @@ class _Reader:
         raise ResultDecodeError(f"{what}: varint longer than {_MAX_VARINT_BYTES} bytes")
 
 
-def _varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -336,14 +363,14 @@ def _packed_len(bits: int) -> int:
     return (bits + 7) // 8
 
 
-def _pack_uints(values: np.ndarray, width: int) -> bytes:
+def pack_uints(values: np.ndarray, width: int) -> bytes:
     """Each value as `width` bits, least significant first, concatenated and byte-padded."""
     shifts = np.arange(width, dtype=np.uint64)
     bits = ((values[:, None] >> shifts) & np.uint64(1)).astype(np.uint8).reshape(-1)
     return np.packbits(bits, bitorder="little").tobytes()
 
 
-def _unpack_uints(raw: bytes, width: int, count: int) -> np.ndarray:
+def unpack_uints(raw: bytes, width: int, count: int) -> np.ndarray:
     bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count * width, bitorder="little")
     weights = np.left_shift(np.uint64(1), np.arange(width, dtype=np.uint64))
     return (bits.reshape(count, width).astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)

@@ -139,3 +139,13 @@ def test_the_client_trains_no_adamw_run() -> None:
     assert unsupported_fields(state)
     with pytest.raises(WorkerError, match="Distro"):
         TrainingWorker._make_trainer(SimpleNamespace(), None, llm, 0)
+
+
+def test_the_client_refuses_sparseloco_on_a_model_split_across_ranks() -> None:
+    state, llm = llm_with(optimizer={"SparseLoCo": {
+        "inner_steps": 2, "inner_lr": 2e-3, "topk_density": 0.02, "chunk": 64,
+        "quant_bits": 2, "error_decay": 0.95, "outer_lr": 1.0}})
+    assert unsupported_fields(state) == []
+    with pytest.raises(WorkerError, match="SparseLoCo optimizer does not run on a model split"):
+        TrainingWorker._make_trainer(SimpleNamespace(rank_setup=object(), followers=None),
+                                     None, llm, 0)

@@ -82,9 +82,23 @@ REFUSED: list[tuple[str, Any, str]] = [
      "model.LLM.data_location.Http.location: Gcp is not supported by this client (supported: "
      "SingleUrl, UrlList, NumberedFiles): the client does not list or read GCP buckets"),
     ("optimizer", {"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}},
-     "model.LLM.optimizer: AdamW is not supported by this client (supported: Distro): a "
-     "networked run needs the Distro optimizer (AdamW shares nothing with peers)"),
+     "model.LLM.optimizer: AdamW is not supported by this client (supported: Distro, "
+     "SparseLoCo): a networked run needs the Distro optimizer (AdamW shares nothing with "
+     "peers)"),
 ]
+
+SPARSELOCO = {"SparseLoCo": {"inner_steps": 2, "inner_lr": 2e-3, "topk_density": 0.02,
+                             "chunk": 64, "quant_bits": 2, "error_decay": 0.95, "outer_lr": 1.0}}
+
+
+def test_sparseloco_runs_with_verification_off_only() -> None:
+    state = state_with(optimizer=SPARSELOCO)
+    assert unsupported_fields(state) == []
+    verifying = state.model_copy(update={"config": state.config.model_copy(
+        update={"verification_percent": 50})})
+    assert unsupported_fields(verifying) == [
+        "config.verification_percent: 50 is not supported by this client with the SparseLoCo "
+        "optimizer (supported: 0): verifiers replay DisTrO trainers only"]
 
 
 @pytest.mark.parametrize(("key", "value", "message"), REFUSED,

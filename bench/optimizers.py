@@ -1,0 +1,169 @@
+"""AdamW, DisTrO (Psyche's defaults), tuned DisTrO and SparseLoCo, side by side.
+
+    .venv/bin/python bench/optimizers.py [--steps 480] [--peers 4] [--seeds 0 1 2] ...
+
+Every method trains the bundled tiny Llama on the same samples in the same order (seeded
+shuffle) from the same initial weights, `steps` optimizer steps of `total-batch` samples:
+AdamW on the whole batch (the dense all-reduce baseline), DisTrO with `peers` workers each
+on its share, SparseLoCo with `peers` workers running `inner_steps` AdamW steps per round
+(a round's batch is those steps' samples). The schedule is warm-up + cosine over steps
+(SparseLoCo's counts inner steps). Validation loss is on the held-out split.
+
+Bytes ratio = dense fp32 gradient bytes per token over bytes sent per token, per worker:
+
+    (4 * params / tokens per worker per step) / (payload bytes / tokens per worker per round)
+
+so SparseLoCo's fewer, larger rounds count. Prints a table per seed, then one JSON line:
+adamw_val_loss, distro_val_loss, distro_tuned_val_loss, sparseloco_val_loss (means over
+seeds), distro_loss_ratio, distro_tuned_loss_ratio, sparseloco_loss_ratio (each over
+AdamW's, mean of the per-seed ratios), distro_bytes_ratio, sparseloco_bytes_ratio, and
+per_seed with every figure of every seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from client_image.training.defaults import (  # noqa: E402
+    ADAMW_LR,
+    DISTRO_LR,
+    DISTRO_PSYCHE,
+    DISTRO_TUNED,
+    SPARSELOCO,
+)
+from client_image.training.simulate import (  # noqa: E402
+    Simulation,
+    SimulationConfig,
+    default_schedule,
+    validation_loss,
+)
+
+METHODS = ("adamw", "distro", "distro_tuned", "sparseloco")
+
+
+@dataclass
+class Outcome:
+    val_loss: float
+    payload_bytes_per_round: float  # per worker, 0 for AdamW
+    tokens_per_round: int  # per worker
+    wall_s: float
+
+
+def simulate(method: str, seed: int, args: argparse.Namespace) -> Outcome:
+    optimizer: Literal["distro", "adamw", "sparseloco"] = (
+        "adamw" if method == "adamw" else "sparseloco" if method == "sparseloco" else "distro")
+    config = SimulationConfig(
+        model=args.model, data=args.data, steps=args.steps, total_batch=args.total_batch,
+        micro_batch=args.micro_batch, peers=args.peers, optimizer=optimizer,
+        seq_len=args.seq_len, seed=seed)
+    lr = args.adamw_lr
+    if method == "distro":
+        config.distro, lr = DISTRO_PSYCHE, args.distro_lr
+    elif method == "distro_tuned":
+        config.distro, lr = DISTRO_TUNED, args.distro_tuned_lr
+    elif method == "sparseloco":
+        config.sparseloco = SPARSELOCO.model_copy(update={
+            "inner_steps": args.inner_steps, "inner_lr": args.inner_lr,
+            "topk_density": args.topk_density, "quant_bits": args.quant_bits,
+            "error_decay": args.error_decay, "outer_lr": args.outer_lr})
+        lr = args.inner_lr
+    config.lr_schedule = default_schedule(optimizer, args.steps, lr)
+    simulation = Simulation(config)
+    started = time.perf_counter()
+    payload = 0.0
+    for report in simulation.run():
+        payload += report.payload_bytes_per_peer
+    wall = time.perf_counter() - started
+    val = validation_loss(simulation.model, args.val_data, args.seq_len, samples=args.val_samples)
+    rounds = config.rounds
+    tokens = config.round_batch // args.peers * args.seq_len
+    return Outcome(val, payload / rounds, tokens, wall)
+
+
+def bytes_ratio(outcome: Outcome, params: int, args: argparse.Namespace) -> float:
+    dense_per_token = 4 * params / (args.total_batch // args.peers * args.seq_len)
+    return dense_per_token / (outcome.payload_bytes_per_round / outcome.tokens_per_round)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "assets" / "tiny-llama")
+    parser.add_argument("--data", type=Path, default=ROOT / "assets" / "data" / "train")
+    parser.add_argument("--val-data", type=Path, default=ROOT / "assets" / "data" / "validation")
+    parser.add_argument("--steps", type=int, default=480)
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--total-batch", type=int, default=16)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--adamw-lr", type=float, default=ADAMW_LR)
+    parser.add_argument("--distro-lr", type=float, default=DISTRO_LR)
+    parser.add_argument("--distro-tuned-lr", type=float, default=DISTRO_LR)
+    parser.add_argument("--inner-steps", type=int, default=SPARSELOCO.inner_steps)
+    parser.add_argument("--inner-lr", type=float, default=SPARSELOCO.inner_lr)
+    parser.add_argument("--topk-density", type=float, default=SPARSELOCO.topk_density)
+    parser.add_argument("--quant-bits", type=int, default=SPARSELOCO.quant_bits)
+    parser.add_argument("--error-decay", type=float, default=SPARSELOCO.error_decay)
+    parser.add_argument("--outer-lr", type=float, default=SPARSELOCO.outer_lr)
+    parser.add_argument("--val-samples", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    args = parser.parse_args()
+    if args.steps % args.inner_steps:
+        parser.error(f"--steps {args.steps} must be a multiple of --inner-steps {args.inner_steps}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+    params = sum(p.numel() for p in Simulation(SimulationConfig(
+        model=args.model, data=args.data, steps=1, optimizer="adamw")).model.parameters())
+    per_seed: list[dict[str, float]] = []
+    for seed in args.seeds:
+        figures: dict[str, float] = {"seed": seed}
+        for method in args.methods:
+            outcome = simulate(method, seed, args)
+            figures[f"{method}_val_loss"] = round(outcome.val_loss, 4)
+            figures[f"{method}_wall_s"] = round(outcome.wall_s, 1)
+            if method != "adamw":
+                figures[f"{method}_bytes_per_round"] = round(outcome.payload_bytes_per_round, 1)
+                figures[f"{method}_bytes_ratio"] = round(bytes_ratio(outcome, params, args), 1)
+            print(f"seed {seed} {method:13s} val loss {outcome.val_loss:.4f} "
+                  f"bytes/round {outcome.payload_bytes_per_round:9.1f} "
+                  f"({outcome.wall_s:.0f} s)", flush=True)
+        if "adamw" in args.methods:
+            for method in args.methods:
+                if method != "adamw":
+                    figures[f"{method}_loss_ratio"] = round(
+                        figures[f"{method}_val_loss"] / figures["adamw_val_loss"], 4)
+        per_seed.append(figures)
+
+    summary: dict[str, object] = {}
+    for key in sorted({k for figures in per_seed for k in figures} - {"seed"}):
+        if key.endswith(("_val_loss", "_loss_ratio", "_bytes_ratio")):
+            summary[key] = round(statistics.fmean(f[key] for f in per_seed), 4)
+    summary.update({"params": params, "steps": args.steps, "peers": args.peers,
+                    "total_batch": args.total_batch, "seq_len": args.seq_len,
+                    "seeds": args.seeds, "per_seed": per_seed})
+    for key, value in summary.items():
+        if key != "per_seed":
+            print(f"{key:28s} {value}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
