@@ -69,7 +69,7 @@ def simulate(method: str, seed: int, args: argparse.Namespace) -> Outcome:
     config = SimulationConfig(
         model=args.model, data=args.data, steps=args.steps, total_batch=args.total_batch,
         micro_batch=args.micro_batch, peers=args.peers, optimizer=optimizer,
-        seq_len=args.seq_len, seed=seed)
+        seq_len=args.seq_len, seed=seed, max_epochs=args.max_epochs)
     lr = args.adamw_lr
     if method == "distro":
         config.distro, lr = DISTRO_PSYCHE, args.distro_lr
@@ -110,6 +110,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--max-epochs", type=int, default=1,
+                        help="passes over the training data allowed (--steps beyond one pass)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--adamw-lr", type=float, default=ADAMW_LR)
     parser.add_argument("--distro-lr", type=float, default=DISTRO_LR)

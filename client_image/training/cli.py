@@ -1,7 +1,9 @@
 """`psyche-train`: train a model with P simulated peers in one process, printing loss and bytes.
 
     psyche-train --model assets/tiny-llama --data assets/data/train --steps 100 \\
-        --total-batch 16 --micro-batch 4 --peers 4 --optimizer distro
+        --total-batch 16 --micro-batch 4 --peers 4 --optimizer distro|adamw|sparseloco
+
+Defaults are client_image/training/defaults.py's (DisTrO: Psyche's settings).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Annotated, Literal
 import typer
 
 from client_image.training.checkpoint import save_checkpoint, upload_checkpoint
+from client_image.training.defaults import DISTRO_PSYCHE, SPARSELOCO
 from client_image.training.simulate import (
     Simulation,
     SimulationConfig,
@@ -32,12 +35,17 @@ def train(
     total_batch: Annotated[int, typer.Option(min=1, help="sequences per step, all peers")] = 16,
     micro_batch: Annotated[int, typer.Option(min=1)] = 4,
     peers: Annotated[int, typer.Option(min=1)] = 4,
-    optimizer: Annotated[str, typer.Option(help="distro or adamw")] = "distro",
+    optimizer: Annotated[str, typer.Option(help="distro, adamw or sparseloco")] = "distro",
     seq_len: Annotated[int, typer.Option(min=2)] = 128,
     lr: Annotated[float | None, typer.Option(help="peak learning rate (default: tuned)")] = None,
-    topk: Annotated[int, typer.Option(min=1)] = 8,
-    chunk: Annotated[int, typer.Option(min=1)] = 64,
-    compression_decay: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    topk: Annotated[int, typer.Option(min=1)] = DISTRO_PSYCHE.compression_topk,
+    chunk: Annotated[int, typer.Option(min=1)] = DISTRO_PSYCHE.compression_chunk,
+    compression_decay: Annotated[float, typer.Option(min=0.0, max=1.0)] = (
+        DISTRO_PSYCHE.compression_decay),
+    inner_steps: Annotated[int, typer.Option(min=1, help="SparseLoCo: AdamW steps per round")] = (
+        SPARSELOCO.inner_steps),
+    topk_density: Annotated[float, typer.Option(min=1e-6, max=1.0, help="SparseLoCo")] = (
+        SPARSELOCO.topk_density),
     quantize_1bit: Annotated[bool, typer.Option("--quantize-1bit/--no-quantize-1bit")] = True,
     device: str = "cpu",
     dtype: Annotated[str, typer.Option(help="fp32 or bf16")] = "fp32",
@@ -48,11 +56,15 @@ def train(
     keep_steps: Annotated[int, typer.Option(min=1)] = 3,
     hub_repo: Annotated[str | None, typer.Option(help="also upload the checkpoint (HF_TOKEN)")] = None,
 ) -> None:
-    if optimizer not in ("distro", "adamw"):
-        raise typer.BadParameter(f"--optimizer must be distro or adamw, got {optimizer!r}")
+    if optimizer not in ("distro", "adamw", "sparseloco"):
+        raise typer.BadParameter(
+            f"--optimizer must be distro, adamw or sparseloco, got {optimizer!r}")
     if dtype not in ("fp32", "bf16"):
         raise typer.BadParameter(f"--dtype must be fp32 or bf16, got {dtype!r}")
-    opt: Literal["distro", "adamw"] = "distro" if optimizer == "distro" else "adamw"
+    if optimizer == "sparseloco" and steps % inner_steps:
+        raise typer.BadParameter(f"--steps {steps} must be a multiple of --inner-steps {inner_steps}")
+    opt: Literal["distro", "adamw", "sparseloco"] = (
+        "distro" if optimizer == "distro" else "adamw" if optimizer == "adamw" else "sparseloco")
     config = SimulationConfig(
         model=model, data=data, steps=steps, total_batch=total_batch, micro_batch=micro_batch,
         peers=peers, optimizer=opt, seq_len=seq_len, seed=seed, device=device,
@@ -64,7 +76,12 @@ def train(
             "quantize_1bit": quantize_1bit, "compression_decay": compression_decay,
         }
     )
-    config.lr_schedule = default_schedule(opt, steps, lr)
+    config.sparseloco = config.sparseloco.model_copy(
+        update={"inner_steps": inner_steps, "topk_density": topk_density, "chunk": chunk})
+    if opt == "sparseloco" and lr is not None:
+        config.sparseloco = config.sparseloco.model_copy(update={"inner_lr": lr})
+    config.lr_schedule = default_schedule(
+        opt, steps, config.sparseloco.inner_lr if opt == "sparseloco" else lr)
     try:
         simulation = Simulation(config)
     except (ValueError, OSError, RuntimeError) as exc:
@@ -74,7 +91,8 @@ def train(
     started = time.perf_counter()
     for report in simulation.run():
         typer.echo(
-            f"step {report.step:5d}  loss {report.loss:.4f}  "
+            f"{'round' if opt == 'sparseloco' else 'step'} {report.step:5d}  "
+            f"loss {report.loss:.4f}  "
             f"bytes/peer {report.payload_bytes_per_peer:9.0f}  dense fp32 {report.dense_fp32_bytes}"
         )
     summary: dict[str, float | str] = {"seconds": round(time.perf_counter() - started, 2)}

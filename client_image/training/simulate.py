@@ -60,6 +60,7 @@ class SimulationConfig:
     )
     sparseloco: SparseLoCoOptimizer = field(default_factory=lambda: SPARSELOCO)
     lr_schedule: LRSchedule | None = None  # default: cosine from default_lr
+    max_epochs: int = 1  # passes over the data allowed (each in the same shuffled order)
 
     @property
     def rounds(self) -> int:
@@ -118,10 +119,10 @@ class Simulation:
         seed_bytes = config.seed.to_bytes(32, "little")
         self.data = LocalDataProvider(config.data, config.seq_len, shuffle=SeededShuffle(seed=seed_bytes))
         needed = config.rounds * config.round_batch
-        if needed > self.data.num_sequences:
+        if needed > self.data.num_sequences * config.max_epochs:
             raise ValueError(
                 f"{config.rounds} rounds x {config.round_batch} samples need {needed} sequences, "
-                f"the data set has {self.data.num_sequences}"
+                f"the data set has {self.data.num_sequences} (x max_epochs {config.max_epochs})"
             )
         schedule = config.lr_schedule or default_schedule(config.optimizer, config.steps)
         n_models = config.peers if config.optimizer != "adamw" else 1
@@ -173,13 +174,13 @@ class Simulation:
         ranges = peer_batch_ids(step, cfg.round_batch, cfg.peers)
         dense = self.params * 4
         if self.adamw is not None:
-            batch = self.data.get_samples(step * cfg.total_batch, (step + 1) * cfg.total_batch - 1)
+            batch = self._samples(step * cfg.total_batch, (step + 1) * cfg.total_batch - 1)
             out = self.adamw.train(step, batch.to(cfg.device))
             return StepReport(step, out.loss, 0.0, dense)
         self._apply(step)
         losses, payloads = [], []
         for trainer, batch_id in zip(self.distro, ranges, strict=False):
-            batch = self.data.get_samples(*batch_id).to(cfg.device)
+            batch = self._samples(*batch_id).to(cfg.device)
             out = trainer.train(step, batch, batch_id=batch_id)
             assert out.payload is not None
             losses.append(out.loss)
@@ -187,6 +188,14 @@ class Simulation:
         self._payloads[step] = payloads
         mean_bytes = sum(len(p) for p in payloads) / len(payloads)
         return StepReport(step, sum(losses) / len(losses), mean_bytes, dense)
+
+    def _samples(self, start: int, end: int) -> torch.Tensor:
+        """Samples start..end (inclusive) of the data read over and over (max_epochs)."""
+        n = self.data.num_sequences
+        first, last = start % n, end % n
+        if end - start < n and first <= last:
+            return self.data.get_samples(first, last)
+        return torch.cat([self.data.get_samples(i % n, i % n) for i in range(start, end + 1)])
 
     def _apply(self, step: int) -> None:
         payloads = self._payloads.pop(step - 2, [])

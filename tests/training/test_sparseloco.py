@@ -181,3 +181,60 @@ def test_config_accepts_sparseloco_and_names_a_bad_field():
     assert isinstance(optimizer, SparseLoCoOptimizer) and optimizer.inner_steps == 4
     with pytest.raises(ConfigError, match="quant_bits"):
         parse_state_toml(_state_toml_with(SPARSELOCO_SECTION.replace("QB", "1")))
+
+
+def _gap_section(idx_rows, k, block_numel=4096):
+    from client_image.training.distro import BlockPlan
+    from client_image.training.sparseloco_wire import _encode_gaps
+
+    n = len(idx_rows)
+    plan = BlockPlan("t", (n * 64, 64), n * 64, 64, 64, 64, k)
+    assert plan.block_numel == block_numel
+    idx = torch.zeros(n, k, dtype=torch.int64)
+    used = torch.zeros(n, k, dtype=torch.bool)
+    for row, values in enumerate(idx_rows):
+        idx[row, : len(values)] = torch.tensor(values)
+        used[row, : len(values)] = True
+    return plan, used, _encode_gaps(idx.numpy(), used.numpy())
+
+
+def _read(plan, used, section):
+    from client_image.training.sparseloco_wire import _read_gaps
+    from client_image.training.wire import Reader
+
+    reader = Reader(section)
+    out = _read_gaps(reader, plan, used.sum(dim=1).numpy())
+    assert reader.remaining == 0
+    return out
+
+
+def test_rice_coded_indices_round_trip_and_are_compact():
+    rows = [[0, 1, 2, 4095], [], [7, 300, 301, 4000], [5]]
+    plan, used, section = _gap_section(rows, k=4)
+    idx, got_used, total = _read(plan, used, section)
+    assert total == 9 and (got_used == used.numpy()).all()
+    for row, values in enumerate(rows):
+        assert list(idx[row, : len(values)]) == values
+    # 1/64 density in a 64 x 64 block: about 8 bits an index (DisTrO's fixed width is 12).
+    generator = torch.Generator().manual_seed(0)
+    dense = [sorted(torch.randperm(4096, generator=generator)[:64].tolist()) for _ in range(32)]
+    plan, used, section = _gap_section(dense, k=64)
+    assert len(section) * 8 / (32 * 64) < 8.5
+    assert _read(plan, used, section)[0].tolist() == dense
+
+
+def _longer_quotients(section: bytes, total: int = 6) -> bytes:
+    """One more all-ones byte of quotient padding, its length varint raised to match."""
+    at = 1 + (total * section[0] + 7) // 8  # after the Rice parameter and the remainders
+    return section[:at] + bytes([section[at] + 1]) + section[at + 1 :] + b"\xff"
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda s: bytes([s[0] + 1]) + s[1:], "Rice parameter|index quotients|truncated"),
+    (lambda s: s[:-1] + bytes([s[-1] & 0x7F]), "index quotients"),
+    (_longer_quotients, "index quotients are not"),
+])
+def test_tampered_index_sections_are_refused(tamper, message):
+    plan, used, section = _gap_section([[3, 90, 700], [12, 13, 2000]], k=3)
+    with pytest.raises(ResultDecodeError, match=message):
+        _read(plan, used, tamper(section))

@@ -26,6 +26,20 @@ def test_psyche_train_prints_loss_and_bytes_and_checkpoints(tmp_path):
 def test_psyche_train_rejects_a_bad_optimizer_and_missing_data(tmp_path):
     runner = CliRunner()
     bad = runner.invoke(app, ["--model", str(TINY_MODEL), "--data", str(TRAIN_DATA), "--optimizer", "sgd"])
-    assert bad.exit_code != 0 and "distro or adamw" in bad.output
+    assert bad.exit_code != 0 and "distro, adamw or sparseloco" in bad.output
+    uneven = runner.invoke(app, ["--model", str(TINY_MODEL), "--data", str(TRAIN_DATA),
+                                 "--optimizer", "sparseloco", "--steps", "5", "--inner-steps", "2"])
+    assert uneven.exit_code != 0 and "multiple of --inner-steps 2" in uneven.output
     missing = runner.invoke(app, ["--model", str(TINY_MODEL), "--data", str(tmp_path / "nope"), "--steps", "1"])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_psyche_train_runs_sparseloco_rounds():
+    result = CliRunner().invoke(app, [
+        "--model", str(TINY_MODEL), "--data", str(TRAIN_DATA), "--steps", "4", "--total-batch",
+        "4", "--micro-batch", "1", "--peers", "2", "--optimizer", "sparseloco", "--seq-len", "32",
+        "--inner-steps", "2", "--topk-density", "0.05",
+    ])
+    assert result.exit_code == 0, result.output
+    rounds = [line for line in result.output.splitlines() if line.startswith("round")]
+    assert len(rounds) == 2 and "bytes/peer" in rounds[0]
