@@ -213,6 +213,10 @@ class DistroOptimizer(Variant):
     compression_topk: Annotated[int, Strict(), Field(gt=0, le=2**16 - 1)]
     compression_chunk: Annotated[int, Strict(), Field(gt=0, le=2**16 - 1)]
     quantize_1bit: Annotated[bool, Strict()]
+    # Ours, not Psyche's (unset is Psyche's behaviour, and leaves the serialized config as
+    # Psyche's): true keeps the token embedding's and output head's rows apart,
+    # transformed along the hidden dimension only (client_image/training/distro.py).
+    embeddings_per_token: Annotated[bool, Strict()] | None = None
 
 
 class AdamWOptimizer(Variant):

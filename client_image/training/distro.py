@@ -22,6 +22,12 @@ X_{y,x} of shape (a, b) (y < R/a, x < C/b; leading dimensions are more blocks):
 
 A vector of length L is a matrix (L, 1): blocks of (a, 1), F_1 = [[1]].
 
+Token rows apart (`DistroOptimizer.embeddings_per_token`, not Psyche's default): for the
+token embedding and the output head, whose rows are tokens, the row basis is the identity
+(F_a = I), so a coefficient is one token's frequency along the hidden dimension. A token
+no batch touched then has no momentum, sends nothing and is not moved, where the DCT
+along rows would spread every block's update over 64 unrelated tokens.
+
 Compress. Per block keep the k = clamp(topk, 1, a*b) coefficients of largest |E|, leaving
 out every coefficient that is zero (+0.0 or -0.0): a block with n < k nonzero coefficients
 keeps n. The kept ones come first in ascending index order, then k - n empty slots
@@ -45,7 +51,7 @@ same block shape at once; there is no Python loop over blocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -94,6 +100,7 @@ class BlockPlan:
     row_chunk: int  # a = c(R)
     col_chunk: int  # b = c(C)
     topk: int  # k = clamp(topk, 1, a*b)
+    mix_rows: bool = True  # the DCT along rows; False: identity (token rows apart)
 
     @property
     def leading(self) -> int:
@@ -116,7 +123,8 @@ class BlockPlan:
         return (self.row_chunk, self.col_chunk)
 
 
-def plan_parameter(name: str, shape: Sequence[int], max_chunk: int, topk: int) -> BlockPlan:
+def plan_parameter(name: str, shape: Sequence[int], max_chunk: int, topk: int,
+                   mix_rows: bool = True) -> BlockPlan:
     """The BlockPlan of one parameter for a `compression_chunk` and `compression_topk`."""
     shape = tuple(int(s) for s in shape)
     if len(shape) == 0:
@@ -127,14 +135,25 @@ def plan_parameter(name: str, shape: Sequence[int], max_chunk: int, topk: int) -
         rows, cols = shape[-2], shape[-1]
     a, b = chunk_size(rows, max_chunk), chunk_size(cols, max_chunk)
     k = max(1, min(topk, a * b))
-    return BlockPlan(name, shape, rows, cols, a, b, k)
+    return BlockPlan(name, shape, rows, cols, a, b, k, mix_rows)
 
 
 def plan_model(
-    named_shapes: Sequence[tuple[str, Sequence[int]]], max_chunk: int, topk: int
+    named_shapes: Sequence[tuple[str, Sequence[int]]], max_chunk: int, topk: int,
+    token_rows: Collection[str] = (),
 ) -> list[BlockPlan]:
-    """BlockPlans for a model's trainable parameters, in the given (stable) order."""
-    return [plan_parameter(name, shape, max_chunk, topk) for name, shape in named_shapes]
+    """BlockPlans for a model's trainable parameters, in the given (stable) order; the
+    parameters named in `token_rows` keep their rows apart (identity row basis)."""
+    return [plan_parameter(name, shape, max_chunk, topk, name not in token_rows)
+            for name, shape in named_shapes]
+
+
+def row_basis(size: int, mix_rows: bool, dtype: torch.dtype,
+              device: torch.device | str) -> torch.Tensor:
+    """F_a: the DCT, or the identity for token rows kept apart."""
+    if mix_rows:
+        return dct_basis(size, dtype, device)
+    return torch.eye(size, dtype=dtype, device=device)
 
 
 def to_blocks(tensor: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
@@ -151,17 +170,21 @@ def from_blocks(blocks: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
     return view.permute(0, 1, 3, 2, 4).reshape(plan.shape)
 
 
-def dct_blocks(blocks: torch.Tensor) -> torch.Tensor:
+def dct_blocks(blocks: torch.Tensor, mix_rows: bool = True) -> torch.Tensor:
     """E = F_a^T X F_b for every block at once."""
     a, b = blocks.shape[-2:]
+    if not mix_rows:
+        return blocks @ dct_basis(b, blocks.dtype, blocks.device)
     f_a = dct_basis(a, blocks.dtype, blocks.device)
     f_b = dct_basis(b, blocks.dtype, blocks.device)
     return f_a.T @ blocks @ f_b
 
 
-def idct_blocks(coefficients: torch.Tensor) -> torch.Tensor:
+def idct_blocks(coefficients: torch.Tensor, mix_rows: bool = True) -> torch.Tensor:
     """X = F_a E F_b^T for every block at once (F is orthonormal, so this inverts dct_blocks)."""
     a, b = coefficients.shape[-2:]
+    if not mix_rows:
+        return coefficients @ dct_basis(b, coefficients.dtype, coefficients.device).T
     f_a = dct_basis(a, coefficients.dtype, coefficients.device)
     f_b = dct_basis(b, coefficients.dtype, coefficients.device)
     return f_a @ coefficients @ f_b.T
@@ -233,15 +256,18 @@ class BlockLayout:
         self.shapes: list[tuple[int, int]] = []
         self.group_sizes: list[int] = []
         self.group_topk: list[int] = []
+        self.group_mix_rows: list[bool] = []
         self.slots: list[tuple[int, int]] = []  # per plan: (group, first block)
-        group_of: dict[tuple[int, int], int] = {}
+        group_of: dict[tuple[tuple[int, int], bool], int] = {}
         for plan in self.plans:
-            if plan.block_shape not in group_of:
-                group_of[plan.block_shape] = len(self.shapes)
+            key = (plan.block_shape, plan.mix_rows)
+            if key not in group_of:
+                group_of[key] = len(self.shapes)
                 self.shapes.append(plan.block_shape)
                 self.group_sizes.append(0)
                 self.group_topk.append(plan.topk)  # k depends only on the block size
-            group = group_of[plan.block_shape]
+                self.group_mix_rows.append(plan.mix_rows)
+            group = group_of[key]
             self.slots.append((group, self.group_sizes[group]))
             self.group_sizes[group] += plan.n_blocks
 
@@ -293,8 +319,9 @@ class BlockLayout:
 def compress_blocks(buffers: Sequence[torch.Tensor], layout: BlockLayout) -> list[SparseResult]:
     """encode + top-k of every group buffer at once, split back per parameter."""
     per_group = [
-        topk_blocks(dct_blocks(buffer), k)
-        for buffer, k in zip(buffers, layout.group_topk, strict=True)
+        topk_blocks(dct_blocks(buffer, mix_rows), k)
+        for buffer, k, mix_rows in zip(buffers, layout.group_topk, layout.group_mix_rows,
+                                       strict=True)
     ]
     results = []
     for plan, (group, first) in zip(layout.plans, layout.slots, strict=True):
@@ -303,13 +330,14 @@ def compress_blocks(buffers: Sequence[torch.Tensor], layout: BlockLayout) -> lis
     return results
 
 
-def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int) -> torch.Tensor:
+def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int,
+                       mix_rows: bool = True) -> torch.Tensor:
     """X = F_a G F_b^T for blocks G with m nonzeros each (idx = p*b + q, value weight).
 
     X = sum_m w_m F_a[:, p_m] F_b[:, q_m]^T: a*b*m multiply-adds per block instead of the
     dense a*b*(a+b), so a block holding only a few peers' top-k is cheap to decode.
     """
-    f_a = dct_basis(a, weight.dtype, weight.device)
+    f_a = row_basis(a, mix_rows, weight.dtype, weight.device)
     f_b = dct_basis(b, weight.dtype, weight.device)
     rows = f_a[:, idx // b].permute(1, 0, 2) * weight.unsqueeze(1)  # (N, a, m)
     cols = f_b[:, idx % b].permute(1, 2, 0)  # (N, m, b)
@@ -350,19 +378,20 @@ def decompress_blocks(
             count.scatter_add_(1, group_idx, (weight != 0).to(dtype))
             # An empty slot's coefficient may have no sender at all: 0 / 1, never 0 / 0.
             weight = weight / torch.gather(count, 1, group_idx).clamp_min(1)
+        mix_rows = layout.group_mix_rows[group]
         if group_idx.shape[1] < a + b:
-            out.append(sparse_idct_blocks(group_idx, weight, a, b))
+            out.append(sparse_idct_blocks(group_idx, weight, a, b, mix_rows))
         else:
             dense = torch.zeros(n_blocks, a * b, dtype=dtype, device=device)
             dense.scatter_add_(1, group_idx, weight)
-            out.append(idct_blocks(dense.view(n_blocks, a, b)))
+            out.append(idct_blocks(dense.view(n_blocks, a, b), mix_rows))
     return out
 
 
 def compress_parameter(tensor: torch.Tensor, plan: BlockPlan) -> SparseResult:
     """One parameter's top-k: the same per-block math as compress_blocks, with only this
     parameter's blocks in memory."""
-    idx, val = topk_blocks(dct_blocks(to_blocks(tensor, plan)), plan.topk)
+    idx, val = topk_blocks(dct_blocks(to_blocks(tensor, plan), plan.mix_rows), plan.topk)
     return SparseResult(idx, val)
 
 
@@ -435,9 +464,9 @@ def decompress_parameter_streamed(tensors_of: Callable[[], Iterable[SparseResult
     for first in range(0, rows.shape[0], step):
         blocks = slice(first * per_row, min(rows.shape[0], first + step) * per_row)
         if sparse:
-            decoded = sparse_idct_blocks(idx[blocks], coefficients[blocks], a, b)
+            decoded = sparse_idct_blocks(idx[blocks], coefficients[blocks], a, b, plan.mix_rows)
         else:
-            decoded = idct_blocks(coefficients[blocks].view(-1, a, b))
+            decoded = idct_blocks(coefficients[blocks].view(-1, a, b), plan.mix_rows)
         rows[first:first + step].copy_(decoded.view(-1, per_row, a, b))
     return out
 

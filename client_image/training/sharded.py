@@ -31,7 +31,6 @@ from client_image.training.distro import (
     BlockPlan,
     compress_parameter,
     decompress_parameter,
-    plan_model,
 )
 from client_image.training.parallel import dp_slice
 from client_image.training.precision import ComputeDType
@@ -41,6 +40,7 @@ from client_image.training.trainer import (
     TrainStepOutput,
     _PendingOwnResult,
     causal_lm_loss,
+    distro_plans,
     trainable_parameters,
 )
 from client_image.training.wire import encode_result
@@ -108,11 +108,7 @@ class ShardedDistroTrainer(DistroTrainer):
         self.names = [name for name, _ in named]
         self.params: list[torch.Tensor] = [p for _, p in named]
         # DTensor shapes are the full parameters' shapes: the same plans as one device.
-        self.plans: list[BlockPlan] = plan_model(
-            [(name, p.shape) for name, p in named],
-            optimizer.compression_chunk,
-            optimizer.compression_topk,
-        )
+        self.plans: list[BlockPlan] = distro_plans(model, named, optimizer)
         self.layout = BlockLayout(self.plans)
         # One delta per parameter, sharded like it (zeros_like keeps the placements).
         self.sharded_delta = [torch.zeros_like(p, dtype=buffer_dtype) for p in self.params]

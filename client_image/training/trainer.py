@@ -108,6 +108,27 @@ into the parameters: what a trainer calls to train on a batch (causal_lm_loss by
 any other objective trains the same way)."""
 
 
+def token_row_parameters(model: torch.nn.Module,
+                         named: Sequence[tuple[str, torch.nn.Parameter]]) -> set[str]:
+    """Names of the parameters whose rows are tokens: the input embedding's and the output
+    head's weights (transformers' get_input_embeddings / get_output_embeddings)."""
+    weights = []
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        module = getattr(model, getter, lambda: None)()
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            weights.append(weight)
+    return {name for name, p in named if any(p is w for w in weights)}
+
+
+def distro_plans(model: torch.nn.Module, named: Sequence[tuple[str, torch.nn.Parameter]],
+                 optimizer: DistroOptimizer) -> list[BlockPlan]:
+    """The BlockPlans of a model's trainable parameters for a run's DisTrO settings."""
+    token_rows = token_row_parameters(model, named) if optimizer.embeddings_per_token else set()
+    return plan_model([(name, p.shape) for name, p in named], optimizer.compression_chunk,
+                      optimizer.compression_topk, token_rows)
+
+
 def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int,
                    compute: ComputeDType = "fp32", weight: float = 1.0) -> float:
     """Forward/backward over micro-batches; the fp32 gradients accumulate the mean loss
@@ -158,11 +179,7 @@ class DistroTrainer:
         named = trainable_parameters(model)
         self.names = [name for name, _ in named]
         self.params: list[torch.Tensor] = [p for _, p in named]
-        self.plans: list[BlockPlan] = plan_model(
-            [(name, p.shape) for name, p in named],
-            optimizer.compression_chunk,
-            optimizer.compression_topk,
-        )
+        self.plans: list[BlockPlan] = distro_plans(model, named, optimizer)
         # delta lives in the block layout: one (N, a, b) buffer per block shape; fp32
         # whatever the parameters' dtype (precision.py, "DisTrO buffers"; bf16 only to
         # measure why not).
