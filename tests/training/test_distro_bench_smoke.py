@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,3 +39,38 @@ def test_bench_train_step_prints_its_figures_as_a_last_json_line():
     assert 0 < figures["distro_overhead_pct"] < 1000
     for key in ("bf16_vs_fp32_loss_ratio", "bf16_buffers_vs_fp32_loss_ratio"):
         assert 0.5 < figures[key] < 2, figures
+
+
+def test_bench_optimizers_prints_every_field_the_issue_names():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "optimizers.py"), "--steps", "4", "--peers", "2",
+         "--total-batch", "4", "--micro-batch", "2", "--seq-len", "32", "--val-samples", "4",
+         "--inner-steps", "2", "--seeds", "0", "1"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("adamw_val_loss", "distro_val_loss", "distro_tuned_val_loss",
+                "sparseloco_val_loss", "distro_loss_ratio", "distro_tuned_loss_ratio",
+                "sparseloco_loss_ratio", "distro_bytes_ratio", "sparseloco_bytes_ratio"):
+        assert figures[key] > 0, key
+    assert [f["seed"] for f in figures["per_seed"]] == [0, 1]
+    # SparseLoCo's round carries 2 steps' samples: its bytes count per token.
+    seed0 = figures["per_seed"][0]
+    assert seed0["sparseloco_bytes_ratio"] == pytest.approx(
+        4 * figures["params"] * 2 / seed0["sparseloco_bytes_per_round"], rel=1e-3)
+
+
+def test_bench_distro_frontier_writes_its_table_and_plot(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "distro_frontier.py"), "--steps", "3",
+         "--peers", "2", "--total-batch", "4", "--micro-batch", "2", "--seq-len", "32",
+         "--val-samples", "4", "--only", "psyche", "top-k 16", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=True,
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(figures["settings"]) == {"psyche", "top-k 16"}
+    assert figures["settings"]["top-k 16"]["bytes_per_step"] > figures["settings"]["psyche"][
+        "bytes_per_step"]
+    table = (tmp_path / "distro_frontier.md").read_text()
+    assert "| psyche |" in table and "| top-k 16 |" in table
+    assert (tmp_path / "distro_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
