@@ -96,7 +96,9 @@ class SparseLoCoTrainer:
                                        weight_decay=optimizer.inner_weight_decay, eps=1e-8)
         self.trainer_nonce = 0
         self.timings = Timings()
-        self._own_last: list[SparseResult] | None = None
+        # This client's last result and its round: the look-ahead uses it only when it is
+        # of the round before (a result of any earlier round is in theta already).
+        self._own_last: tuple[int, list[SparseResult]] | None = None
 
     # ------------------------------------------------------------------ schedule
     def inner_learning_rates(self, step: int) -> list[float]:
@@ -190,9 +192,10 @@ class SparseLoCoTrainer:
             if cold_start:
                 self.reset_delta()
             saved = [p.detach().clone() for p in self.params]
-            if self.lookahead and self._own_last is not None:
+            if self.lookahead and self._own_last is not None and self._own_last[0] == step - 1:
+                own = self._own_last[1]
                 for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
-                    param.sub_(mean_update([self._own_last[i]], plan, param.dtype, param.device),
+                    param.sub_(mean_update([own[i]], plan, param.dtype, param.device),
                                alpha=self.config.outer_lr)
             start = [p.detach().clone() for p in self.params]
         self.timings.apply_s += time.perf_counter() - started
@@ -227,7 +230,7 @@ class SparseLoCoTrainer:
                 groups, self.plans, self.layout.slots, quant_bits=self.config.quant_bits,
                 step=step, trainer_nonce=self.trainer_nonce, batch_start=batch_id[0],
                 batch_end=batch_id[1])
-            self._own_last = split_groups(groups, self.layout)
+            self._own_last = (step, split_groups(groups, self.layout))
         self.timings.compress_s += time.perf_counter() - started
         self.trainer_nonce += 1
         loss = sum(losses) / len(losses) if losses else 0.0

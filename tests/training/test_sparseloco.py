@@ -22,6 +22,7 @@ from client_image.training.sparseloco import (
     subtract_sent,
 )
 from client_image.training.sparseloco_trainer import SparseLoCoTrainer
+from client_image.training.trainer import causal_lm_loss
 from client_image.training.sparseloco_wire import decode_sparseloco, encode_sparseloco
 from client_image.training.wire import ResultDecodeError
 from coordinator.config import ConfigError, ConstantLR, SparseLoCoOptimizer, parse_state_toml
@@ -238,3 +239,25 @@ def test_tampered_index_sections_are_refused(tamper, message):
     plan, used, section = _gap_section([[3, 90, 700], [12, 13, 2000]], k=3)
     with pytest.raises(ResultDecodeError, match=message):
         _read(plan, used, tamper(section))
+
+
+def test_the_lookahead_uses_only_the_result_of_the_round_before():
+    starts = []
+
+    def recording_loss(model, batch, micro_batch_size, compute):
+        starts.append(next(model.parameters()).detach().clone())
+        return causal_lm_loss(model, batch, micro_batch_size, compute)
+
+    model = load_causal_lm(TINY_MODEL, device="cpu")
+    trainer = SparseLoCoTrainer(model, CONFIG.model_copy(update={"inner_steps": 1}),
+                                ConstantLR(base_lr=1.0, warmup_init_lr=0.0, warmup_steps=0),
+                                micro_batch_size=2, loss_fn=recording_loss)
+    theta = next(model.parameters())
+    data = LocalDataProvider(TRAIN_DATA, 32)
+    trainer.train(0, data.get_samples(0, 1))
+    own = trainer._own_last[1][0]  # the first parameter's part of round 0's result
+    trainer.train(1, data.get_samples(2, 3))  # looks ahead by round 0's result
+    lookahead = mean_update([own], trainer.plans[0], theta.dtype, theta.device)
+    assert torch.equal(starts[1], theta.detach() - CONFIG.outer_lr * lookahead)
+    trainer.train(3, data.get_samples(4, 5))  # sat out round 2: round 1's result is old news
+    assert torch.equal(starts[2], theta.detach())
