@@ -22,8 +22,8 @@ from client_image.training.sparseloco import (
     subtract_sent,
 )
 from client_image.training.sparseloco_trainer import SparseLoCoTrainer
-from client_image.training.trainer import causal_lm_loss
 from client_image.training.sparseloco_wire import decode_sparseloco, encode_sparseloco
+from client_image.training.trainer import causal_lm_loss
 from client_image.training.wire import ResultDecodeError
 from coordinator.config import ConfigError, ConstantLR, SparseLoCoOptimizer, parse_state_toml
 from psyche_common.token_files.local import LocalDataProvider
