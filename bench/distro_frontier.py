@@ -8,7 +8,9 @@ lr 2e-3, warm-up 5%) or combines the changes that helped; every run trains the s
 samples from the same weights as the AdamW baseline (bench/optimizers.py's setup).
 Writes OUT/distro_frontier.md (the table) and OUT/distro_frontier.png (the frontier), and
 prints, last, one JSON line: adamw_val_loss and, per setting, val_loss, loss_ratio,
-bytes_per_step, bytes_ratio.
+bytes_per_step, bytes_ratio. Each run is also appended to OUT/distro_frontier.jsonl as it
+ends; a rerun with the same arguments skips the settings already there (it takes tens of
+minutes on a CPU).
 """
 
 from __future__ import annotations
@@ -43,14 +45,15 @@ SETTINGS: dict[str, tuple[dict[str, Any], float, float]] = {
     "decay 0.95, lr 1e-3": ({"compression_decay": 0.95}, 1e-3, 0.05),
     "decay 0.95, lr 4e-3": ({"compression_decay": 0.95}, 4e-3, 0.05),
     "decay 0.95, warm-up 15%": ({"compression_decay": 0.95}, DISTRO_LR, 0.15),
+    "lr 4e-3": ({}, 4e-3, 0.05),
+    "decay 0.95, lr 8e-3": ({"compression_decay": 0.95}, 8e-3, 0.05),
+    "decay 0.95, lr 4e-3, warm-up 15%": ({"compression_decay": 0.95}, 4e-3, 0.15),
     "top-k 16": ({"compression_decay": 0.95, "compression_topk": 16}, DISTRO_LR, 0.05),
     "top-k 32": ({"compression_decay": 0.95, "compression_topk": 32}, DISTRO_LR, 0.05),
     "chunk 32, top-k 2": ({"compression_decay": 0.95, "compression_chunk": 32,
                            "compression_topk": 2}, DISTRO_LR, 0.05),
     "bf16 values": ({"compression_decay": 0.95, "quantize_1bit": False}, DISTRO_LR, 0.05),
     "embeddings per token": ({"embeddings_per_token": True}, DISTRO_LR, 0.05),
-    "embeddings per token, decay 0.95": ({"compression_decay": 0.95,
-                                          "embeddings_per_token": True}, DISTRO_LR, 0.05),
 }
 
 
@@ -127,7 +130,28 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
-    adamw, _ = run(args, "adamw", {}, ADAMW_LR, 0.05)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "distro_frontier.jsonl"
+    same_run = {"steps": args.steps, "peers": args.peers, "total_batch": args.total_batch,
+                "seq_len": args.seq_len, "seed": args.seed}
+    done = {}
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["run"] == same_run:
+                done[entry["name"]] = entry["val_loss"], entry.get("bytes_per_step", 0.0)
+
+    def measured(name: str, optimizer: str, overrides: dict[str, Any], lr: float,
+                 warmup: float) -> tuple[float, float]:
+        if name not in done:
+            val, per_step = run(args, optimizer, overrides, lr, warmup)
+            with log.open("a") as out:
+                out.write(json.dumps({"run": same_run, "name": name, "val_loss": val,
+                                      "bytes_per_step": per_step}) + "\n")
+            done[name] = val, per_step
+        return done[name]
+
+    adamw, _ = measured("adamw", "adamw", {}, ADAMW_LR, 0.05)
     print(f"adamw val loss {adamw:.4f}", flush=True)
     params = sum(p.numel() for p in Simulation(SimulationConfig(
         model=args.model, data=args.data, steps=1, optimizer="adamw")).model.parameters())
@@ -136,7 +160,7 @@ def main() -> None:
     for name, (overrides, lr, warmup) in SETTINGS.items():
         if args.only is not None and name not in args.only:
             continue
-        val, per_step = run(args, "distro", overrides, lr, warmup)
+        val, per_step = measured(name, "distro", overrides, lr, warmup)
         rows[name] = {"val_loss": round(val, 4), "loss_ratio": round(val / adamw, 4),
                       "bytes_per_step": round(per_step, 1),
                       "bytes_ratio": round(dense / per_step, 1)}
