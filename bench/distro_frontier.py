@@ -48,6 +48,8 @@ SETTINGS: dict[str, tuple[dict[str, Any], float, float]] = {
     "lr 4e-3": ({}, 4e-3, 0.05),
     "decay 0.95, lr 8e-3": ({"compression_decay": 0.95}, 8e-3, 0.05),
     "decay 0.95, lr 4e-3, warm-up 15%": ({"compression_decay": 0.95}, 4e-3, 0.15),
+    "decay 0.9, lr 4e-3": ({"compression_decay": 0.9}, 4e-3, 0.05),
+    "decay 0.9, lr 8e-3": ({"compression_decay": 0.9}, 8e-3, 0.05),
     "top-k 16": ({"compression_decay": 0.95, "compression_topk": 16}, DISTRO_LR, 0.05),
     "top-k 32": ({"compression_decay": 0.95, "compression_topk": 32}, DISTRO_LR, 0.05),
     "chunk 32, top-k 2": ({"compression_decay": 0.95, "compression_chunk": 32,

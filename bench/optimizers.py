@@ -43,6 +43,8 @@ from client_image.training.defaults import (  # noqa: E402
     DISTRO_LR,
     DISTRO_PSYCHE,
     DISTRO_TUNED,
+    DISTRO_TUNED_LR,
+    DISTRO_TUNED_WARMUP,
     SPARSELOCO,
 )
 from client_image.training.simulate import (  # noqa: E402
@@ -51,6 +53,7 @@ from client_image.training.simulate import (  # noqa: E402
     default_schedule,
     validation_loss,
 )
+from coordinator.config import CosineLR  # noqa: E402
 
 METHODS = ("adamw", "distro", "distro_tuned", "sparseloco")
 
@@ -82,6 +85,10 @@ def simulate(method: str, seed: int, args: argparse.Namespace) -> Outcome:
             "error_decay": args.error_decay, "outer_lr": args.outer_lr})
         lr = args.inner_lr
     config.lr_schedule = default_schedule(optimizer, args.steps, lr)
+    if method == "distro_tuned":  # its warm-up is part of the tuning
+        warmup = max(1, round(args.steps * args.distro_tuned_warmup))
+        config.lr_schedule = CosineLR(base_lr=lr, warmup_init_lr=0.0, final_lr=lr / 10,
+                                      warmup_steps=warmup, total_steps=args.steps)
     simulation = Simulation(config)
     started = time.perf_counter()
     payload = 0.0
@@ -115,7 +122,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--adamw-lr", type=float, default=ADAMW_LR)
     parser.add_argument("--distro-lr", type=float, default=DISTRO_LR)
-    parser.add_argument("--distro-tuned-lr", type=float, default=DISTRO_LR)
+    parser.add_argument("--distro-tuned-lr", type=float, default=DISTRO_TUNED_LR)
+    parser.add_argument("--distro-tuned-warmup", type=float, default=DISTRO_TUNED_WARMUP,
+                        help="warm-up, a fraction of the steps (the others: 5%%)")
     parser.add_argument("--inner-steps", type=int, default=SPARSELOCO.inner_steps)
     parser.add_argument("--inner-lr", type=float, default=SPARSELOCO.inner_lr)
     parser.add_argument("--topk-density", type=float, default=SPARSELOCO.topk_density)

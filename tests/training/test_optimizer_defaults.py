@@ -18,8 +18,8 @@ def test_the_testnet_config_and_the_simulation_share_distro_defaults():
 
 
 def test_the_sparseloco_testnet_config_differs_only_where_the_model_is_smaller():
-    """Its coding and decay are the defaults'; its inner steps and density suit 3 CPU
-    clients and 24 rounds (a sequence per inner step)."""
+    """Its coding, decay and inner rate are the defaults'; its inner steps, density and
+    outer step suit 3 CPU clients and 24 rounds (a sequence per inner step)."""
     optimizer = load_state_file(CONFIG / "local-testnet-sparseloco" / "state.toml").model.optimizer
-    same = ("chunk", "quant_bits", "error_decay", "outer_lr", "inner_lr", "clip_grad_norm")
+    same = ("chunk", "quant_bits", "error_decay", "inner_lr", "clip_grad_norm")
     assert {k: getattr(optimizer, k) for k in same} == {k: getattr(SPARSELOCO, k) for k in same}
