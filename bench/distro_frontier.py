@@ -49,12 +49,11 @@ SETTINGS: dict[str, tuple[dict[str, Any], float, float]] = {
     "decay 0.95, lr 8e-3": ({"compression_decay": 0.95}, 8e-3, 0.05),
     "decay 0.95, lr 4e-3, warm-up 15%": ({"compression_decay": 0.95}, 4e-3, 0.15),
     "decay 0.9, lr 4e-3": ({"compression_decay": 0.9}, 4e-3, 0.05),
-    "decay 0.9, lr 8e-3": ({"compression_decay": 0.9}, 8e-3, 0.05),
-    "top-k 16": ({"compression_decay": 0.95, "compression_topk": 16}, DISTRO_LR, 0.05),
-    "top-k 32": ({"compression_decay": 0.95, "compression_topk": 32}, DISTRO_LR, 0.05),
-    "chunk 32, top-k 2": ({"compression_decay": 0.95, "compression_chunk": 32,
+    "decay 0.95, top-k 16": ({"compression_decay": 0.95, "compression_topk": 16}, DISTRO_LR, 0.05),
+    "decay 0.95, top-k 32": ({"compression_decay": 0.95, "compression_topk": 32}, DISTRO_LR, 0.05),
+    "decay 0.95, chunk 32, top-k 2": ({"compression_decay": 0.95, "compression_chunk": 32,
                            "compression_topk": 2}, DISTRO_LR, 0.05),
-    "bf16 values": ({"compression_decay": 0.95, "quantize_1bit": False}, DISTRO_LR, 0.05),
+    "decay 0.95, bf16 values": ({"compression_decay": 0.95, "quantize_1bit": False}, DISTRO_LR, 0.05),
     "embeddings per token": ({"embeddings_per_token": True}, DISTRO_LR, 0.05),
 }
 
@@ -96,11 +95,23 @@ def write_outputs(out: Path, adamw: float, rows: dict[str, dict[str, float]],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = plt.subplots(figsize=(8, 6))
+    # Settings that send the same bytes share an x: their labels are stacked apart.
+    spacing = 0.0062
+    by_x: dict[float, list[tuple[str, dict[str, float]]]] = {}
     for name, r in rows.items():
-        axes.scatter(r["bytes_per_step"], r["loss_ratio"])
-        axes.annotate(name, (r["bytes_per_step"], r["loss_ratio"]), fontsize=7,
-                      xytext=(4, 2), textcoords="offset points")
+        by_x.setdefault(round(r["bytes_per_step"], -1), []).append((name, r))
+    leftmost = min(by_x)
+    for x_key, group in by_x.items():
+        label_y = -1.0
+        left = x_key == leftmost and len(by_x) > 1  # its labels go left, clear of the next
+        for name, r in sorted(group, key=lambda item: item[1]["loss_ratio"]):
+            x, y = r["bytes_per_step"], r["loss_ratio"]
+            label_y = max(y, label_y + spacing)
+            axes.scatter(x, y, s=18)
+            axes.annotate(name, (x, y), xytext=(x / 1.06 if left else x * 1.06, label_y),
+                          fontsize=7, va="center", ha="right" if left else "left",
+                          arrowprops={"arrowstyle": "-", "linewidth": 0.4})
     axes.axhline(1.0, color="grey", linewidth=0.8)
     axes.axvline(dense_bytes / 1000, color="grey", linewidth=0.8, linestyle=":")
     axes.set_xscale("log")

@@ -64,13 +64,14 @@ def test_bench_distro_frontier_writes_its_table_and_plot(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "distro_frontier.py"), "--steps", "3",
          "--peers", "2", "--total-batch", "4", "--micro-batch", "2", "--seq-len", "32",
-         "--val-samples", "4", "--only", "psyche", "top-k 16", "--out", str(tmp_path)],
+         "--val-samples", "4", "--only", "psyche", "decay 0.95, top-k 16", "--out",
+         str(tmp_path)],
         capture_output=True, text=True, timeout=600, check=True,
     )
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(figures["settings"]) == {"psyche", "top-k 16"}
-    assert figures["settings"]["top-k 16"]["bytes_per_step"] > figures["settings"]["psyche"][
-        "bytes_per_step"]
+    assert set(figures["settings"]) == {"psyche", "decay 0.95, top-k 16"}
+    settings = figures["settings"]
+    assert settings["decay 0.95, top-k 16"]["bytes_per_step"] > settings["psyche"]["bytes_per_step"]
     table = (tmp_path / "distro_frontier.md").read_text()
-    assert "| psyche |" in table and "| top-k 16 |" in table
+    assert "| psyche |" in table and "| decay 0.95, top-k 16 |" in table
     assert (tmp_path / "distro_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
