@@ -31,6 +31,7 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from client_image.training.distro import (
     BlockLayout,
@@ -90,6 +91,10 @@ class DisTrO(torch.optim.Optimizer):
         self.config = config
         self.exchange = exchange
         self.params: list[torch.Tensor] = list(self.param_groups[0]["params"])
+        if any(isinstance(p, DTensor) for p in self.params):
+            raise ValueError("DisTrO takes plain tensors: a model sharded with FSDP2 or tensor "
+                             "parallelism trains with the client's ShardedDistroTrainer "
+                             "(training/sharded.py)")
         self.plans = plan_model([(f"param{i}", p.shape) for i, p in enumerate(self.params)],
                                 config.compression_chunk, config.compression_topk)
         self.layout = BlockLayout(self.plans)

@@ -4,6 +4,7 @@ workers that stay bit-identical through TorchDistributedExchange."""
 import hashlib
 import multiprocessing
 
+import pytest
 import torch
 import torch.distributed as dist
 from loopback import free_port
@@ -100,3 +101,18 @@ def test_gloo_workers_stay_bit_identical():
     for p in load_causal_lm(TINY_MODEL, device="cpu").parameters():
         untrained.update(p.detach().numpy().tobytes())
     assert digest0 != untrained.hexdigest()
+
+
+def test_sharded_parameters_are_refused_with_the_way_to_train_them():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = torch.nn.Parameter(distribute_tensor(torch.zeros(8, 8), mesh, [Shard(0)]))
+        with pytest.raises(ValueError, match="ShardedDistroTrainer"):
+            DisTrO([sharded], CONFIG, LocalExchange(), lr=1e-3)
+    finally:
+        dist.destroy_process_group()
