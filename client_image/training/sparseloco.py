@@ -40,6 +40,7 @@ from client_image.training.distro import (
     BlockLayout,
     BlockPlan,
     SparseResult,
+    from_blocks,
     plan_parameter,
     topk_blocks,
 )
@@ -136,6 +137,4 @@ def mean_update(peer_tensors: Sequence[SparseResult], plan: BlockPlan,
     for tensor in peer_tensors:
         total.scatter_add_(1, tensor.idx.to(device), tensor.val.to(device, torch.float32))
     total /= max(1, len(peer_tensors))
-    a, b = plan.block_shape
-    blocks = total.view(plan.leading, plan.rows // a, plan.cols // b, a, b)
-    return blocks.permute(0, 1, 3, 2, 4).reshape(plan.shape).to(dtype)
+    return from_blocks(total.view(plan.n_blocks, *plan.block_shape), plan).to(dtype)
