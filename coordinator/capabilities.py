@@ -5,8 +5,8 @@
 A state file can be valid (coordinator/config.py accepts every value of Psyche's format)
 and still name something our client cannot do. This lists each such field, one line per
 problem, as `dotted.key: Value is not supported by this client (supported: A, B): why`,
-e.g. `model.LLM.data_location.Http.location: Gcp is not supported by this client
-(supported: SingleUrl, UrlList, NumberedFiles): ...`. `psyche-coordinator
+e.g. `model.LLM.checkpoint: Dummy is not supported by this client
+(supported: Hub, P2P, Gcs, P2PGcs): ...`. `psyche-coordinator
 validate-config` prints these lines and exits 1, and `psyche-coordinator run` refuses to
 start with them, so that a run the clients would fail in (at their first warm-up, after
 the coordinator has waited for them) is refused before anyone joins. Only a state file
@@ -19,7 +19,8 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
   server) and, through client_image/data `open_provider`, Local, Http, Dummy (zeros, as
   Psyche's), Preprocessed (parquet) and WeightedHttp (a blend of Http locations): every
   variant; of Http's locations (also inside WeightedHttp), `location_urls` reads
-  SingleUrl, UrlList and NumberedFiles, not Gcp.
+  SingleUrl, UrlList and NumberedFiles, and client_image/data/gcs.py `open_gcp` lists
+  and reads Gcp buckets.
 - checkpoint: client_image/runtime/model_keeper.py `load` loads P2P (from peers) and Hub
   (or a local directory) and raises for the rest. The coordinator turns a P2P checkpoint
   back into Hub when none of the last epoch's clients is in the next one (always the case
@@ -45,7 +46,7 @@ from coordinator.config import HttpDataLocation, SparseLoCoOptimizer, StateFile
 from coordinator.config_variants import Variant
 
 SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http", "Dummy", "Preprocessed", "WeightedHttp")
-SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles")
+SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles", "Gcp")
 SUPPORTED_CHECKPOINTS = ("Hub", "P2P")
 SUPPORTED_DATA_TYPES = ("Pretraining",)
 SUPPORTED_ARCHITECTURES = ("HfLlama",)
@@ -57,10 +58,8 @@ _UNTESTED_ARCHITECTURE = ("the client would load it with transformers' AutoModel
 
 # Why each refused value cannot run (every refused value of Psyche's format has one).
 REASONS: dict[str, dict[str, str]] = {
-    "data_location": {},  # every variant runs (Http's Gcp location is refused below)
-    "data_location.Http.location": {
-        "Gcp": "the client does not list or read GCP buckets",
-    },
+    "data_location": {},  # every variant runs
+    "data_location.Http.location": {},  # every location runs (Gcp: listed, then read)
     "checkpoint": {
         "Dummy": "at a run's first warm-up the client loads only a Hub (or local) model or "
                  "one from peers; Dummy turns into P2P only after the first cooldown",

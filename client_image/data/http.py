@@ -5,6 +5,9 @@ requested samples into runs that are adjacent in one file and asks for each run 
 `Range: bytes=a-b` request (5 s timeout). Transport errors and 5xx answers are retried
 with exponential backoff (backoff_s * 2^attempt); a 4xx answer (a missing file) fails at
 once. A response shorter than asked is an error, never a silently short batch.
+
+A `Gcp` location lists its bucket instead (client_image/data/gcs.py `open_gcp`: sizes from
+the listing, ranges read through google-cloud-storage); both read through a `RangeReader`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import httpx
 import torch
 
-from coordinator.config import HttpDataLocation, NumberedFiles, SingleUrl, UrlList
+from coordinator.config import GcpBucket, HttpDataLocation, NumberedFiles, SingleUrl, UrlList
 from psyche_common.token_files.sequences import (
     DataProviderError,
     SequenceRef,
@@ -40,7 +44,16 @@ def location_urls(location: HttpDataLocation) -> list[str]:
             where.url_template.replace("{}", str(where.start_index + i).zfill(where.n_left_pad_zeros))
             for i in range(where.num_files)
         ]
-    raise DataProviderError(f"HTTP location {type(where).__name__} is not supported by this client")
+    raise DataProviderError(f"HTTP location {type(where).__name__} has no fixed URLs: "
+                            "its files are listed when the provider opens")
+
+
+class RangeReader(Protocol):
+    """Reads `length` bytes at `offset` of one file of the provider (all or an error)."""
+
+    async def read_range(self, url: str, offset: int, length: int) -> bytes: ...
+
+    async def aclose(self) -> None: ...
 
 
 class _RetryingClient:
@@ -75,9 +88,25 @@ class _RetryingClient:
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
+    async def read_range(self, url: str, offset: int, length: int) -> bytes:
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+        response = await self.request("GET", url, headers)
+        body = response.content
+        if response.status_code == 200:  # server ignored Range: take our slice of the file
+            body = body[offset : offset + length]
+        return check_length(url, offset, length, body)
+
     async def aclose(self) -> None:
         if self.owned:
             await self.client.aclose()
+
+
+def check_length(url: str, offset: int, length: int, body: bytes) -> bytes:
+    if len(body) != length:
+        raise DataProviderError(
+            f"{url}: short read, asked {length} bytes at offset {offset}, got {len(body)}"
+        )
+    return body
 
 
 class HttpDataProvider:
@@ -89,7 +118,7 @@ class HttpDataProvider:
         sizes: Sequence[int],
         location: HttpDataLocation,
         max_seq_len: int,
-        http: _RetryingClient,
+        reader: RangeReader,
     ) -> None:
         self.urls = list(urls)
         self.sizes = list(sizes)
@@ -99,7 +128,7 @@ class HttpDataProvider:
         self._sequences = build_sequence_index(
             self.sizes, self._sample_bytes, self.token_size.nbytes, location.shuffle
         )
-        self._http = http
+        self._reader = reader
 
     @classmethod
     async def open(
@@ -112,9 +141,14 @@ class HttpDataProvider:
         backoff_s: float = 1.0,
         timeout_s: float = 5.0,
     ) -> HttpDataProvider:
-        """HEAD every file for its size and build the sequence index."""
+        """HEAD every file for its size (a Gcp location: list the bucket) and build the
+        sequence index."""
         if max_seq_len < 1:
             raise DataProviderError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        if isinstance(location.location, GcpBucket):
+            from client_image.data.gcs import open_gcp
+
+            return await open_gcp(location, max_seq_len, timeout_s=timeout_s)
         http = _RetryingClient(
             client or httpx.AsyncClient(timeout=timeout_s), retries, backoff_s, client is None
         )
@@ -132,7 +166,7 @@ class HttpDataProvider:
 
     async def aclose(self) -> None:
         """Close the HTTP client if the provider created it."""
-        await self._http.aclose()
+        await self._reader.aclose()
 
     @property
     def num_sequences(self) -> int:
@@ -145,20 +179,8 @@ class HttpDataProvider:
         runs = _adjacent_runs(self._sequences[start : end + 1], self._sample_bytes)
         for file_index, offset, count in runs:
             length = count * self._sample_bytes
-            parts.append(await self._get_range(self.urls[file_index], offset, length))
+            parts.append(await self._reader.read_range(self.urls[file_index], offset, length))
         return tokens_to_tensor(b"".join(parts), self.token_size, self.max_seq_len)
-
-    async def _get_range(self, url: str, offset: int, length: int) -> bytes:
-        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
-        response = await self._http.request("GET", url, headers)
-        body = response.content
-        if response.status_code == 200:  # server ignored Range: take our slice of the file
-            body = body[offset : offset + length]
-        if len(body) != length:
-            raise DataProviderError(
-                f"{url}: short read, asked {length} bytes at offset {offset}, got {len(body)}"
-            )
-        return body
 
 
 async def _content_length(http: _RetryingClient, url: str, token_bytes: int, sample_bytes: int) -> int:
@@ -166,11 +188,16 @@ async def _content_length(http: _RetryingClient, url: str, token_bytes: int, sam
     size = response.headers.get("content-length")
     if size is None or not size.isdigit():
         raise DataProviderError(f"{url}: HEAD gave no Content-Length")
-    if int(size) % token_bytes:
+    return check_file_size(url, int(size), token_bytes, sample_bytes)
+
+
+def check_file_size(url: str, size: int, token_bytes: int, sample_bytes: int) -> int:
+    """`size`, unless the file cannot be a token file of at least one sample."""
+    if size % token_bytes:
         raise DataProviderError(f"{url}: {size} bytes is not a whole number of tokens")
-    if int(size) <= sample_bytes + token_bytes:
+    if size <= sample_bytes + token_bytes:
         raise DataProviderError(f"{url}: short file, {size} bytes cannot hold one sample")
-    return int(size)
+    return size
 
 
 def _adjacent_runs(refs: Sequence[SequenceRef], sample_bytes: int) -> list[tuple[int, int, int]]:

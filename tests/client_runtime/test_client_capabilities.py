@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 
 from client_image.data import (
-    DataProviderError,
     DummyDataProvider,
     LocalDataProvider,
-    location_urls,
 )
 from client_image.runtime.client import PsycheClient
 from client_image.runtime.model_keeper import ModelKeeper
@@ -91,13 +89,19 @@ async def test_the_client_opens_a_local_data_location() -> None:
     assert isinstance(provider, LocalDataProvider) and provider.num_sequences > 0
 
 
-def test_the_client_reads_no_gcp_http_location() -> None:
-    location = {"Http": {"location": {"Gcp": {"bucket_name": "b"}},
+async def test_the_client_opens_a_gcp_http_location(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    from gcs_emulator import gcs_emulator
+
+    location = {"Http": {"location": {"Gcp": {"bucket_name": "b", "filter_directory": "t/"}},
                          "token_size_in_bytes": "TwoBytes", "shuffle": "DontShuffle"}}
-    state, llm = llm_with(data_location=location)
-    assert unsupported_fields(state)
-    with pytest.raises(DataProviderError, match="GcpBucket is not supported"):
-        location_urls(llm.data_location)
+    state, llm = llm_with(data_location=location, max_seq_len=4)
+    assert unsupported_fields(state) == []
+    with gcs_emulator(monkeypatch) as gcs:
+        tokens = np.arange(3 * 4 + 2, dtype="<u2")  # HTTP: 2 samples (one token reserved)
+        gcs.create_bucket("b").blob("t/0.ds").upload_from_string(tokens.tobytes())
+        provider = await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+        assert (await provider.fetch(0, 1)).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 class _Worker:

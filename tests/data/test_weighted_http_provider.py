@@ -142,8 +142,8 @@ async def test_seeded_blends_are_the_same_on_every_client(tmp_path: Path) -> Non
     ({"shuffle": "DontShuffle", "providers": [["LOC", 1.0], "LOC"]},
      "mixes [location, weight] pairs and bare locations"),
     ({"shuffle": "DontShuffle", "providers": [
-        {"location": {"Gcp": {"bucket_name": "b"}}, "token_size_in_bytes": "TwoBytes",
-         "shuffle": "DontShuffle"}]}, "GcpBucket is not supported by this client"),
+        {"location": {"Gcp": {"bucket_name": ""}}, "token_size_in_bytes": "TwoBytes",
+         "shuffle": "DontShuffle"}]}, "providers[0] is not an Http data location"),
     ({"shuffle": "DontShuffle", "providers": ["MISSING"]}, "HTTP 404"),
 ])
 async def test_bad_configs_are_one_line_errors(tmp_path: Path, config: Any,
