@@ -27,7 +27,11 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
   at a run's first epoch), and P2PGcs into Gcs; it turns Dummy into P2P only at the end
   of a cooldown (coordinator/core.py `start_warmup`, `end_cooldown`). So P2P and Hub
   runs load; Dummy, Gcs and P2PGcs fail at the first warm-up.
-- data_type: nothing in the client reads it; every run trains as Pretraining.
+- data_type: both. client_image/data `fetch_training_batch` gives a Finetuning run's
+  trainers the samples' labels (Preprocessed parquet's `labels` column, or the TCP data
+  server's; the inputs when the data has none; -100 is not in the loss) and a
+  Pretraining run its tokens only. Psyche's variable-length attention (position ids,
+  sequence lengths) is not used: samples are trained as whole max_seq_len rows.
 - architecture: the client loads any transformers causal LM (AutoModelForCausalLM) and
   tensor parallelism is Llama-only; only Llama models are exercised by the tests here.
 - optimizer: client_image/runtime/worker.py `_make_trainer` builds Distro and SparseLoCo
@@ -48,7 +52,7 @@ from coordinator.config_variants import Variant
 SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http", "Dummy", "Preprocessed", "WeightedHttp")
 SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles", "Gcp")
 SUPPORTED_CHECKPOINTS = ("Hub", "P2P")
-SUPPORTED_DATA_TYPES = ("Pretraining",)
+SUPPORTED_DATA_TYPES = ("Pretraining", "Finetuning")
 SUPPORTED_ARCHITECTURES = ("HfLlama",)
 SUPPORTED_OPTIMIZERS = ("Distro", "SparseLoCo")
 
@@ -67,10 +71,7 @@ REASONS: dict[str, dict[str, str]] = {
         "P2PGcs": "when no client of the last epoch is in the next one the coordinator "
                   "turns it back into Gcs, which the client does not read",
     },
-    "data_type": {
-        "Finetuning": "nothing in the client reads data_type: every run trains as "
-                      "Pretraining (Psyche's clients switch to variable-length attention)",
-    },
+    "data_type": {},  # both run (Finetuning trains on the samples' labels)
     "architecture": {
         "HfDeepseek": _UNTESTED_ARCHITECTURE,
         "HfAuto": _UNTESTED_ARCHITECTURE,

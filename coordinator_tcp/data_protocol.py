@@ -7,10 +7,12 @@ Same framing and authentication as the coordinator connection:
     client -> server   Join{run_id, identity, signature, ...}   (p2p_address unused)
     server -> client   DataWelcome{num_sequences, seq_len} | ErrorReply(fatal) and close
     then               client: DataRequest{start, end}           (batch id, inclusive)
-                       server: DataResponse{start, end, tokens} | DataRejected{start, end, reason}
+                       server: DataResponse{start, end, tokens, labels?} | DataRejected{start, end, reason}
 
 `tokens` is base64 of the samples start..end as little-endian int32 (Psyche widens u16/u32
-tokens to i32), row-major [end - start + 1, seq_len]. A request from a key that is not a
+tokens to i32), row-major [end - start + 1, seq_len]; `labels`, present when the served
+data has them (Psyche's TrainingData `labels`; -100: not in the loss), the same for
+their labels. A request from a key that is not a
 client of the current epoch is rejected with `NotInThisRound`; an out-of-range batch with
 `OutOfRange`; one too large for a frame with `TooLarge`. Garbage gets an ErrorReply and
 a disconnect.
@@ -52,26 +54,40 @@ class DataResponse(_Message):
     start: U64
     end: U64
     tokens: str
+    labels: str | None = None
 
     @classmethod
-    def of(cls, start: int, end: int, samples: torch.Tensor) -> DataResponse:
-        raw = samples.numpy().astype("<i4", copy=False).tobytes()
-        return cls(start=start, end=end, tokens=base64.b64encode(raw).decode())
+    def of(cls, start: int, end: int, samples: torch.Tensor,
+           labels: torch.Tensor | None = None) -> DataResponse:
+        return cls(start=start, end=end, tokens=_to_base64(samples),
+                   labels=None if labels is None else _to_base64(labels))
 
     def samples(self, seq_len: int) -> torch.Tensor:
         """The tokens as int64 [end - start + 1, seq_len]; ProtocolError if the size is wrong."""
+        return self._decode(self.tokens, "tokens", seq_len)
+
+    def sample_labels(self, seq_len: int) -> torch.Tensor | None:
+        """The labels as int64 [end - start + 1, seq_len], None when the response has none;
+        ProtocolError if their size is wrong."""
+        return None if self.labels is None else self._decode(self.labels, "labels", seq_len)
+
+    def _decode(self, field: str, name: str, seq_len: int) -> torch.Tensor:
         try:
-            raw = base64.b64decode(self.tokens, validate=True)
+            raw = base64.b64decode(field, validate=True)
         except ValueError as exc:
-            raise ProtocolError(f"data response tokens are not base64: {exc}") from None
+            raise ProtocolError(f"data response {name} are not base64: {exc}") from None
         rows = self.end - self.start + 1
         expected = rows * seq_len * TOKEN_BYTES
         if self.end < self.start or len(raw) != expected:
             raise ProtocolError(
-                f"data response for [{self.start}, {self.end}] holds {len(raw)} bytes, "
-                f"expected {expected} ({rows} samples of {seq_len} int32 tokens)")
-        tokens = np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(rows, seq_len)
-        return torch.from_numpy(tokens)
+                f"data response {name} for [{self.start}, {self.end}] hold {len(raw)} bytes, "
+                f"expected {expected} ({rows} samples of {seq_len} int32 values)")
+        values = np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(rows, seq_len)
+        return torch.from_numpy(values)
+
+
+def _to_base64(values: torch.Tensor) -> str:
+    return base64.b64encode(values.numpy().astype("<i4", copy=False).tobytes()).decode()
 
 
 RejectReason = Literal["NotInThisRound", "OutOfRange", "TooLarge"]
@@ -85,9 +101,12 @@ class DataRejected(_Message):
     detail: str = ""
 
 
-def max_samples_per_request(seq_len: int, max_frame: int = CLIENT_MAX_FRAME) -> int:
-    """The most samples whose base64 int32 tokens fit one client frame."""
-    return max(1, (max_frame - _ENVELOPE_SLACK) * 3 // 4 // (seq_len * TOKEN_BYTES))
+def max_samples_per_request(seq_len: int, max_frame: int = CLIENT_MAX_FRAME, *,
+                            labelled: bool = False) -> int:
+    """The most samples whose base64 int32 tokens (and labels, if `labelled`) fit one
+    client frame."""
+    per_sample = seq_len * TOKEN_BYTES * (2 if labelled else 1)
+    return max(1, (max_frame - _ENVELOPE_SLACK) * 3 // 4 // per_sample)
 
 
 _DATA_SERVER: TypeAdapter[

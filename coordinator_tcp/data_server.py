@@ -6,7 +6,8 @@
 
 The samples are exactly `LocalDataProvider(dir, seq_len, token_size, Seeded(shuffle_seed))`'s
 (the server always shuffles, as Psyche's does), so data index n means the same sample
-for every client. `members()` returns the public keys allowed to fetch (the coordinator's
+for every client; `provider=` serves other samples instead (ServedSamples: labels too,
+when it has them). `members()` returns the public keys allowed to fetch (the coordinator's
 `epoch_state.clients`); anyone else is answered `NotInThisRound`. The protocol is in
 `coordinator_tcp.data_protocol`; untrusted input is handled as in the coordinator server
 (handshake timeout, cap on concurrent handshakes, size-limited frames, error + disconnect).
@@ -20,6 +21,9 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol
+
+import torch
 
 from coordinator.config import DataServerConfig, SeededShuffle
 from coordinator_tcp.data_protocol import (
@@ -58,6 +62,17 @@ def data_problems(config: DataServerConfig, where: str) -> list[str]:
     return []
 
 
+class ServedSamples(Protocol):
+    """What the server serves: data.toml's token files (LocalDataProvider) by default. A
+    provider that also has `get_labelled(start, end) -> (inputs, labels | None)` (the
+    client's Preprocessed parquet provider) has its labels sent with the tokens."""
+
+    @property
+    def num_sequences(self) -> int: ...
+
+    def get_samples(self, start: int, end: int) -> torch.Tensor: ...
+
+
 @dataclass
 class DataServerOptions:
     host: str = "127.0.0.1"
@@ -72,14 +87,17 @@ class DataServerOptions:
 class DataServer:
     def __init__(self, config: DataServerConfig, run_id: str,
                  members: Callable[[], Collection[bytes]],
-                 options: DataServerOptions | None = None):
+                 options: DataServerOptions | None = None,
+                 provider: ServedSamples | None = None):
         self.config = config
         self.run_id = run_id
         self.members = members
         self.options = options or DataServerOptions()
-        self.provider = LocalDataProvider(config.dir, config.seq_len, config.token_size,
-                                          SeededShuffle(seed=config.shuffle_seed))
-        self.max_samples = max_samples_per_request(config.seq_len)
+        self.provider: ServedSamples = provider or LocalDataProvider(
+            config.dir, config.seq_len, config.token_size, SeededShuffle(seed=config.shuffle_seed))
+        self._get_labelled = getattr(self.provider, "get_labelled", None)
+        self.max_samples = max_samples_per_request(config.seq_len,
+                                                   labelled=self._get_labelled is not None)
         self.samples_served: Counter[str] = Counter()  # hex key -> samples sent
         self.rejections = 0
         self.protocol_errors = 0
@@ -193,8 +211,11 @@ class DataServer:
         if end >= start and end - start + 1 > self.max_samples:
             return reject("TooLarge", f"at most {self.max_samples} samples per request")
         try:
-            samples = await asyncio.to_thread(self.provider.get_samples, start, end)
+            if self._get_labelled is None:
+                samples, labels = await asyncio.to_thread(self.provider.get_samples, start, end), None
+            else:
+                samples, labels = await asyncio.to_thread(self._get_labelled, start, end)
         except DataProviderError as exc:
             return reject("OutOfRange", str(exc))
         self.samples_served[identity.hex()] += samples.shape[0]
-        return DataResponse.of(start, end, samples)
+        return DataResponse.of(start, end, samples, labels)

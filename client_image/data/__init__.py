@@ -12,7 +12,8 @@ Public surface:
         await .fetch(start, end); await .aclose()
     DummyDataProvider(max_seq_len)   Dummy: zeros for every index (Psyche's dummy data)
     PreprocessedDataProvider(dir, max_seq_len)
-                                      parquet rows (`inputs`), read by row groups
+                                      parquet rows (`inputs`, optional `labels`), by row groups
+        await .fetch_labelled(start, end) -> (inputs, labels | None)
     open_preprocessed(source, max_seq_len)   a directory or a HF dataset id (blocking)
     WeightedDataProvider(providers, weights, shuffle)   Psyche's greedy blend
     await open_weighted_http(url, max_seq_len)           WeightedHttp: JSON of Http locations
@@ -22,6 +23,12 @@ Public surface:
     shuffle_in_place(items, seed)     ChaCha8Rng + rand 0.9 slice shuffle (Seeded shuffle)
     await TcpDataProvider.open(address, identity, run_id, max_seq_len)
                                       the coordinator's TCP data server (Server location)
+        await .fetch_labelled(start, end) -> (inputs, labels | None)
+    await fetch_training_batch(provider, start, end, data_type) -> Tensor
+                                      what the trainer gets: Pretraining the inputs
+                                      [n, max_seq_len]; Finetuning inputs and labels
+                                      [n, 2, max_seq_len] (the provider's labels, else
+                                      the inputs; training.trainer.with_labels)
 
 A batch id [start, end] is inclusive; sample i is exactly max_seq_len tokens (see
 psyche_common.token_files.sequences for the offset rules).
@@ -37,7 +44,9 @@ import torch
 from client_image.data.dummy import DummyDataProvider
 from client_image.data.http import HttpDataProvider, location_urls
 from client_image.data.tcp_provider import DataServerMismatch, TcpDataProvider
+from client_image.training.trainer import with_labels
 from coordinator.config import (
+    DataType,
     DummyDataLocation,
     HttpDataLocation,
     LocalDataLocation,
@@ -55,6 +64,31 @@ class DataProvider(Protocol):
     def num_sequences(self) -> int: ...
 
     async def fetch(self, start: int, end: int) -> torch.Tensor: ...
+
+
+class _Fetches(Protocol):
+    async def fetch(self, start: int, end: int) -> torch.Tensor: ...
+
+
+class LabelledDataProvider(DataProvider, Protocol):
+    """A provider whose samples may carry labels (Preprocessed, the TCP data server)."""
+
+    async def fetch_labelled(self, start: int,
+                             end: int) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+async def fetch_training_batch(provider: _Fetches, start: int, end: int,
+                               data_type: DataType) -> torch.Tensor:
+    """Samples start..end as the trainer takes them (module docstring). A Pretraining
+    run never reads labels: its batches stay exactly the provider's inputs."""
+    if data_type != "Finetuning":
+        return await provider.fetch(start, end)
+    fetch_labelled = getattr(provider, "fetch_labelled", None)
+    if fetch_labelled is None:
+        inputs, labels = await provider.fetch(start, end), None
+    else:
+        inputs, labels = await fetch_labelled(start, end)
+    return with_labels(inputs, inputs if labels is None else labels)
 
 
 class _HttpOptions(TypedDict, total=False):
@@ -106,9 +140,11 @@ __all__ = [
     "DataServerMismatch",
     "DummyDataProvider",
     "HttpDataProvider",
+    "LabelledDataProvider",
     "LocalDataProvider",
     "OpenableLocation",
     "TcpDataProvider",
+    "fetch_training_batch",
     "location_urls",
     "open_provider",
     "shuffle_in_place",

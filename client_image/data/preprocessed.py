@@ -19,9 +19,12 @@ Columns, each a list of integers (or booleans) per row:
 - `labels`, `position_ids` (optional): max_seq_len values each;
 - `sequence_lengths` (optional): any length.
 
-Only `inputs` reaches the trainer: the client trains every run as Pretraining (labels =
-inputs, shifted inside the model), so labels, position ids and sequence lengths (used by
-Psyche's Finetuning runs) are checked, as Psyche checks them, and not used.
+`get_samples`/`fetch` give the inputs; `get_labelled`/`fetch_labelled` give the inputs
+and the labels (None when no file of the rows has a `labels` column; a row of a file
+without one is labelled by its inputs), which a Finetuning run trains on (a label of
+-100 is not in the loss; labels are shifted inside the model, as inputs are). Position
+ids and sequence lengths (Psyche's variable-length attention) are checked, as Psyche
+checks them, and not used.
 
 Files are opened through their parquet metadata; a fetch reads only the row groups that
 hold its rows, and only the columns above (never a whole file at once); the last few row
@@ -47,8 +50,9 @@ from psyche_common.token_files.sequences import DataProviderError, check_batch
 
 PARQUET_EXTENSION = ".parquet"
 INPUTS = "inputs"
+LABELS = "labels"
 # Columns of max_seq_len values per row, and columns of any length.
-FIXED_LENGTH_COLUMNS = (INPUTS, "labels", "position_ids")
+FIXED_LENGTH_COLUMNS = (INPUTS, LABELS, "position_ids")
 FREE_LENGTH_COLUMNS = ("sequence_lengths",)
 TRAIN_SPLIT = "train"
 _CACHED_ROW_GROUPS = 4
@@ -160,7 +164,7 @@ class PreprocessedDataProvider:
             raise DataProviderError(f"preprocessed data in {directory} has no rows")
         self._num_sequences = row
         self._starts = np.array([g.first_row for g in self._groups], dtype=np.int64)
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -169,36 +173,51 @@ class PreprocessedDataProvider:
 
     def get_samples(self, start: int, end: int) -> torch.Tensor:
         """Rows start..end (inclusive): `inputs` as an int64 tensor [n, max_seq_len]."""
+        return self.get_labelled(start, end)[0]
+
+    def get_labelled(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows start..end (inclusive): (`inputs`, `labels`), int64 [n, max_seq_len] each;
+        labels None when none of these rows' files has a `labels` column."""
         check_batch(start, end, self._num_sequences)
-        parts: list[np.ndarray] = []
+        inputs: list[np.ndarray] = []
+        labels: list[np.ndarray | None] = []
         first = int(np.searchsorted(self._starts, start, side="right")) - 1
         for index in range(first, len(self._groups)):
             group = self._groups[index]
             if group.first_row > end:
                 break
-            inputs = self._row_group_inputs(index)
+            group_inputs, group_labels = self._row_group_columns(index)
             lo = max(start, group.first_row) - group.first_row
             hi = min(end, group.first_row + group.num_rows - 1) - group.first_row
-            parts.append(inputs[lo : hi + 1])
-        return torch.from_numpy(np.concatenate(parts))
+            inputs.append(group_inputs[lo : hi + 1])
+            labels.append(None if group_labels is None else group_labels[lo : hi + 1])
+        all_inputs = torch.from_numpy(np.concatenate(inputs))
+        if all(part is None for part in labels):
+            return all_inputs, None
+        filled = [own if own is not None else rows for own, rows in zip(labels, inputs, strict=True)]
+        return all_inputs, torch.from_numpy(np.concatenate(filled))
 
     async def fetch(self, start: int, end: int) -> torch.Tensor:
         """get_samples off the event loop."""
         return await asyncio.to_thread(self.get_samples, start, end)
 
-    def _row_group_inputs(self, index: int) -> np.ndarray:
+    async def fetch_labelled(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """get_labelled off the event loop."""
+        return await asyncio.to_thread(self.get_labelled, start, end)
+
+    def _row_group_columns(self, index: int) -> tuple[np.ndarray, np.ndarray | None]:
         with self._lock:
             cached = self._cache.get(index)
             if cached is not None:
                 self._cache.move_to_end(index)
                 return cached
-            inputs = self._read_row_group(self._groups[index])
-            self._cache[index] = inputs
+            columns = self._read_row_group(self._groups[index])
+            self._cache[index] = columns
             while len(self._cache) > _CACHED_ROW_GROUPS:
                 self._cache.popitem(last=False)
-            return inputs
+            return columns
 
-    def _read_row_group(self, group: _RowGroup) -> np.ndarray:
+    def _read_row_group(self, group: _RowGroup) -> tuple[np.ndarray, np.ndarray | None]:
         file = self.files[group.file_index]
         columns = self._columns[group.file_index]
         try:
@@ -207,15 +226,14 @@ class PreprocessedDataProvider:
             raise DataProviderError(
                 f"{file}: row group {group.group} unreadable: {_one_line(exc)}") from exc
         where = f"{file} (rows {group.first_row}..{group.first_row + group.num_rows - 1})"
-        inputs: np.ndarray | None = None
+        read: dict[str, np.ndarray] = {}
         for name in columns:
-            values = _list_values(
+            read[name] = _list_values(
                 table.column(name), where, name,
                 self.max_seq_len if name in FIXED_LENGTH_COLUMNS else None)
-            if name == INPUTS:
-                inputs = values
-        assert inputs is not None
-        return inputs.reshape(-1, self.max_seq_len)
+        labels = read.get(LABELS)
+        return (read[INPUTS].reshape(-1, self.max_seq_len),
+                None if labels is None else labels.reshape(-1, self.max_seq_len))
 
 
 def _list_values(column: Any, where: str, name: str, length: int | None) -> np.ndarray:

@@ -2,6 +2,7 @@
 
     provider = await TcpDataProvider.open("127.0.0.1:20001", identity, run_id, max_seq_len)
     batch = await provider.fetch(start, end)     # int64 [end - start + 1, max_seq_len]
+    batch, labels = await provider.fetch_labelled(start, end)   # labels None if not served
     await provider.aclose()
 
 The connection authenticates with the client's node identity (Challenge/Join, see
@@ -88,7 +89,12 @@ class TcpDataProvider:
         return self._num_sequences
 
     async def fetch(self, start: int, end: int) -> torch.Tensor:
-        async def attempt() -> torch.Tensor:
+        return (await self.fetch_labelled(start, end))[0]
+
+    async def fetch_labelled(self, start: int,
+                             end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The samples and their labels (None when the server sends none)."""
+        async def attempt() -> tuple[torch.Tensor, torch.Tensor | None]:
             return await self._request(start, end)
 
         return await self._with_retries(f"fetch [{start}, {end}]", attempt)
@@ -137,7 +143,8 @@ class TcpDataProvider:
         self._connection, self._num_sequences = connection, welcome.num_sequences
         return connection
 
-    async def _request(self, start: int, end: int) -> torch.Tensor:
+    async def _request(self, start: int,
+                       end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         if start < 0 or end < start:
             raise ValueError(f"bad batch id [{start}, {end}]: need 0 <= start <= end")
         async with self._lock:
@@ -147,7 +154,7 @@ class TcpDataProvider:
         if isinstance(reply, DataResponse):
             if (reply.start, reply.end) != (start, end):
                 raise ProtocolError(f"asked for [{start}, {end}], got [{reply.start}, {reply.end}]")
-            return reply.samples(self.max_seq_len)
+            return reply.samples(self.max_seq_len), reply.sample_labels(self.max_seq_len)
         if isinstance(reply, DataRejected):
             raise DataProviderError(f"request [{start}, {end}] rejected: {reply.reason} "
                                     f"{reply.detail}".strip())

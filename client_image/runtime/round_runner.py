@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from client_image.data import fetch_training_batch
 from client_image.p2p import Finished, ResultAnnouncement
 from client_image.p2p.messages import BatchId as WireBatchId
 from client_image.runtime.events import (
@@ -345,7 +346,8 @@ class RoundRunner:
     async def _train(self, state: CoordinatorState, record: StepRecord, batch: BatchKey) -> None:
         step = record.step
         assert self.data is not None, "warm-up opens the data before any round"
-        tokens = await self.data.fetch(batch[0], batch[1])
+        tokens = await fetch_training_batch(self.data, batch[0], batch[1],
+                                            state.model.data_type)
         cold_start = record.height == 0 and state.epoch_state.cold_start_epoch
         started = time.monotonic()
         out = await self.worker.train(step, tokens, batch, cold_start)
@@ -364,10 +366,11 @@ class RoundRunner:
             step=step, batch_id=WireBatchId(start=batch[0], end=batch[1]),
             commitment=commitment, blob_hash=blob_hash, blob_size=len(payload)))
         self.counters.loss = out.loss
-        self.counters.tokens_per_sec = tokens.numel() / max(elapsed, 1e-9)
+        trained_tokens = tokens.shape[0] * tokens.shape[-1]  # a Finetuning batch holds labels
+        self.counters.tokens_per_sec = trained_tokens / max(elapsed, 1e-9)
         self.events.emit(Trained(step=step, epoch=state.progress.epoch, loss=round(out.loss, 5),
                                  batch=batch, payload_bytes=len(payload),
-                                 seconds=round(elapsed, 3), tokens=tokens.numel(),
+                                 seconds=round(elapsed, 3), tokens=trained_tokens,
                                  ranks=out.ranks))
 
     # ------------------------------------------------------------------ peers' results

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from client_image.data import fetch_training_batch
 from client_image.runtime.events import Ejected, Following, ResultVerified, VerificationReportSent
 from client_image.runtime.observability import Counters, EventLog
 from client_image.runtime.ports import CoordinatorLink, DataSource, Worker
@@ -72,7 +73,8 @@ class VerificationDuty:
             batch = record.batch_of(trainer)
             if batch is None:
                 continue  # not training this step: its delta does not move either
-            tokens = await data.fetch(batch[0], batch[1])
+            tokens = await fetch_training_batch(data, batch[0], batch[1],
+                                                state.model.data_type)
             await self.worker.replay(trainer, record.step, tokens, batch, cold_start)
 
     async def check(self, of_step: int, results: Sequence[tuple[bytes, bytes]]) -> None:

@@ -16,6 +16,8 @@ DisTrO (client_image.training.trainer, .distro)
         .apply(step, results: Sequence[DistroResult]) -> bool   consensus results of step-2
         .train(step, batch [n, seq] int64, *, batch_id=(start, end), cold_start=False)
             -> TrainStepOutput(step, loss, payload: bytes, grad_norm)
+    with_labels(inputs, labels) -> batch [n, 2, seq]   a Finetuning batch (label -100: not
+        in the loss, IGNORE_INDEX); split_labels(batch) -> (inputs, labels | None)
         .learning_rate(step) ; .plans: list[BlockPlan] ; .timings: Timings
     AdamWTrainer(model, optimizer: AdamWOptimizer, lr_schedule, *, micro_batch_size)
     scheduled_lr(schedule, step), cold_start_factor(step, start, n)
@@ -53,6 +55,8 @@ from client_image.training.trainer import (
     DistroTrainer,
     Timings,
     TrainStepOutput,
+    split_labels,
+    with_labels,
 )
 from client_image.training.wire import (
     WIRE_VERSION,
@@ -67,5 +71,5 @@ __all__ = [
     "DistroTrainer", "ModelLoadError", "ResultDecodeError", "SparseResult", "Timings",
     "TrainStepOutput", "cold_start_factor", "decode_result", "encode_result", "list_checkpoints",
     "load_causal_lm", "load_tokenizer", "pick_device", "plan_model", "resolve_model_dir",
-    "save_checkpoint", "scheduled_lr", "upload_checkpoint",
+    "save_checkpoint", "scheduled_lr", "split_labels", "upload_checkpoint", "with_labels",
 ]

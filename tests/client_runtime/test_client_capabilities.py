@@ -153,3 +153,19 @@ def test_the_client_refuses_sparseloco_on_a_model_split_across_ranks() -> None:
     with pytest.raises(WorkerError, match="SparseLoCo optimizer does not run on a model split"):
         TrainingWorker._make_trainer(SimpleNamespace(rank_setup=object(), followers=None),
                                      None, llm, 0)
+
+
+async def test_the_client_gives_a_finetuning_run_its_labels(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from client_image.data import fetch_training_batch
+
+    state, llm = llm_with(data_type="Finetuning", data_location={"Preprocessed": str(tmp_path)})
+    assert unsupported_fields(state) == []
+    rows = [[i] * llm.max_seq_len for i in range(2)]
+    labels = [[-100] * llm.max_seq_len, rows[1]]
+    pq.write_table(pa.table({"inputs": rows, "labels": labels}), tmp_path / "train-0.parquet")
+    provider = await PsycheClient._open_data(SimpleNamespace(), fake_state(llm))
+    batch = await fetch_training_batch(provider, 0, 1, llm.data_type)
+    assert batch[:, 0].tolist() == rows and batch[:, 1].tolist() == labels

@@ -63,10 +63,6 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("architecture", "Torchtitan",
      "model.LLM.architecture: Torchtitan is not supported by this client (supported: HfLlama): "
      "Psyche builds these models with torchtitan; the client loads only transformers models"),
-    ("data_type", "Finetuning",
-     "model.LLM.data_type: Finetuning is not supported by this client (supported: "
-     "Pretraining): nothing in the client reads data_type: every run trains as Pretraining "
-     "(Psyche's clients switch to variable-length attention)"),
     ("checkpoint", {"Dummy": {"repo_id": "org/init"}},
      "model.LLM.checkpoint: Dummy is not supported by this client (supported: Hub, P2P): at a "
      "run's first warm-up the client loads only a Hub (or local) model or one from peers; "
@@ -110,6 +106,7 @@ def test_each_unsupported_value_is_refused_with_its_message(key: str, value: Any
 
 
 ACCEPTED: list[tuple[str, Any]] = [
+    ("data_type", "Finetuning"),
     ("checkpoint", {"Hub": {"repo_id": "org/init", "revision": "r"}}),
     # A state file's P2P becomes Hub at the first warm-up (no holder of a last epoch).
     ("checkpoint", {"P2P": {"repo_id": "org/init"}}),
@@ -147,13 +144,13 @@ def test_the_bundled_configs_are_the_expected_ones() -> None:
 
 
 def test_every_problem_is_listed_in_field_order() -> None:
-    state = state_with(architecture="Torchtitan", data_type="Finetuning",
+    state = state_with(architecture="Torchtitan",
                        checkpoint={"Gcs": {"bucket": "b"}},
                        data_location=http({"Gcp": {"bucket_name": "b"}}),
                        optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0,
                                             "eps": 1e-8}})
     keys = [line.split(":")[0] for line in unsupported_fields(state)]
-    assert keys == ["model.LLM.architecture", "model.LLM.data_type", "model.LLM.checkpoint",
+    assert keys == ["model.LLM.architecture", "model.LLM.checkpoint",
                     "model.LLM.optimizer", "model.LLM.data_location.Http.location"]
 
 
