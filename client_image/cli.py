@@ -70,6 +70,18 @@ plan_cli.register(app)  # plan: bytes per device, and whether the run fits
 sidecar_cli.register(app)  # more ranks of a client, on another host
 
 
+def _gcs_upload_problem(hub_repo: str | None, gcs_bucket: str | None, gcs_prefix: str | None,
+                        checkpoint_dir: Path | None) -> str | None:
+    """Why the GCS upload flags cannot be used together as given (None: they can)."""
+    if gcs_prefix and not gcs_bucket:
+        return "--gcs-prefix names the prefix in --gcs-bucket: give the bucket too"
+    if gcs_bucket and hub_repo:
+        return "--gcs-bucket and --hub-repo both upload checkpoints: give one of them"
+    if gcs_bucket and checkpoint_dir is None:
+        return "--gcs-bucket uploads the checkpoints of --checkpoint-dir: give both"
+    return None
+
+
 # Psyche's own relays, its client's default (`--iroh-relay psyche`).
 PSYCHE_RELAYS = ("https://use1-1.relay.nousresearch.psyche.iroh.link",
                  "https://usw1-1.relay.nousresearch.psyche.iroh.link")
@@ -198,6 +210,17 @@ def train(
                      help="Upload checkpoints to this hub repo; the coordinator accepts "
                           "reports only for the run's own repository."),
     ] = None,
+    gcs_bucket: Annotated[
+        str | None,
+        typer.Option("--gcs-bucket", envvar="GCS_BUCKET",
+                     help="Upload checkpoints (and Psyche's manifest.json) to this GCS bucket "
+                          "(GOOGLE_APPLICATION_CREDENTIALS); the coordinator accepts reports "
+                          "only for the run's own bucket and prefix."),
+    ] = None,
+    gcs_prefix: Annotated[
+        str | None, typer.Option("--gcs-prefix", envvar="GCS_PREFIX",
+                                 help="the object name prefix of --gcs-bucket's uploads")
+    ] = None,
     keep_steps: Annotated[int, typer.Option("--keep-steps", envvar="KEEP_STEPS", min=1)] = 3,
     delete_old_steps: Annotated[
         bool, typer.Option("--delete-old-steps", envvar="DELETE_OLD_STEPS")
@@ -309,6 +332,9 @@ def train(
         typer.echo("error: --hub-repo uploads the checkpoints of --checkpoint-dir: give both",
                    err=True)
         raise typer.Exit(code=2)
+    if upload_problem := _gcs_upload_problem(hub_repo, gcs_bucket, gcs_prefix, checkpoint_dir):
+        typer.echo(f"error: {upload_problem}", err=True)
+        raise typer.Exit(code=2)
     options = ClientOptions(
         run_id=run_id,
         server_addr=server_addr,
@@ -332,6 +358,8 @@ def train(
         checkpoint_dir=checkpoint_dir,
         hub_repo=hub_repo,
         hub_token=os.environ.get("HF_TOKEN") or None,
+        gcs_bucket=gcs_bucket,
+        gcs_prefix=gcs_prefix,
         keep_steps=keep_steps,
         delete_old_steps=delete_old_steps,
         max_concurrent_parameter_requests=max_concurrent_parameter_requests,

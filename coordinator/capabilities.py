@@ -21,12 +21,13 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
   variant; of Http's locations (also inside WeightedHttp), `location_urls` reads
   SingleUrl, UrlList and NumberedFiles, and client_image/data/gcs.py `open_gcp` lists
   and reads Gcp buckets.
-- checkpoint: client_image/runtime/model_keeper.py `load` loads P2P (from peers) and Hub
-  (or a local directory) and raises for the rest. The coordinator turns a P2P checkpoint
+- checkpoint: client_image/runtime/model_keeper.py `load` loads P2P and P2PGcs (from
+  peers), Hub (or a local directory) and Gcs (downloaded from its bucket and prefix,
+  client_image/training/gcs_checkpoint.py) and raises for the rest. The coordinator turns a P2P checkpoint
   back into Hub when none of the last epoch's clients is in the next one (always the case
   at a run's first epoch), and P2PGcs into Gcs; it turns Dummy into P2P only at the end
-  of a cooldown (coordinator/core.py `start_warmup`, `end_cooldown`). So P2P and Hub
-  runs load; Dummy, Gcs and P2PGcs fail at the first warm-up.
+  of a cooldown (coordinator/core.py `start_warmup`, `end_cooldown`). So P2P, Hub, Gcs
+  and P2PGcs runs load; Dummy fails at the first warm-up.
 - data_type: both. client_image/data `fetch_training_batch` gives a Finetuning run's
   trainers the samples' labels (Preprocessed parquet's `labels` column, or the TCP data
   server's; the inputs when the data has none; -100 is not in the loss) and a
@@ -51,7 +52,7 @@ from coordinator.config_variants import Variant
 
 SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http", "Dummy", "Preprocessed", "WeightedHttp")
 SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles", "Gcp")
-SUPPORTED_CHECKPOINTS = ("Hub", "P2P")
+SUPPORTED_CHECKPOINTS = ("Hub", "P2P", "Gcs", "P2PGcs")
 SUPPORTED_DATA_TYPES = ("Pretraining", "Finetuning")
 SUPPORTED_ARCHITECTURES = ("HfLlama",)
 SUPPORTED_OPTIMIZERS = ("Distro", "SparseLoCo")
@@ -67,9 +68,6 @@ REASONS: dict[str, dict[str, str]] = {
     "checkpoint": {
         "Dummy": "at a run's first warm-up the client loads only a Hub (or local) model or "
                  "one from peers; Dummy turns into P2P only after the first cooldown",
-        "Gcs": "the client does not read GCS buckets",
-        "P2PGcs": "when no client of the last epoch is in the next one the coordinator "
-                  "turns it back into Gcs, which the client does not read",
     },
     "data_type": {},  # both run (Finetuning trains on the samples' labels)
     "architecture": {

@@ -82,6 +82,8 @@ class ClientOptions:
     checkpoint_dir: Path | None = None
     hub_repo: str | None = None  # upload each epoch's checkpoint here, then report it
     hub_token: str | None = None
+    gcs_bucket: str | None = None  # or upload it to this GCS bucket (and prefix)
+    gcs_prefix: str | None = None
     keep_steps: int = 3
     delete_old_steps: bool = True
     max_concurrent_parameter_requests: int = 8
@@ -103,7 +105,8 @@ class ClientOptions:
             checkpoints=CheckpointOptions(
                 checkpoint_dir=self.checkpoint_dir, keep_steps=self.keep_steps,
                 delete_old_steps=self.delete_old_steps, hub_repo=self.hub_repo,
-                hub_token=self.hub_token),
+                hub_token=self.hub_token, gcs_bucket=self.gcs_bucket,
+                gcs_prefix=self.gcs_prefix),
             write_gradients_dir=self.write_gradients_dir,
             apply_download_timeout_s=self.apply_download_timeout_s)
 

@@ -82,7 +82,7 @@ class RunFinished(RuntimeEvent):
 @dataclass(frozen=True)
 class ModelLoaded(RuntimeEvent):
     NAME: ClassVar[str] = "model_loaded"
-    source: str  # "p2p" | "hub" | "local" (this client's own checkpoint of the last cooldown)
+    source: str  # "p2p" | "hub" | "gcs" | "local" (own checkpoint of the last cooldown)
     seconds: float
     peers: int = 0
     bytes: int = 0

@@ -5,11 +5,13 @@
                            gone through the last cooldown), at exactly the epoch's start step,
                            else from this client's own checkpoint of that cooldown (a holder
                            that restarted), or not at all (never the stale Hub model).
-                           Otherwise from the Hub (or the local directory) it names.
+                           P2PGcs is loaded the same way. Otherwise from the Hub (or the
+                           local directory) it names, or a Gcs checkpoint downloaded from
+                           its bucket and prefix (training/gcs_checkpoint.py).
     save_and_share(state)  round the weights to bf16 (as Psyche does), write the checkpoint
                            (when a directory is set), upload it in the background (when a
-                           Hub repo is set) and report it to the coordinator, then serve
-                           the weights to the next joiners
+                           Hub repo or a GCS bucket is set) and report it to the coordinator
+                           (Hub or Gcs), then serve the weights to the next joiners
     hub_repo_problem(...)  why the coordinator would refuse this client's reports: only
                            the run's own repository (its authority's) may get new revisions
 
@@ -36,8 +38,14 @@ from client_image.runtime.observability import EventLog
 from client_image.runtime.ports import CoordinatorLink, ModelUnavailable, Peers, Worker
 from client_image.training.checkpoint import checkpoint_name, read_checkpoint
 from coordinator import CoordinatorError, CoordinatorState, NodeIdentity
-from coordinator.checkpoint_reports import report_problem
-from coordinator.config import Checkpoint, HubCheckpoint, P2PCheckpoint
+from coordinator.checkpoint_reports import Report, report_problem
+from coordinator.config import (
+    Checkpoint,
+    GcsCheckpoint,
+    HubCheckpoint,
+    P2PCheckpoint,
+    P2PGcsCheckpoint,
+)
 from coordinator_tcp.protocol import CheckpointReport
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], object]
@@ -61,6 +69,9 @@ class CheckpointOptions:
     delete_old_steps: bool = True
     hub_repo: str | None = None  # upload each epoch's checkpoint here, then report it
     hub_token: str | None = None
+    gcs_bucket: str | None = None  # or to this bucket (and prefix), then report Gcs
+    gcs_prefix: str | None = None
+    gcs_cache_dir: Path | None = None  # where Gcs checkpoints are downloaded (None: default)
 
 
 class ModelKeeper:
@@ -78,7 +89,7 @@ class ModelKeeper:
         llm, checkpoint = state.model, state.model.checkpoint
         start_step = state.epoch_state.start_step
         started = time.monotonic()
-        if isinstance(checkpoint, P2PCheckpoint):
+        if isinstance(checkpoint, P2PCheckpoint | P2PGcsCheckpoint):
             try:
                 if not sources:
                     raise ModelUnavailable(
@@ -112,6 +123,19 @@ class ModelKeeper:
             self.events.emit(ModelLoaded(source="hub", repo=checkpoint.repo_id,
                                          seconds=round(time.monotonic() - started, 2)))
             return
+        if isinstance(checkpoint, GcsCheckpoint):
+            from client_image.training.gcs_checkpoint import (
+                download_checkpoint_from_gcs,
+                gcs_location,
+            )
+
+            directory = await asyncio.to_thread(download_checkpoint_from_gcs, checkpoint.bucket,
+                                                checkpoint.prefix, self.options.gcs_cache_dir)
+            await self.worker.load_from_hub(str(directory), None, llm, start_step)
+            self.events.emit(ModelLoaded(source="gcs",
+                                         repo=gcs_location(checkpoint.bucket, checkpoint.prefix),
+                                         seconds=round(time.monotonic() - started, 2)))
+            return
         raise RuntimeError(f"checkpoint {type(checkpoint).__name__} cannot be loaded by this client")
 
     async def save_and_share(self, state: CoordinatorState) -> None:
@@ -128,6 +152,9 @@ class ModelKeeper:
             self.events.emit(Checkpointed(step=step, epoch=state.progress.epoch, path=str(path)))
             if options.hub_repo:
                 self.spawn(self._upload(state, path, step, options.hub_repo), f"upload-{step}")
+            elif options.gcs_bucket:
+                self.spawn(self._upload_gcs(state, path, step, options.gcs_bucket,
+                                            options.gcs_prefix), f"upload-{step}")
         # The next epoch starts at this step: joiners ask for exactly this model.
         await self._serve(state.progress.step)
 
@@ -157,10 +184,31 @@ class ModelKeeper:
             self.events.emit(UploadFailed(step=step, repo=repo, error=str(exc)[:300]))
             return
         self.events.emit(Uploaded(step=step, repo=repo, revision=revision))
+        await self._report(state, step, repo, HubCheckpoint(repo_id=repo, revision=revision))
+
+    async def _upload_gcs(self, state: CoordinatorState, path: Path, step: int, bucket: str,
+                          prefix: str | None) -> None:
+        """Upload the checkpoint and Psyche's manifest.json to the bucket in the background,
+        then report Gcs{bucket, prefix} (the event's revision: the manifest's generation)."""
+        from client_image.training.gcs_checkpoint import gcs_location, upload_checkpoint_to_gcs
+
+        where = gcs_location(bucket, prefix)
+        try:
+            upload = await asyncio.to_thread(upload_checkpoint_to_gcs, path, bucket, prefix,
+                                             run_id=state.run_id, epoch=state.progress.epoch,
+                                             step=step)
+        except Exception as exc:  # no bucket, no credentials, no write access: go on
+            self.events.emit(UploadFailed(step=step, repo=where, error=str(exc)[:300]))
+            return
+        self.events.emit(Uploaded(step=step, repo=where,
+                                  revision=str(upload.manifest_generation)))
+        await self._report(state, step, where, GcsCheckpoint(bucket=bucket, prefix=prefix))
+
+    async def _report(self, state: CoordinatorState, step: int, repo: str,
+                      report: Report) -> None:
         index = state.index_of(self.me)
         if index is None:
             return
-        report = HubCheckpoint(repo_id=repo, revision=revision)
         # Only the run's authority sets its repository: a report naming another would be
         # refused (on Solana, a failed transaction that still costs its fee), so say so
         # once per upload and keep going. A refusal despite this check (the authority
@@ -170,4 +218,7 @@ class ModelKeeper:
             self.events.emit(CheckpointNotReported(step=step, repo=repo, error=REFUSED.name,
                                                    detail=problem))
             return
-        await self.backend.send(CheckpointReport(index=index, hub=report))
+        if isinstance(report, HubCheckpoint):
+            await self.backend.send(CheckpointReport(index=index, hub=report))
+        else:
+            await self.backend.send(CheckpointReport(index=index, gcs=report))

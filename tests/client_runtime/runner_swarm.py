@@ -239,7 +239,8 @@ class FakeCoordinatorLink:
 class FakeSwarm:
     def __init__(self, clients: int, *, apply_download_timeout_s: float = 0.3,
                  checkpoint_dir: Path | None = None, model: dict[str, Any] | None = None,
-                 hub_repo: str | None = None, **config: Any):
+                 hub_repo: str | None = None, checkpoints: CheckpointOptions | None = None,
+                 **config: Any):
         data = tomllib.loads(LOCAL_TESTNET.read_text())
         data["config"].update({"min_clients": clients, "init_min_clients": clients,
                                "global_batch_size_start": 4 * clients,
@@ -258,7 +259,8 @@ class FakeSwarm:
         self.sent: list[tuple[NodeIdentity, BaseModel, object]] = []  # with the coordinator's answer
         self.events: list[tuple[NodeIdentity, RuntimeEvent]] = []
         self.nodes = [node(i) for i in range(clients)]
-        checkpoints = CheckpointOptions(checkpoint_dir=checkpoint_dir, hub_repo=hub_repo)
+        checkpoints = checkpoints or CheckpointOptions(checkpoint_dir=checkpoint_dir,
+                                                       hub_repo=hub_repo)
         self.runners = [self._runner(me, apply_download_timeout_s, checkpoints)
                         for me in self.nodes]
         self._published: dict[NodeIdentity, bytes] = {}

@@ -119,9 +119,7 @@ def keeper(worker: _Worker) -> ModelKeeper:
                        options=None, spawn=None)
 
 
-@pytest.mark.parametrize("checkpoint", [
-    {"Dummy": {"repo_id": "org/init"}}, {"Gcs": {"bucket": "b"}},
-    {"P2PGcs": {"bucket": "b"}}])
+@pytest.mark.parametrize("checkpoint", [{"Dummy": {"repo_id": "org/init"}}])
 async def test_the_client_loads_no_refused_checkpoint(checkpoint: Any) -> None:
     state, llm = llm_with(checkpoint=checkpoint)
     assert unsupported_fields(state)

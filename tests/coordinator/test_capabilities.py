@@ -67,16 +67,6 @@ REFUSED: list[tuple[str, Any, str]] = [
      "model.LLM.checkpoint: Dummy is not supported by this client (supported: Hub, P2P): at a "
      "run's first warm-up the client loads only a Hub (or local) model or one from peers; "
      "Dummy turns into P2P only after the first cooldown"),
-    ("checkpoint", {"Gcs": {"bucket": "b"}},
-     "model.LLM.checkpoint: Gcs is not supported by this client (supported: Hub, P2P): the "
-     "client does not read GCS buckets"),
-    ("checkpoint", {"P2PGcs": {"bucket": "b", "prefix": "p"}},
-     "model.LLM.checkpoint: P2PGcs is not supported by this client (supported: Hub, P2P): when "
-     "no client of the last epoch is in the next one the coordinator turns it back into Gcs, "
-     "which the client does not read"),
-    ("data_location", http({"Gcp": {"bucket_name": "b", "filter_directory": "d"}}),
-     "model.LLM.data_location.Http.location: Gcp is not supported by this client (supported: "
-     "SingleUrl, UrlList, NumberedFiles): the client does not list or read GCP buckets"),
     ("optimizer", {"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}},
      "model.LLM.optimizer: AdamW is not supported by this client (supported: Distro, "
      "SparseLoCo): a networked run needs the Distro optimizer (AdamW shares nothing with "
@@ -145,13 +135,10 @@ def test_the_bundled_configs_are_the_expected_ones() -> None:
 
 def test_every_problem_is_listed_in_field_order() -> None:
     state = state_with(architecture="Torchtitan",
-                       checkpoint={"Gcs": {"bucket": "b"}},
-                       data_location=http({"Gcp": {"bucket_name": "b"}}),
                        optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0,
                                             "eps": 1e-8}})
     keys = [line.split(":")[0] for line in unsupported_fields(state)]
-    assert keys == ["model.LLM.architecture", "model.LLM.checkpoint",
-                    "model.LLM.optimizer", "model.LLM.data_location.Http.location"]
+    assert keys == ["model.LLM.architecture", "model.LLM.optimizer"]
 
 
 def test_every_refused_variant_of_the_format_has_a_reason() -> None:
@@ -177,7 +164,8 @@ def test_every_refused_variant_of_the_format_has_a_reason() -> None:
 def write_refused(tmp_path: Path) -> Path:
     path = tmp_path / "state.toml"
     path.write_text(tomli_w.dumps(state_dict(
-        architecture="HfAuto", data_location=http({"Gcp": {"bucket_name": "b"}}))))
+        architecture="HfAuto",
+        optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}})))
     return path
 
 
@@ -191,9 +179,9 @@ def test_validate_config_prints_one_line_per_problem_and_exits_1(tmp_path: Path)
         "HfLlama): the client would load it with transformers' AutoModelForCausalLM, but only "
         "Llama models are tested with this implementation and its tensor parallelism is "
         "Llama-only",
-        f"{path}: model.LLM.data_location.Http.location: Gcp is not supported by this "
-        "client (supported: SingleUrl, UrlList, NumberedFiles): the client does not list or "
-        "read GCP buckets",
+        f"{path}: model.LLM.optimizer: AdamW is not supported by this client (supported: "
+        "Distro, SparseLoCo): a networked run needs the Distro optimizer (AdamW shares nothing "
+        "with peers)",
     ]
 
 
@@ -218,6 +206,6 @@ def test_run_refuses_to_start_with_the_same_lines(tmp_path: Path) -> None:
     assert result.exit_code == 1
     problems = [line for line in result.output.splitlines() if "is not supported" in line]
     assert [line.split(": ")[1] for line in problems] == [
-        "model.LLM.architecture", "model.LLM.data_location.Http.location"]
+        "model.LLM.architecture", "model.LLM.optimizer"]
     assert all(line.startswith(f"{path}: ") for line in problems)
     assert "listening" not in result.output
