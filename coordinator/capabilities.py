@@ -5,8 +5,8 @@
 A state file can be valid (coordinator/config.py accepts every value of Psyche's format)
 and still name something our client cannot do. This lists each such field, one line per
 problem, as `dotted.key: Value is not supported by this client (supported: A, B): why`,
-e.g. `model.LLM.checkpoint: Dummy is not supported by this client
-(supported: Hub, P2P, Gcs, P2PGcs): ...`. `psyche-coordinator
+e.g. `model.LLM.architecture: Torchtitan is not supported by this client
+(supported: HfLlama): ...`. `psyche-coordinator
 validate-config` prints these lines and exits 1, and `psyche-coordinator run` refuses to
 start with them, so that a run the clients would fail in (at their first warm-up, after
 the coordinator has waited for them) is refused before anyone joins. Only a state file
@@ -28,6 +28,9 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
   at a run's first epoch), and P2PGcs into Gcs; it turns Dummy into P2P only at the end
   of a cooldown (coordinator/core.py `start_warmup`, `end_cooldown`). So P2P, Hub, Gcs
   and P2PGcs runs load; Dummy fails at the first warm-up.
+- checkpoint Dummy: model_keeper builds it (client_image/training/dummy_model.py: repo_id's
+  config.json or a small built-in Llama, weights from a fixed seed, the same on every
+  client), downloading nothing.
 - data_type: both. client_image/data `fetch_training_batch` gives a Finetuning run's
   trainers the samples' labels (Preprocessed parquet's `labels` column, or the TCP data
   server's; the inputs when the data has none; -100 is not in the loss) and a
@@ -52,7 +55,7 @@ from coordinator.config_variants import Variant
 
 SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http", "Dummy", "Preprocessed", "WeightedHttp")
 SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles", "Gcp")
-SUPPORTED_CHECKPOINTS = ("Hub", "P2P", "Gcs", "P2PGcs")
+SUPPORTED_CHECKPOINTS = ("Hub", "P2P", "Dummy", "Gcs", "P2PGcs")
 SUPPORTED_DATA_TYPES = ("Pretraining", "Finetuning")
 SUPPORTED_ARCHITECTURES = ("HfLlama",)
 SUPPORTED_OPTIMIZERS = ("Distro", "SparseLoCo")
@@ -66,8 +69,6 @@ REASONS: dict[str, dict[str, str]] = {
     "data_location": {},  # every variant runs
     "data_location.Http.location": {},  # every location runs (Gcp: listed, then read)
     "checkpoint": {
-        "Dummy": "at a run's first warm-up the client loads only a Hub (or local) model or "
-                 "one from peers; Dummy turns into P2P only after the first cooldown",
     },
     "data_type": {},  # both run (Finetuning trains on the samples' labels)
     "architecture": {

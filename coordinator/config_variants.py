@@ -281,7 +281,12 @@ class _GcsRepo(Variant):
 
 
 class DummyCheckpoint(_HubRepo):
+    """A model built by every client, not downloaded (client_image/training/dummy_model.py):
+    repo_id, a local directory's config.json, or empty (as Psyche's config/test) for a
+    small built-in Llama."""
+
     TAG: ClassVar[str] = "Dummy"
+    repo_id: StrictStr
 
 
 class HubCheckpoint(_HubRepo):
@@ -289,9 +294,11 @@ class HubCheckpoint(_HubRepo):
 
 
 class P2PCheckpoint(_HubRepo):
-    """Fetch the model from peers of the previous epoch (set by the coordinator)."""
+    """Fetch the model from peers of the previous epoch (set by the coordinator). repo_id
+    may be empty: that of a Dummy run started from the built-in model."""
 
     TAG: ClassVar[str] = "P2P"
+    repo_id: StrictStr
 
 
 class GcsCheckpoint(_GcsRepo):

@@ -80,7 +80,10 @@ class CoordinatorCore:
         if not previous.intersection(pending):
             # Nobody holds the model of the last epoch: fall back to the stored checkpoint.
             checkpoint = state.model.checkpoint
-            if isinstance(checkpoint, P2PCheckpoint):
+            if isinstance(checkpoint, P2PCheckpoint) and not checkpoint.repo_id:
+                # A Dummy run of the built-in model has no repository: rebuild it.
+                state.model = _with_checkpoint(state.model, DummyCheckpoint(repo_id=""))
+            elif isinstance(checkpoint, P2PCheckpoint):
                 state.model = _with_checkpoint(state.model, HubCheckpoint(
                     repo_id=checkpoint.repo_id, revision=checkpoint.revision))
             elif isinstance(checkpoint, P2PGcsCheckpoint):

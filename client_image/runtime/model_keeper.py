@@ -15,6 +15,8 @@
     hub_repo_problem(...)  why the coordinator would refuse this client's reports: only
                            the run's own repository (its authority's) may get new revisions
 
+A Dummy checkpoint is built, not loaded: its config (repo_id's config.json, or a small
+built-in Llama) with seeded weights, the same on every client (training/dummy_model.py).
 It holds no round state; the round runner decides when to call it.
 """
 
@@ -41,6 +43,7 @@ from coordinator import CoordinatorError, CoordinatorState, NodeIdentity
 from coordinator.checkpoint_reports import Report, report_problem
 from coordinator.config import (
     Checkpoint,
+    DummyCheckpoint,
     GcsCheckpoint,
     HubCheckpoint,
     P2PCheckpoint,
@@ -115,6 +118,11 @@ class ModelKeeper:
             await self.worker.load_from_peers(fetched.config_json, fetched.tokenizer_json,
                                               fetched.state_dict, llm, start_step)
             self.events.emit(ModelLoaded(source="p2p", peers=fetched.peers, bytes=fetched.bytes,
+                                         seconds=round(time.monotonic() - started, 2)))
+            return
+        if isinstance(checkpoint, DummyCheckpoint):
+            await self.worker.load_dummy(checkpoint.repo_id, llm, start_step)
+            self.events.emit(ModelLoaded(source="dummy", repo=checkpoint.repo_id,
                                          seconds=round(time.monotonic() - started, 2)))
             return
         if isinstance(checkpoint, HubCheckpoint):

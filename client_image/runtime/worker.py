@@ -247,6 +247,25 @@ class TrainingWorker:
             self._make_trainer(model, llm, start_step)
         await self._run(load)
 
+    async def load_dummy(self, repo_id: str, llm: LLMConfig, start_step: int) -> None:
+        """A Dummy checkpoint: the model built from its config with seeded weights, the
+        same on every client, downloading nothing (training/dummy_model.py)."""
+        def load() -> None:
+            from client_image.training.dummy_model import DummyModelError, dummy_causal_lm
+
+            try:
+                with _TRANSFORMERS_LOADING:
+                    model = dummy_causal_lm(repo_id)
+            except DummyModelError as exc:
+                raise WorkerError(str(exc)) from None
+            if torch.device(self.device).type == "cuda":
+                self._refuse_unless_fits(model.config, llm)
+            model.to(self.device)
+            model.train()
+            self.model_dir = Path(repo_id) if repo_id and Path(repo_id).is_dir() else None
+            self._make_trainer(model, llm, start_step)
+        await self._run(load)
+
     async def load_from_peers(self, config_json: str, tokenizer_json: str | None,
                               state_dict: dict[str, torch.Tensor], llm: LLMConfig,
                               start_step: int) -> None:

@@ -119,14 +119,6 @@ def keeper(worker: _Worker) -> ModelKeeper:
                        options=None, spawn=None)
 
 
-@pytest.mark.parametrize("checkpoint", [{"Dummy": {"repo_id": "org/init"}}])
-async def test_the_client_loads_no_refused_checkpoint(checkpoint: Any) -> None:
-    state, llm = llm_with(checkpoint=checkpoint)
-    assert unsupported_fields(state)
-    with pytest.raises(RuntimeError, match="cannot be loaded by this client"):
-        await keeper(_Worker()).load(fake_state(llm), [])
-
-
 async def test_the_client_loads_a_hub_checkpoint() -> None:
     state, llm = llm_with(checkpoint={"Hub": {"repo_id": "org/init"}})
     assert unsupported_fields(state) == []

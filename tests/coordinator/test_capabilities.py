@@ -63,10 +63,6 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("architecture", "Torchtitan",
      "model.LLM.architecture: Torchtitan is not supported by this client (supported: HfLlama): "
      "Psyche builds these models with torchtitan; the client loads only transformers models"),
-    ("checkpoint", {"Dummy": {"repo_id": "org/init"}},
-     "model.LLM.checkpoint: Dummy is not supported by this client (supported: Hub, P2P): at a "
-     "run's first warm-up the client loads only a Hub (or local) model or one from peers; "
-     "Dummy turns into P2P only after the first cooldown"),
     ("optimizer", {"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}},
      "model.LLM.optimizer: AdamW is not supported by this client (supported: Distro, "
      "SparseLoCo): a networked run needs the Distro optimizer (AdamW shares nothing with "
@@ -97,6 +93,8 @@ def test_each_unsupported_value_is_refused_with_its_message(key: str, value: Any
 
 ACCEPTED: list[tuple[str, Any]] = [
     ("data_type", "Finetuning"),
+    ("checkpoint", {"Dummy": {"repo_id": "org/init"}}),
+    ("checkpoint", {"Dummy": {"repo_id": ""}}),  # Psyche's config/test: the built-in model
     ("checkpoint", {"Hub": {"repo_id": "org/init", "revision": "r"}}),
     # A state file's P2P becomes Hub at the first warm-up (no holder of a last epoch).
     ("checkpoint", {"P2P": {"repo_id": "org/init"}}),

@@ -1,0 +1,36 @@
+"""A short whole run from a Dummy checkpoint with an empty repo_id (Psyche's config/test):
+coordinator + 1 client, the built-in seeded Llama, Dummy data; nothing is downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from e2e_helpers import log_tails
+from loopback import free_port
+
+from coordinator import load_state_file
+from coordinator.config import DummyCheckpoint, DummyDataLocation
+from local_testnet.config_variant import write_config_variant
+from local_testnet.testnet import Testnet, TestnetOptions, run_headless
+
+pytestmark = pytest.mark.slow
+
+
+async def test_one_client_trains_a_dummy_checkpoint(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config_dir = write_config_variant(tmp_path / "config", free_port(), total_steps=4,
+                                      init_min_clients=1, epoch_time=25, warmup_time=20)
+    state = load_state_file(config_dir / "state.toml")
+    state = state.model_copy(update={"model": state.model.model_copy(update={
+        "checkpoint": DummyCheckpoint(repo_id=""), "data_location": DummyDataLocation()})})
+    (config_dir / "state.toml").write_text(state.to_toml())
+    (config_dir / "data.toml").unlink()
+    testnet = Testnet(TestnetOptions(
+        num_clients=1, config_path=config_dir, work_dir=tmp_path / "work",
+        server_port=free_port(), metrics_base_port=free_port() - 2, timeout_s=240))
+    summary = await run_headless(testnet)
+    assert summary["error"] is None, f"{summary}\n{log_tails(testnet.options.work_dir)}"
+    assert summary["finished"] and summary["final_step"] == 4
+    assert summary["last_loss"] < summary["first_loss"], summary
