@@ -261,6 +261,31 @@ def train(
                           "wrong_batch); the run's followers should report this client and "
                           "the coordinator eject it"),
     ] = None,
+    eval_tasks: Annotated[
+        str | None,
+        typer.Option("--eval-tasks", envvar="EVAL_TASKS",
+                     help="benchmarks to score the model on between epochs, comma-separated: "
+                          "arc_challenge, arc_easy, boolq, hellaswag, mmlu, openbookqa, piqa "
+                          "(docs/evals.md)"),
+    ] = None,
+    eval_seed: Annotated[
+        int, typer.Option("--eval-seed", envvar="EVAL_SEED", min=0,
+                          help="picks each task's documents (shuffled with it)")
+    ] = 42,
+    eval_task_max_docs: Annotated[
+        int | None, typer.Option("--eval-task-max-docs", envvar="EVAL_TASK_MAX_DOCS", min=1,
+                                 help="documents per task (default: all)")
+    ] = None,
+    eval_data_dir: Annotated[
+        Path | None,
+        typer.Option("--eval-data-dir", envvar="EVAL_DATA_DIR",
+                     help="<task>.jsonl or <task>.parquet files in the data set's format; "
+                          "else the Hugging Face cache, else the bundled samples"),
+    ] = None,
+    prompt_task: Annotated[
+        bool, typer.Option("--prompt-task", envvar="PROMPT_TASK",
+                           help="each epoch, log the model's greedy continuation of a prompt")
+    ] = False,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
@@ -285,6 +310,19 @@ def train(
     if test_adversary is not None and test_adversary not in LIVE_ATTACKS:
         raise typer.BadParameter(f"use one of {', '.join(LIVE_ATTACKS)}",
                                  param_hint="--test-adversary")
+
+    from client_image.evals.catalog import parse_task_names
+    from client_image.runtime.evaluating import EvalOptions
+
+    try:
+        evals = EvalOptions(tasks=parse_task_names(eval_tasks or ""), seed=eval_seed,
+                            max_docs=eval_task_max_docs, prompt_task=prompt_task,
+                            data_dir=eval_data_dir)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--eval-tasks") from None
+    if eval_data_dir is not None and not eval_data_dir.is_dir():
+        raise typer.BadParameter(f"{eval_data_dir} is not a directory",
+                                 param_hint="--eval-data-dir")
 
     from client_image.backends.base import BackendRejected
     from client_image.p2p import NodeConfig
@@ -366,6 +404,7 @@ def train(
         write_gradients_dir=write_gradients_dir,
         metrics_local_port=metrics_local_port,
         client_version=os.environ.get("CLIENT_VERSION") or None,
+        evals=evals,
     )
     client = PsycheClient(options, EventLog(mode))
     exporter = _start_telemetry(telemetry, client, identity.node_id, run_id)

@@ -101,3 +101,7 @@ class ClientMetrics(_Strict):
     """The epoch of the last ejection (None: never ejected)."""
     ejected_by: list[str] = Field(default_factory=list)
     """The followers (node ids, hex) whose reports ejected this client."""
+
+    # Evals (docs/evals.md): the last score of each task, scored between epochs.
+    evals: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Task -> metric (acc, acc_norm) -> the last score, e.g. {"arc_easy": {"acc": 0.5}}."""

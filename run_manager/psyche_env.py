@@ -14,7 +14,6 @@ The keys psyche-py uses are RunManagerSettings' fields and the client's
 
 from __future__ import annotations
 
-_EVALS = "evaluations between rounds"
 _WANDB = "Weights & Biases logging"
 _GCS = "GCS checkpoints (we upload to HUB_REPO)"
 _EVENTS = "the client's event files"
@@ -23,8 +22,6 @@ _EVENTS = "the client's event files"
 IGNORED: dict[str, str] = {
     "RPC_3": "a third RPC endpoint (we use RPC and RPC_2)",
     "WS_RPC_3": "a third RPC endpoint (we use RPC and RPC_2)",
-    "EVAL_TASKS": _EVALS, "EVAL_SEED": _EVALS, "EVAL_TASK_MAX_DOCS": _EVALS,
-    "PROMPT_TASK": _EVALS,
     "GCS_BUCKET": _GCS, "GCS_PREFIX": _GCS, "GOOGLE_APPLICATION_CREDENTIALS": _GCS,
     "HUB_MAX_CONCURRENT_DOWNLOADS": "parallel Hub downloads",
     "WANDB_PROJECT": _WANDB, "WANDB_RUN": _WANDB, "WANDB_GROUP": _WANDB,

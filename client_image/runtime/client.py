@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ from client_image.p2p import (
     P2PNode,
     decode_broadcast,
 )
+from client_image.runtime.evaluating import EvalOptions, IdleEvals
 from client_image.runtime.events import (
     CoordinatorRefused,
     HubRepoNotRunRepository,
@@ -99,6 +100,8 @@ class ClientOptions:
     # Testing verification only: publish dishonest results of this kind
     # (verification/adversary.py); an honest client never sets it.
     test_adversary: str | None = None
+    # Benchmarks of the model while it is idle between epochs (runtime/evaluating.py).
+    evals: EvalOptions = field(default_factory=EvalOptions)
 
     def runner_options(self) -> RunnerOptions:
         return RunnerOptions(
@@ -222,7 +225,9 @@ class PsycheClient:
         return RoundRunner(self.me, backend=backend, peers=peers, worker=self.worker,
                            open_data=self._open_data, events=self.events,
                            counters=self.counters, options=self.options.runner_options(),
-                           tracer=telemetry, on_unrunnable=self._unrunnable)
+                           tracer=telemetry, on_unrunnable=self._unrunnable,
+                           idle=IdleEvals(self.options.evals, self.worker, self.events)
+                           if self.options.evals.enabled else None)
 
     def _unrunnable(self, reason: str) -> None:
         log.error("%s", reason)

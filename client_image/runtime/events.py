@@ -257,3 +257,51 @@ class HubRepoNotRunRepository(RuntimeEvent):
     run_checkpoint: str
     error: str
     detail: str
+
+
+# ------------------------------------------------------------------ evals (runtime/evaluating.py)
+@dataclass(frozen=True)
+class EvalScored(RuntimeEvent):
+    """One task's score of the model checkpointed at `step` (the mean over `docs`)."""
+
+    NAME: ClassVar[str] = "eval"
+    task: str
+    epoch: int
+    step: int
+    docs: int
+    acc: float
+    acc_norm: float | None  # None: Psyche reports acc only for this task (boolq, mmlu)
+    source: str  # where the documents came from: a file, a hub snapshot, the bundled sample
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        return {"acc": self.acc} | ({} if self.acc_norm is None else {"acc_norm": self.acc_norm})
+
+
+@dataclass(frozen=True)
+class PromptSampled(RuntimeEvent):
+    """--prompt-task: the model's greedy continuation of a fixed prompt, once per epoch."""
+
+    NAME: ClassVar[str] = "prompt"
+    epoch: int
+    step: int
+    prompt: str
+    completion: str
+
+
+@dataclass(frozen=True)
+class EvalsInterrupted(RuntimeEvent):
+    """A warm-up or round needed the model: the evals stopped between two documents."""
+
+    NAME: ClassVar[str] = "evals_interrupted"
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class EvalFailed(RuntimeEvent):
+    """A task could not run (its data, the tokenizer); training is not affected."""
+
+    NAME: ClassVar[str] = "eval_failed"
+    task: str  # "*": all of them
+    error: str

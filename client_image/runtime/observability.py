@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from client_image.runtime.events import Ejected, Following, RuntimeEvent
+from client_image.runtime.events import Ejected, EvalScored, Following, RuntimeEvent
 from psyche_common.metrics_schema import ClientMetrics, ConnectedPeer, RoundTripTime, SelectedPath
 
 LogMode = Literal["tui", "console", "json", "none"]
@@ -102,10 +102,11 @@ class Counters:
     verification_following: int = 0  # trainers followed this epoch (0: none, or cannot replay)
     ejected_epoch: int | None = None  # the epoch of the last ejection of this client
     ejected_by: tuple[str, ...] = ()  # the followers (hex) whose reports ejected it
+    evals: dict[str, dict[str, float]] = field(default_factory=dict)  # task -> metric -> last
 
     def observe(self, event: RuntimeEvent) -> None:
         """An `EventLog` listener for what the runtime tells only by event: the trainers
-        this client follows and its ejection. It sets values (never adds), so a second
+        this client follows, its ejection and its last eval scores. It sets values (never adds), so a second
         subscription changes nothing."""
         match event:
             case Following(trainers=trainers, able=able):
@@ -113,6 +114,8 @@ class Counters:
             case Ejected(epoch=epoch, reporters=reporters):
                 self.ejected_epoch, self.ejected_by = epoch, tuple(reporters)
                 self.verification_following = 0
+            case EvalScored(task=task):
+                self.evals = self.evals | {task: event.metrics()}
             case _:
                 pass
 
@@ -156,7 +159,7 @@ def snapshot(counters: Counters, client_version: str, node: Any | None,
         verifications_failed=counters.verifications_failed,
         verification_reports_sent=counters.verification_reports_sent,
         ejected=counters.ejected_epoch is not None, ejected_epoch=counters.ejected_epoch,
-        ejected_by=list(counters.ejected_by))
+        ejected_by=list(counters.ejected_by), evals=counters.evals)
 
 
 class MetricsServer:

@@ -6,6 +6,7 @@
     Worker            the model and DisTrO trainer, off the event loop (worker.TrainingWorker)
     DataSource        the run's training samples (client_image.data providers)
     PhaseTracer       a span per phase when telemetry is on
+    IdleWork          work for the model's idle time between epochs (evaluating.IdleEvals)
 
 Unit tests drive the runner with in-memory fakes of all of them (tests/client_runtime).
 """
@@ -151,3 +152,13 @@ class DataOpener(Protocol):
 
 class PhaseTracer(Protocol):
     def phase(self, name: str, state: CoordinatorState) -> AbstractContextManager[object]: ...
+
+
+class IdleWork(Protocol):
+    def on_state(self, state: CoordinatorState) -> None:
+        """A new coordinator state: a warm-up or round needs the model back."""
+
+    def model_free(self, state: CoordinatorState) -> None:
+        """The cooldown's checkpoint is written and shared: the model is idle."""
+
+    async def close(self) -> None: ...

@@ -50,6 +50,7 @@ from client_image.runtime.ports import (
     CoordinatorLink,
     DataOpener,
     DataSource,
+    IdleWork,
     Peers,
     PhaseTracer,
     Unrunnable,
@@ -94,8 +95,10 @@ class RoundRunner:
                  worker: Worker, open_data: DataOpener, events: EventLog,
                  counters: Counters | None = None, options: RunnerOptions | None = None,
                  tracer: PhaseTracer | None = None,
-                 on_unrunnable: Callable[[str], None] | None = None):
+                 on_unrunnable: Callable[[str], None] | None = None,
+                 idle: IdleWork | None = None):
         self.me = me
+        self.idle = idle  # the evals, between epochs (evaluating.py)
         # Called when a task fails with Unrunnable (the client stops: retrying is futile).
         self.on_unrunnable = on_unrunnable
         self.backend = backend
@@ -128,6 +131,8 @@ class RoundRunner:
         """A new coordinator state whose phase, epoch or step changed."""
         self.state = state
         self.verifying.notice(state)
+        if self.idle is not None:
+            self.idle.on_state(state)
         listed = state.index_of(self.me) is not None
         if state.run_state is RunState.Warmup and listed:
             if self.warmup.begin(state.progress.epoch):
@@ -177,6 +182,8 @@ class RoundRunner:
                 await self.round_task
 
     async def close(self) -> None:
+        if self.idle is not None:
+            await self.idle.close()
         await self.tasks.close()
 
     def set_desynced(self, reason: str) -> None:
@@ -470,3 +477,5 @@ class RoundRunner:
             if not self.worker.loaded or self.desynced:
                 return
             await self.model.save_and_share(state)
+            if self.idle is not None:
+                self.idle.model_free(state)

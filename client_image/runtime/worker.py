@@ -445,6 +445,18 @@ class TrainingWorker:
             return None
         return await self._run(self.followers.verify, trainer, step, published)
 
+    async def on_model(self, fn: Callable[[torch.nn.Module, Path | None], _T]) -> _T:
+        """Run fn(model, model_dir) in the worker thread, between the training calls (the
+        evals of runtime/evaluating.py); WorkerError when no one process holds the model."""
+        if self.ranks is not None:
+            raise WorkerError("evals do not run on a model split across ranks yet")
+
+        def call() -> _T:
+            if self.model is None:
+                raise WorkerError("no model is loaded")
+            return fn(self.model, self.model_dir)
+        return await self._run(call)
+
     async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
                               keep_steps: int) -> Path:
         assert self.model is not None

@@ -4,7 +4,7 @@ Three sources, so the runtime needs almost no telemetry code of its own:
   * observed on each collection (export or scrape): the runtime's `Counters`, the p2p
     node's blob download stats, gossip neighbours and connection diagnostics;
   * the runtime's typed events (`EventLog.listeners`, client_image.runtime.events):
-    Trained, WitnessSent, StateChanged, Following, Ejected…;
+    Trained, WitnessSent, StateChanged, Following, Ejected, EvalScored…;
   * spans: the round runner's `tracer.phase(name, state)` around warm-up, apply, train,
     witness and cooldown, attributes step and epoch.
 """
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from client_image.p2p.diagnostics import PeerDiagnostics
 from client_image.runtime.events import (
     Ejected,
+    EvalScored,
     Following,
     ModelLoaded,
     RuntimeEvent,
@@ -158,6 +159,9 @@ class ClientTelemetry:
             case Ejected():
                 t.gauge("psyche_verification_following").set(0)
                 t.gauge("psyche_ejected").set(1)
+            case EvalScored(task=task):
+                for metric, value in event.metrics().items():
+                    t.gauge("psyche_eval_metrics").set(value, {"task": task, "metric": metric})
             case _:
                 pass
 

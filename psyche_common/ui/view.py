@@ -122,4 +122,23 @@ def describe_training(metrics: ClientMetrics | None, error: str = "") -> list[st
         f"role {metrics.role}",
         f"loss {loss}  {metrics.tokens_per_sec:,.0f} tok/s  peers {len(metrics.connected_peers)}",
         f"last results: {sizes}",
+        *describe_evals(metrics.evals),
     ]
+
+
+def describe_evals(evals: dict[str, dict[str, float]]) -> list[str]:
+    """The client's last eval scores as a small table (nothing before the first one):
+
+        eval        acc    acc_norm
+        arc_easy    0.600  0.400
+        boolq       0.800  —
+    """
+    if not evals:
+        return []
+    width = max(len("eval"), *(len(task) for task in evals))
+
+    def cell(scores: dict[str, float], metric: str) -> str:
+        return f"{scores[metric]:.3f}" if metric in scores else "—"
+    return [f"{'eval':<{width}}  acc    acc_norm"] + [
+        f"{task:<{width}}  {cell(scores, 'acc'):<5}  {cell(scores, 'acc_norm')}"
+        for task, scores in sorted(evals.items())]

@@ -98,12 +98,13 @@ def test_what_psyche_does_and_we_cannot_is_refused_by_name(tmp_path: Path, text:
 
 def test_psyches_keys_we_do_not_use_are_named_in_warnings_never_dropped_silently() -> None:
     variables = {"RUN_ID": "r", "RPC_3": "http://h", "WANDB_API_KEY": "k", "EVAL_TASKS": "hellaswag",
+                 "OPTIM_STATS_STEPS": "10",
                  "WALLET_FILE": "~/id.json", "BLOBS_GC_INTERVAL_MILLIS": "500", "MICRO_BATCH": "4",
                  "PSYCHE_COORDINATOR_PROGRAM_ID": str(Keypair().pubkey()), "RUST_LOG": "debug",
                  "RAW_WALLET_PRIVATE_KEY": "x", "SCRATCH_DIR": "/tmp", "AUTHORIZER": "a"}
     warnings = env_file_warnings(variables)
     named = sorted(line.split(" ")[0] for line in warnings)
-    assert named == ["BLOBS_GC_INTERVAL_MILLIS", "EVAL_TASKS", "MICRO_BATCH", "RPC_3",
+    assert named == ["BLOBS_GC_INTERVAL_MILLIS", "MICRO_BATCH", "OPTIM_STATS_STEPS", "RPC_3",
                      "WALLET_FILE", "WANDB_API_KEY"]
     assert "RPC_3 is read by Psyche (a third RPC endpoint (we use RPC and RPC_2)), not by psyche-py: ignored" in warnings
     assert "MICRO_BATCH is read by neither the run-manager nor the client (a typo?)" in warnings
