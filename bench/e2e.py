@@ -30,184 +30,27 @@ import contextlib
 import itertools
 import json
 import os
-import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator import (  # noqa: E402
-    RunState,
-    Witness,
-    WitnessProof,
-    decode_state,
-    selection_for_round,
-)
-from coordinator.config import state_file_from_dict  # noqa: E402
-from coordinator_tcp.client import ProtocolConnection  # noqa: E402
-from coordinator_tcp.protocol import (  # noqa: E402
-    StateUpdate,
-    WarmupWitness,
-    WitnessModel,
-    WitnessSubmit,
-    decode_server_message,
-)
-from psyche_common.identity import Identity  # noqa: E402
-from psyche_common.tcp.framing import read_frame  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
 
-_SENT_AT = re.compile(rb'"sent_at":([0-9.eE+-]+)')
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def bench_state_toml(clients: int, path: Path) -> None:
-    data = tomllib.loads((ROOT / "config" / "local-testnet" / "state.toml").read_text())
-    data["run_id"] = "bench-e2e"
-    data["config"].update({
-        "init_min_clients": min(clients, 256), "min_clients": 1, "witness_nodes": 1,
-        "warmup_time": 30, "epoch_time": 3600, "max_round_train_time": 5,
-        "round_witness_time": 1, "cooldown_time": 1, "total_steps": 100000,
-        "waiting_for_members_extra_time": 1})
-    # The simulated clients read no data, but `run` refuses a location a real client cannot
-    # read (coordinator/capabilities.py): a Local one needs no data server.
-    data["model"]["LLM"]["data_location"] = {"Local": str(ROOT / "assets" / "data" / "train")}
-    path.write_text(state_file_from_dict(data).to_toml())
-
-
-class StateCache:
-    """Decode each distinct broadcast once for all simulated clients, and elect its
-    witnesses once: each real client would do this on its own machine, but here N
-    clients share one process and N elections per round would measure our CPU, not
-    the server."""
-
-    def __init__(self) -> None:
-        self.by_sent_at: dict[bytes, Any] = {}
-        self._proofs: dict[bytes, dict[int, WitnessProof]] = {}
-
-    def state(self, sent_at: bytes, frame: bytes) -> Any:
-        if sent_at not in self.by_sent_at:
-            message = decode_server_message(frame)
-            assert isinstance(message, StateUpdate)
-            self.by_sent_at = {sent_at: decode_state(message.state_bytes)}
-        return self.by_sent_at[sent_at]
-
-    def witness_proof(self, sent_at: bytes, index: int) -> WitnessProof | None:
-        """The round's witness proof of `index`, or None when it is not a witness."""
-        if sent_at not in self._proofs:
-            state = self.by_sent_at[sent_at]
-            selection = selection_for_round(state)
-            self._proofs = {sent_at: {i: selection.witness_of(i)
-                                      for i in selection.witness_indices()}}
-        return self._proofs[sent_at].get(index)
-
-
-async def simulated_client(i: int, port: int, cache: StateCache, latencies: list[float],
-                           measuring: asyncio.Event, done: asyncio.Event,
-                           handshakes: asyncio.Semaphore) -> None:
-    identity = Identity((i + 1).to_bytes(32, "big"))
-    async with handshakes:
-        for _attempt in range(50):
-            try:
-                connection, _ = await ProtocolConnection.connect(
-                    "127.0.0.1", port, identity, "bench-e2e", f"sim-{i}", timeout_s=10)
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
-        else:
-            raise RuntimeError(f"simulated client {i} could not join")
-    acted: set[tuple[str, int]] = set()
-    try:
-        while not done.is_set():
-            try:
-                frame = await asyncio.wait_for(read_frame(connection.reader, 1 << 26), 1.0)
-            except TimeoutError:
-                continue
-            received = time.time()
-            match = _SENT_AT.search(frame)
-            if match is None or b'"type":"state"' not in frame:
-                continue
-            if measuring.is_set():
-                latencies.append(received - float(match.group(1)))
-            state = cache.state(match.group(1), frame)
-            index = _index(state, identity.public_key)
-            if index is None:
-                continue
-            key = (state.run_state.name, state.progress.step)
-            if key in acted:
-                continue
-            if state.run_state is RunState.Warmup and index == 0:
-                acted.add(key)  # warmup witness: {position=index, index, witness=false}
-                proof = WitnessProof(position=index, index=index, witness=False)
-                await connection.send(WarmupWitness(witness=WitnessModel.of(Witness(proof))))
-            elif state.run_state is RunState.RoundTrain:
-                proof = cache.witness_proof(match.group(1), index)
-                acted.add(key)
-                if proof is not None:
-                    await connection.send(WitnessSubmit(witness=WitnessModel.of(Witness(proof))))
-    finally:
-        await connection.close()
-
-
-def _index(state: Any, key: bytes) -> int | None:
-    for index, client in enumerate(state.epoch_state.clients):
-        if client.id.key == key:
-            return index
-    return None
+import server_load  # noqa: E402
+from server_load import free_port  # noqa: E402
 
 
 async def measure_count(clients: int, duration_s: float) -> dict[str, Any]:
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        state = Path(tmp) / "state.toml"
-        bench_state_toml(clients, state)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state),
-             "--server-port", str(port), "--bind-host", "127.0.0.1", "--tick-interval", "0.1"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cache, latencies = StateCache(), list[float]()
-        measuring, done = asyncio.Event(), asyncio.Event()
-        handshakes = asyncio.Semaphore(32)  # below the server's max concurrent handshakes
-        try:
-            tasks = [asyncio.create_task(simulated_client(i, port, cache, latencies, measuring,
-                                                          done, handshakes))
-                     for i in range(clients)]
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                states = list(cache.by_sent_at.values())
-                if states and states[0].run_state.active:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError(f"{clients} clients: the run never started")
-            measuring.set()
-            await asyncio.sleep(duration_s)
-            done.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            server.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                server.wait(10)
-            if server.poll() is None:
-                server.kill()
-    if not latencies:
-        raise RuntimeError(f"{clients} clients: no broadcasts measured")
-    ordered = sorted(latencies)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return {"clients": clients, "samples": len(ordered),
-            "p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p99_ms": round(p99 * 1000, 2), "max_ms": round(ordered[-1] * 1000, 2)}
+    """Broadcast latency with `clients` protocol-level clients (bench/server_load.py's
+    swarm: each its own loopback address; one witness per round)."""
+    row = await server_load.measure_count(clients, duration_s, witnesses=1)
+    return {key: row[key] for key in ("clients", "samples", "p50_ms", "p99_ms")}
 
 
 async def max_clients_p99_100ms(counts: list[int], duration_s: float) -> tuple[int, list[Any]]:
@@ -216,7 +59,7 @@ async def max_clients_p99_100ms(counts: list[int], duration_s: float) -> tuple[i
         row = await measure_count(count, duration_s)
         rows.append(row)
         print(f"  {count:4d} clients: {row['samples']:6d} samples  p50 {row['p50_ms']:8.2f} ms"
-              f"  p99 {row['p99_ms']:8.2f} ms  max {row['max_ms']:8.2f} ms", flush=True)
+              f"  p99 {row['p99_ms']:8.2f} ms", flush=True)
         if row["p99_ms"] >= 100:
             break
         best = count

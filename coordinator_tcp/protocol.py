@@ -126,15 +126,24 @@ class HealthCheckEntry(BaseModel):
 
 # ------------------------------------------------------------------ server -> client
 class StateUpdate(_Message):
-    """The whole coordinator state (`coordinator.encode_state`, base64) and the p2p
-    addresses the server learned at join time, keyed by hex identity: the whole map when
-    `addresses_full`, else the entries added or changed since the previous StateUpdate
-    and the keys removed (`p2p_removed`). `addresses_seq` numbers the map this message
-    leads to: one more than the previous one's when it changes anything, the same when
-    it does not (`coordinator_tcp.addresses.AddressMirror` applies them)."""
+    """The coordinator state (`coordinator.encode_state`) and the p2p addresses the
+    server learned at join time, keyed by hex identity.
+
+    The state comes whole (`state`, base64) in a connection's first update, after it
+    asks (`ResyncAddresses`) and to observers; otherwise as `state_delta`, a base64
+    bsdiff4 patch from the state numbered `state_seq - 1` to the one numbered
+    `state_seq`, whose SHA-256 starts with `state_digest`
+    (`coordinator_tcp.state_delta.StateMirror` applies them). The addresses: the whole
+    map when `addresses_full`, else the entries added or changed since the previous
+    StateUpdate and the keys removed (`p2p_removed`). `addresses_seq` numbers the map
+    this message leads to: one more than the previous one's when it changes anything,
+    the same when it does not (`coordinator_tcp.addresses.AddressMirror` applies them)."""
 
     type: Literal["state"] = "state"
-    state: str
+    state: str = ""
+    state_seq: int = Field(default=0, ge=0)
+    state_delta: str = ""
+    state_digest: str = Field(default="", max_length=64)
     p2p_addresses: dict[str, str] = Field(default_factory=dict)
     p2p_removed: list[str] = Field(default_factory=list)
     addresses_seq: int = Field(default=0, ge=0)
@@ -150,7 +159,8 @@ class StateUpdate(_Message):
     def to_frame(self) -> bytes:
         """The message's bytes, without the fields that are not set (None) and without
         empty address changes."""
-        empty = {name for name in ("p2p_addresses", "p2p_removed") if not getattr(self, name)}
+        empty = {name for name in ("p2p_addresses", "p2p_removed", "state", "state_delta",
+                                   "state_digest") if not getattr(self, name)}
         return self.model_dump_json(exclude_none=True, exclude=empty).encode()
 
     @property

@@ -53,7 +53,8 @@ class _Peer:
         self.writer = writer
         self.observer = observer
         self.notice: str | None = None  # the code of the last Notice it was sent
-        self.resynced_version: int | None = None  # the map version it last asked for whole
+        # (state seq, address map version) it last asked for whole (ResyncAddresses)
+        self.resynced_version: tuple[int, int] | None = None
 
     def send(self, payload: bytes) -> bool:
         """Queue a frame without waiting; False if the peer is too far behind."""

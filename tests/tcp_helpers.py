@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import tomllib
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from coordinator.config import StateFile, state_file_from_dict
 from coordinator_tcp.client import ProtocolConnection
-from coordinator_tcp.protocol import StateUpdate
+from coordinator_tcp.protocol import ResyncAddresses, StateUpdate
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
+from coordinator_tcp.state_delta import StateMirror
 from psyche_common.identity import Identity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +54,26 @@ async def join(server: CoordinatorServer, who: Identity, *, observe: bool = Fals
     return connection
 
 
+# Each connection's copy of the server's state: clients are sent patches after the first.
+_MIRRORS: weakref.WeakKeyDictionary[ProtocolConnection, StateMirror] = (
+    weakref.WeakKeyDictionary())
+
+
 async def next_state(connection: ProtocolConnection, timeout_s: float = 5.0) -> StateUpdate:
-    """The next StateUpdate (heartbeats skipped)."""
-    import asyncio
+    """The next StateUpdate (heartbeats skipped), with `state` whole: a patch is applied
+    to the connection's copy (a gap asks for the whole state and waits for it)."""
 
     async def wait() -> StateUpdate:
+        mirror = _MIRRORS.setdefault(connection, StateMirror())
         while True:
             message = await connection.receive()
-            if isinstance(message, StateUpdate):
-                return message
+            if not isinstance(message, StateUpdate):
+                continue
+            data, ask = mirror.apply(message)
+            if ask:
+                await connection.send(ResyncAddresses())
+            if data is not None:
+                return message.model_copy(update={"state": base64.b64encode(data).decode()})
 
     return await asyncio.wait_for(wait(), timeout_s)
 

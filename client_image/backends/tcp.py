@@ -43,6 +43,7 @@ from coordinator_tcp.protocol import (
     StateUpdate,
     VersionMismatch,
 )
+from coordinator_tcp.state_delta import StateMirror
 from psyche_common.identity import Identity
 from psyche_common.tcp.connection import (
     CONNECTION_ERRORS,
@@ -74,6 +75,7 @@ class TcpBackend:
         self._recent: deque[tuple[float, BaseModel]] = deque(maxlen=64)
         self._replay: list[BaseModel] = []
         self.addresses = AddressMirror()
+        self.states = StateMirror()
         self.notice: Notice | None = None  # the last thing the coordinator said we wait for
         self.connected = asyncio.Event()
 
@@ -104,6 +106,7 @@ class TcpBackend:
                                   f"protocol: {mismatch}") from None
         self._connection = connection
         self.addresses.reset()
+        self.states.reset()
         self.connected.set()
         replay, self._replay = self._replay, []
         for message in replay:
@@ -112,12 +115,18 @@ class TcpBackend:
             while True:
                 message = await connection.receive()
                 if isinstance(message, StateUpdate):
-                    if self.addresses.apply(message):
-                        log.warning("missed a change of the p2p addresses (map %s): asking "
-                                    "the coordinator for the whole map", message.addresses_seq)
+                    address_gap = self.addresses.apply(message)
+                    state_bytes, state_gap = self.states.apply(message)
+                    if address_gap or state_gap:
+                        log.warning("missed a change of the coordinator's %s (state %s, map "
+                                    "%s): asking for the whole state and map",
+                                    "state" if state_gap else "p2p addresses",
+                                    message.state_seq, message.addresses_seq)
                         await connection.send(ResyncAddresses())
+                    if state_bytes is None:
+                        continue  # a patch that did not follow: the whole state is coming
                     try:
-                        state = decode_state(message.state_bytes)
+                        state = decode_state(state_bytes)
                     except (StateDecodeError, ValueError) as exc:
                         log.error("undecodable coordinator state: %s", exc)
                         continue

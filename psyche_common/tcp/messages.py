@@ -34,7 +34,7 @@ from psyche_common.identity import Identity
 
 # 2: the coordinator's StateUpdate carries the p2p address map as numbered changes after
 # a whole first map (coordinator_tcp.addresses); 1 sent the whole map in every state.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: coordinator states as deltas (coordinator_tcp.state_delta)
 JOIN_DOMAIN = b"psyche-tcp-join/1"
 
 
@@ -65,7 +65,7 @@ class Message(BaseModel):
     """Every frame is one JSON object with `type` and `version`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    version: Literal[2] = 2  # PROTOCOL_VERSION
+    version: Literal[3] = 3  # PROTOCOL_VERSION
 
 
 # ------------------------------------------------------------------ server -> client

@@ -106,9 +106,9 @@ async def test_a_client_left_out_of_the_epoch_logs_what_it_waits_for(
             await asyncio.wait_for(task, 10)
 
 
-async def test_a_coordinator_of_protocol_1_stops_the_client_with_a_clear_message() -> None:
+async def test_a_coordinator_of_protocol_2_stops_the_client_with_a_clear_message() -> None:
     async def old_server(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        challenge = {"type": "challenge", "version": 1, "nonce": "00" * 32}
+        challenge = {"type": "challenge", "version": 2, "nonce": "00" * 32}
         writer.write(encode_frame(json.dumps(challenge).encode()))
         await writer.drain()
         await asyncio.sleep(1)
@@ -118,8 +118,8 @@ async def test_a_coordinator_of_protocol_1_stops_the_client_with_a_clear_message
     port = listener.sockets[0].getsockname()[1]
     backend = TcpBackend(f"127.0.0.1:{port}", Identity(bytes(32)), RUN_ID, "addr")
     try:
-        with pytest.raises(BackendRejected, match="unsupported protocol version 1: this side "
-                           "speaks 2"):
+        with pytest.raises(BackendRejected, match="unsupported protocol version 2: this side "
+                           "speaks 3"):
             await asyncio.wait_for(backend.run(_ignore_state, lambda _reply: None,
                                                asyncio.Event()), 10)
     finally:

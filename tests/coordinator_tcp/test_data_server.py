@@ -98,7 +98,7 @@ async def test_garbage_gets_an_error_and_a_disconnect(
         data_server: tuple[DataServer, set[bytes]]) -> None:
     server, _ = data_server
     connection, _ = await connect(server)
-    await connection.send_raw(b'{"type": "data_request", "version": 2, "start": -1, "end": 2}')
+    await connection.send_raw(b'{"type": "data_request", "version": 3, "start": -1, "end": 2}')
     reply = await connection.receive()
     assert isinstance(reply, ErrorReply) and reply.fatal and "start" in reply.detail
     with pytest.raises(asyncio.IncompleteReadError):

@@ -84,7 +84,7 @@ async def test_the_run_goes_on_through_garbage_mutations_and_a_slow_sender(
     await next_state(honest)
     garbage = [b"\xff" * 40, b"[1,2,3]", b'{"type":"join","version":2}',
                b'{"type":"witness","version":2,"witness":{"position":-1}}',
-               b"{" * 5000, json.dumps({"type": "join", "version": 2, "run_id": "x" * 99}).encode()]
+               b"{" * 5000, json.dumps({"type": "join", "version": 3, "run_id": "x" * 99}).encode()]
     # Before the join: each is refused as a handshake failure.
     for frame in garbage:
         reply = decode_server_message(await hostile(server, [frame], join_first=False))

@@ -120,10 +120,10 @@ def test_data_response_of_the_wrong_size_is_rejected() -> None:
 @pytest.mark.parametrize(("frame", "expected"), [
     (b"\xff\xfe garbage", "not JSON"),
     (b"[1, 2]", "expected a JSON object, got list"),
-    (b'{"version": 2}', "no `type` field"),
+    (b'{"version": 3}', "no `type` field"),
     (b'{"type": "join", "version": 1}', "unsupported protocol version 1"),
-    (b'{"type": "teleport", "version": 2}', "type"),
-    (b'{"type": "withdraw", "version": 2, "extra": 1}', "extra: Extra inputs are not permitted"),
+    (b'{"type": "teleport", "version": 3}', "type"),
+    (b'{"type": "withdraw", "version": 3, "extra": 1}', "extra: Extra inputs are not permitted"),
     (json.dumps({"type": "join", "run_id": "r", "identity": "zz", "p2p_address": "",
                  "signature": "00" * 64}).encode(), "identity"),
     (json.dumps({"type": "join", "run_id": "r", "identity": "01" * 31, "p2p_address": "",
@@ -139,7 +139,7 @@ def test_bad_client_frames_are_protocol_errors(frame: bytes, expected: str) -> N
 
 def test_unknown_type_names_the_tag() -> None:
     with pytest.raises(ProtocolError) as caught:
-        decode_server_message(b'{"type": "teleport", "version": 2}')
+        decode_server_message(b'{"type": "teleport", "version": 3}')
     assert "teleport" in str(caught.value)
 
 

@@ -317,10 +317,10 @@ async def test_a_receiver_that_misses_a_change_asks_and_ends_with_the_servers_ma
 
 # ------------------------------------------------------------------ old-shape messages
 def test_an_old_shape_state_is_refused_with_a_clear_error() -> None:
-    old = json.dumps({"type": "state", "version": 1, "state": "AA==",
+    old = json.dumps({"type": "state", "version": 2, "state": "AA==",
                       "p2p_addresses": {"ab": "x"}, "server_time": 1}).encode()
-    with pytest.raises(VersionMismatch, match="unsupported protocol version 1: this side "
-                       "speaks 2"):
+    with pytest.raises(VersionMismatch, match="unsupported protocol version 2: this side "
+                       "speaks 3"):
         decode_server_message(old)
 
 

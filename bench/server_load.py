@@ -1,0 +1,324 @@
+"""Coordinator server load: many protocol-level clients on loopback against a real
+`psyche-coordinator run`. Prints its figures, then ONE JSON line.
+
+    .venv/bin/python bench/server_load.py [--counts 100,1000] [--duration 10]
+                                          [--witnesses 8]
+
+For each N in --counts: N simulated clients in this process (asyncio, no training),
+each on its own loopback source address (127.0.x.y, as clients on their own hosts
+would be), all handshake at once (Challenge / signed Join), join the run and play it:
+the elected client sends the warm-up witness and every round's elected witnesses send
+their witness, so the coordinator keeps moving RoundTrain -> RoundWitness -> RoundTrain
+and broadcasting (one broadcast per witness, as in a real run). The epoch takes the
+first 256 (Psyche's cap); the others wait and still receive every state.
+
+Per N, over --duration seconds once the run is training:
+server_p50_ms_N, server_p99_ms_N
+    latency of one broadcast to one client: the time the client read the frame minus
+    `StateUpdate.sent_at` (stamped by the server when it encoded the broadcast; same
+    host, same clock), over every (broadcast, client) pair
+bytes_per_client_per_tick_N
+    bytes (frames with their 4-byte length) each client received per broadcast
+server_cpu_ms_per_broadcast_N, server_rss_mb_N
+    the server process's CPU time (user + system, /proc) per broadcast, and its
+    resident memory at the end
+join_s_N, busy_refusals_N
+    from the first connection to all N joined; `Busy` refusals met on the way (each
+    client retries after one)
+
+The clients share this 2-core machine with the server, so the latencies are an upper
+bound for a server with its own cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coordinator import (  # noqa: E402
+    CoordinatorState,
+    RunState,
+    Witness,
+    WitnessProof,
+    decode_state,
+    selection_for_round,
+)
+from coordinator_tcp.client import JoinRefused, ProtocolConnection  # noqa: E402
+from coordinator_tcp.protocol import (  # noqa: E402
+    ResyncAddresses,
+    StateUpdate,
+    WarmupWitness,
+    WitnessModel,
+    WitnessSubmit,
+    decode_server_message,
+)
+from coordinator_tcp.state_delta import StateMirror  # noqa: E402
+from psyche_common.identity import Identity  # noqa: E402
+from psyche_common.tcp.framing import read_frame  # noqa: E402
+
+_SENT_AT = re.compile(rb'"sent_at":([0-9.eE+-]+)')
+_SEQ = re.compile(rb'"state_seq":([0-9]+)')
+RUN_ID = "bench-server-load"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_state_toml(clients: int, witnesses: int, path: Path) -> None:
+    import tomllib
+
+    from coordinator.config import state_file_from_dict
+
+    data = tomllib.loads((ROOT / "config" / "local-testnet" / "state.toml").read_text())
+    data["run_id"] = RUN_ID
+    data["config"].update({
+        "init_min_clients": min(clients, 256), "min_clients": witnesses,
+        "witness_nodes": witnesses,
+        "warmup_time": 30, "epoch_time": 3600, "max_round_train_time": 5,
+        "round_witness_time": 1, "cooldown_time": 1, "total_steps": 100000,
+        "waiting_for_members_extra_time": 1})
+    # The simulated clients read no data, but `run` refuses a location a real client cannot
+    # read (coordinator/capabilities.py): a Local one needs no data server.
+    data["model"]["LLM"]["data_location"] = {"Local": str(ROOT / "assets" / "data" / "train")}
+    path.write_text(state_file_from_dict(data).to_toml())
+
+
+class StateCache:
+    """Each broadcast decoded once for all simulated clients (each real client would do
+    it on its own machine; here N clients share one process, and N decodes and N
+    elections per broadcast would measure this process, not the server). Broadcasts
+    come as patches from the previous one: the cache keeps one copy of the state, fed
+    by the first client to read each broadcast (which has read the one before)."""
+
+    def __init__(self) -> None:
+        self.mirror = StateMirror()
+        self.by_seq: dict[int, CoordinatorState] = {}
+        self._proofs: dict[int, dict[int, WitnessProof]] = {}
+
+    def state(self, seq: int, frame: bytes) -> CoordinatorState | None:
+        if seq not in self.by_seq:
+            message = decode_server_message(frame)
+            assert isinstance(message, StateUpdate)
+            if message.state and self.mirror.seq is not None and seq <= self.mirror.seq:
+                return decode_state(message.state_bytes)  # a late joiner's first state
+            data, _ask = self.mirror.apply(message)
+            if data is None:
+                return None
+            self.by_seq = {seq: decode_state(data)}
+        return self.by_seq[seq]
+
+    def witness_proof(self, seq: int, index: int) -> WitnessProof | None:
+        """The round's witness proof of `index`, or None when it is not a witness."""
+        if seq not in self._proofs:
+            selection = selection_for_round(self.by_seq[seq])
+            self._proofs = {seq: {i: selection.witness_of(i)
+                                  for i in selection.witness_indices()}}
+        return self._proofs[seq].get(index)
+
+
+@dataclass
+class Measure:
+    measuring: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    latencies: list[float] = field(default_factory=list)
+    bytes_received: int = 0
+    broadcasts: set[int] = field(default_factory=set)
+    busy: int = 0
+    joined: int = 0
+
+
+def source_address(i: int) -> str:
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
+async def simulated_client(i: int, port: int, cache: StateCache, measure: Measure) -> None:
+    identity = Identity((i + 1).to_bytes(32, "big"))
+    for _attempt in range(200):
+        try:
+            connection, _ = await ProtocolConnection.connect(
+                "127.0.0.1", port, identity, RUN_ID, f"sim-{i}", timeout_s=30,
+                local_addr=(source_address(i), 0))
+            break
+        except JoinRefused as refused:
+            if refused.error != "Busy":
+                raise
+            measure.busy += 1
+            await asyncio.sleep(0.2)
+        except (OSError, TimeoutError):
+            await asyncio.sleep(0.2)
+    else:
+        raise RuntimeError(f"simulated client {i} could not join")
+    measure.joined += 1
+    acted: set[tuple[str, int]] = set()
+    try:
+        while not measure.done.is_set():
+            try:
+                frame = await asyncio.wait_for(read_frame(connection.reader, 1 << 26), 1.0)
+            except TimeoutError:
+                continue
+            received = time.time()
+            sent_at, seq = _SENT_AT.search(frame), _SEQ.search(frame)
+            if sent_at is None or seq is None or b'"type":"state"' not in frame:
+                continue
+            number = int(seq.group(1))
+            if measure.measuring.is_set():
+                measure.latencies.append(received - float(sent_at.group(1)))
+                measure.bytes_received += len(frame) + 4
+                measure.broadcasts.add(number)
+            state = cache.state(number, frame)
+            if state is None:
+                await connection.send(ResyncAddresses())
+                continue
+            index = _index(state, identity.public_key)
+            if index is None:
+                continue
+            key = (state.run_state.name, state.progress.step)
+            if key in acted:
+                continue
+            if state.run_state is RunState.Warmup and index == 0:
+                acted.add(key)  # warmup witness: {position=index, index, witness=false}
+                proof = WitnessProof(position=index, index=index, witness=False)
+                await connection.send(WarmupWitness(witness=WitnessModel.of(Witness(proof))))
+            elif state.run_state is RunState.RoundTrain and number in cache.by_seq:
+                proof = cache.witness_proof(number, index)
+                acted.add(key)
+                if proof is not None:
+                    await connection.send(WitnessSubmit(witness=WitnessModel.of(Witness(proof))))
+    finally:
+        await connection.close()
+
+
+def _index(state: CoordinatorState, key: bytes) -> int | None:
+    for index, client in enumerate(state.epoch_state.clients):
+        if client.id.key == key:
+            return index
+    return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def measure_count(clients: int, duration_s: float, witnesses: int) -> dict[str, Any]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        state_path = Path(tmp) / "state.toml"
+        bench_state_toml(clients, witnesses, state_path)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state_path),
+             "--server-port", str(port), "--bind-host", "127.0.0.1", "--tick-interval", "0.1"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cache, measure = StateCache(), Measure()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            for _ in range(100):  # the server's port opens
+                with contextlib.suppress(OSError):
+                    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                await asyncio.sleep(0.1)
+            began = time.monotonic()
+            tasks = [asyncio.create_task(simulated_client(i, port, cache, measure))
+                     for i in range(clients)]
+            deadline = began + 180
+            join_s = None
+            while time.monotonic() < deadline:
+                if join_s is None and measure.joined == clients:
+                    join_s = time.monotonic() - began
+                states = list(cache.by_seq.values())
+                if join_s is not None and states and states[0].run_state.active:
+                    break
+                failed = [task.exception() for task in tasks if task.done() and task.exception()]
+                if failed:
+                    raise RuntimeError(f"a simulated client failed: {failed[0]}")
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError(f"{clients} clients: the run never started "
+                                   f"({measure.joined} joined)")
+            cpu_before = _cpu_seconds(server.pid)
+            measure.measuring.set()
+            await asyncio.sleep(duration_s)
+            measure.measuring.clear()
+            cpu = _cpu_seconds(server.pid) - cpu_before
+            rss = _rss_mb(server.pid)
+            measure.done.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            measure.done.set()
+            for task in tasks:
+                task.cancel()
+            server.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(10)
+            if server.poll() is None:
+                server.kill()
+    if not measure.latencies or not measure.broadcasts:
+        raise RuntimeError(f"{clients} clients: no broadcasts measured")
+    ordered = sorted(measure.latencies)
+    broadcasts = len(measure.broadcasts)
+    return {
+        "clients": clients, "samples": len(ordered), "broadcasts": broadcasts,
+        "p50_ms": round(statistics.median(ordered) * 1000, 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 2),
+        "bytes_per_client_per_tick": round(measure.bytes_received / clients / broadcasts, 1),
+        "server_cpu_ms_per_broadcast": round(cpu * 1000 / broadcasts, 2),
+        "server_rss_mb": round(rss, 1), "join_s": round(join_s or 0.0, 2),
+        "busy_refusals": measure.busy,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default="100,1000")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--witnesses", type=int, default=8)
+    args = parser.parse_args()
+    counts = [int(c) for c in args.counts.split(",") if c]
+    print(f"coordinator server load, simulated clients ({os.cpu_count()} CPUs):", flush=True)
+    figures: dict[str, Any] = {}
+    for count in counts:
+        row = asyncio.run(measure_count(count, args.duration, args.witnesses))
+        print(f"  {count:4d} clients: {row['broadcasts']} broadcasts, p50 {row['p50_ms']} ms, "
+              f"p99 {row['p99_ms']} ms, {row['bytes_per_client_per_tick']} B/client/tick, "
+              f"server {row['server_cpu_ms_per_broadcast']} ms CPU/broadcast, "
+              f"{row['server_rss_mb']} MB RSS, joined in {row['join_s']} s "
+              f"({row['busy_refusals']} Busy)", flush=True)
+        figures |= {f"server_p50_ms_{count}": row["p50_ms"],
+                    f"server_p99_ms_{count}": row["p99_ms"],
+                    f"bytes_per_client_per_tick_{count}": row["bytes_per_client_per_tick"],
+                    f"server_cpu_ms_per_broadcast_{count}": row["server_cpu_ms_per_broadcast"],
+                    f"server_rss_mb_{count}": row["server_rss_mb"],
+                    f"join_s_{count}": row["join_s"],
+                    f"busy_refusals_{count}": row["busy_refusals"]}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
