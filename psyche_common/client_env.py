@@ -12,7 +12,7 @@ from __future__ import annotations
 CLIENT_OPTION_VARIABLES = frozenset({
     "ACTIVATION_CHECKPOINTING", "AUTHORIZER", "BIND_P2P_INTERFACE", "BIND_P2P_PORT", "CHECKPOINT_DIR",
     "DATA_PARALLELISM", "DELETE_OLD_STEPS", "DEVICE", "DTYPE", "EVAL_DATA_DIR", "EVAL_SEED",
-    "EVAL_TASK_MAX_DOCS", "EVAL_TASKS", "HUB_REPO", "IDENTITY_SECRET_KEY_PATH",
+    "EVAL_TASK_MAX_DOCS", "EVAL_TASKS", "GCS_BUCKET", "GCS_PREFIX", "HUB_REPO", "IDENTITY_SECRET_KEY_PATH",
     "IROH_DISCOVERY", "IROH_RELAY", "KEEP_STEPS", "LOCAL_RANKS", "LOGS", "MAX_CONCURRENT_PARAMETER_REQUESTS",
     "METRICS_LOCAL_PORT", "MICRO_BATCH_SIZE", "OLTP_AUTH_HEADER", "OLTP_LOGS_URL",
     "OLTP_METRICS_URL", "OLTP_REPORT_INTERVAL", "OLTP_TRACING_URL", "OTLP_AUTH_HEADER",
@@ -24,11 +24,13 @@ CLIENT_OPTION_VARIABLES = frozenset({
 })
 CLIENT_DIRECT_VARIABLES = frozenset({
     "CLIENT_VERSION", "HF_TOKEN", "RAW_IDENTITY_SECRET_KEY", "RAW_WALLET_PRIVATE_KEY",
-    "DEPLOYMENT_ENV",
+    "DEPLOYMENT_ENV", "GOOGLE_APPLICATION_CREDENTIALS",
 })
-# Read by the libraries inside the container (torch, NCCL, CUDA, the Hub, iroh's logging).
+# Read by the libraries inside the container (torch, NCCL, CUDA, the Hub, iroh's logging,
+# google-cloud-storage's emulator address).
 LIBRARY_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_", "HF_", "HUGGINGFACE_", "PYTORCH_", "TORCH_",
-                    "OMP_", "MKL_", "RUST_", "OTEL_", "PYTHON", "TRANSFORMERS_")
+                    "OMP_", "MKL_", "RUST_", "OTEL_", "PYTHON", "TRANSFORMERS_",
+                    "STORAGE_EMULATOR_HOST")
 
 
 def read_by_client(name: str) -> bool:

@@ -15,14 +15,12 @@ The keys psyche-py uses are RunManagerSettings' fields and the client's
 from __future__ import annotations
 
 _WANDB = "Weights & Biases logging"
-_GCS = "GCS checkpoints (we upload to HUB_REPO)"
 _EVENTS = "the client's event files"
 
 # Accepted and not used: the run-manager names each in a warning.
 IGNORED: dict[str, str] = {
     "RPC_3": "a third RPC endpoint (we use RPC and RPC_2)",
     "WS_RPC_3": "a third RPC endpoint (we use RPC and RPC_2)",
-    "GCS_BUCKET": _GCS, "GCS_PREFIX": _GCS, "GOOGLE_APPLICATION_CREDENTIALS": _GCS,
     "HUB_MAX_CONCURRENT_DOWNLOADS": "parallel Hub downloads",
     "WANDB_PROJECT": _WANDB, "WANDB_RUN": _WANDB, "WANDB_GROUP": _WANDB,
     "WANDB_ENTITY": _WANDB, "WANDB_API_KEY": _WANDB,

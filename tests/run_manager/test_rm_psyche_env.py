@@ -119,11 +119,13 @@ def test_the_cli_names_each_ignored_key_then_goes_on(tmp_path: Path,
 
     monkeypatch.setattr(engine, "connect", no_engine)  # stop right after the settings
     env = tmp_path / "run.env"
-    env.write_text("RUN_ID=r\nCOORDINATOR_ADDRESS=127.0.0.1:1\nWANDB_PROJECT=p\nGCS_BUCKET=b\n")
+    env.write_text("RUN_ID=r\nCOORDINATOR_ADDRESS=127.0.0.1:1\nWANDB_PROJECT=p\n"
+                   "HUB_MAX_CONCURRENT_DOWNLOADS=4\nGCS_BUCKET=b\n")
     result = runner.invoke(app, ["--env-file", str(env), "--no-tui", "--client-version", "1"])
     assert result.exit_code == 1 and "no engine in this test" in result.output
-    for key in ("WANDB_PROJECT", "GCS_BUCKET"):
+    for key in ("WANDB_PROJECT", "HUB_MAX_CONCURRENT_DOWNLOADS"):
         assert f"run-manager: warning: {env}: {key} is read by Psyche (" in result.output
+    assert "GCS_BUCKET" not in result.output  # the client's --gcs-bucket reads it
     assert "Traceback" not in result.output
 
     env.write_text("RUN_ID=r\nCOORDINATOR_ADDRESS=127.0.0.1:1\nDATA_PARALLELISM=0\n")
