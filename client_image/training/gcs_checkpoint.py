@@ -15,10 +15,13 @@ manifest goes last, so a reader never finds one naming files not yet there.
 
 Download: the files the manifest names, at its generations, sizes checked: a file that a
 later upload has replaced since is an error (its generation is gone, or its size differs),
-never silently mixed in; without a manifest, every object directly under the prefix. They land in `{cache_dir}/{bucket}/{prefix}/step{step}`
-(`latest` without a manifest, downloaded again each time), written under a staging name
-and renamed; a manifest's files already there with their sizes are not downloaded again. A missing bucket,
-an empty prefix or a file that vanished is one CheckpointError line.
+never silently mixed in; without a manifest, every object directly under the prefix.
+They land in `{cache_dir}/{bucket}/{prefix}/step{step}` with the manifest (`latest`
+without one, downloaded again each time), written under a staging name and renamed. A
+step already there is not downloaded again while the bucket's manifest is byte-for-byte
+the one kept with it (the same step uploaded again, by a run restarted from an earlier
+step or another run on the prefix, is downloaded afresh). A missing bucket, an empty
+prefix or a file that vanished is one CheckpointError line.
 
 The client is client_image/gcs.py `storage_client()`: anonymous unless
 GOOGLE_APPLICATION_CREDENTIALS is set (uploading needs it); STORAGE_EMULATOR_HOST honoured.
@@ -78,7 +81,7 @@ def upload_checkpoint_to_gcs(path: str | Path, bucket: str, prefix: str | None, 
     target = gcs.bucket(bucket)
     files = []
     try:
-        for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        for file in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
             blob = target.blob(object_name(prefix, file.name))
             blob.upload_from_filename(str(file))
             files.append({"filename": file.name, "generation": int(blob.generation or 0),
@@ -104,8 +107,10 @@ def download_checkpoint_from_gcs(bucket: str, prefix: str | None,
     source = gcs.bucket(bucket)
     try:
         manifest_blob = source.blob(object_name(prefix, MANIFEST))
+        manifest_bytes = b""
         if manifest_blob.exists():
-            manifest = _read_manifest(manifest_blob.download_as_bytes(), where)
+            manifest_bytes = manifest_blob.download_as_bytes()
+            manifest = _read_manifest(manifest_bytes, where)
             wanted = [(entry["filename"], entry["generation"], entry["size_bytes"])
                       for entry in manifest["files"]]
             name = f"step{manifest['metadata']['step']}"
@@ -125,8 +130,8 @@ def download_checkpoint_from_gcs(bucket: str, prefix: str | None,
     for filename, _, _ in wanted:
         if "/" in filename or filename.startswith("."):
             raise CheckpointError(f"{where}/{MANIFEST}: bad file name {filename!r}")
-    if name != "latest" and _complete(final, wanted):
-        return final  # downloaded before (the same generations): the cache
+    if name != "latest" and _complete(final, wanted) and _same_manifest(final, manifest_bytes):
+        return final  # downloaded before (the same manifest: files and generations)
     final.parent.mkdir(parents=True, exist_ok=True)
     # A staging directory of its own: clients sharing a machine may download at once.
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=final.parent))
@@ -142,7 +147,14 @@ def download_checkpoint_from_gcs(bucket: str, prefix: str | None,
             if size is not None and got != int(size):
                 raise CheckpointError(f"{where}/{filename}: {got} bytes, the manifest says "
                                       f"{size} (replaced by a later upload?)")
-        if name == "latest":  # replace the last download (set aside first: one step)
+        if manifest_bytes:
+            # Kept with the files: a later download of the same step is served from here
+            # only if the bucket's manifest is still this one (a step can be uploaded
+            # again with other weights: a run restarted from an earlier step, another
+            # run on the same prefix).
+            (staging / MANIFEST).write_bytes(manifest_bytes)
+        stale = final.exists() and not (manifest_bytes and _same_manifest(final, manifest_bytes))
+        if name == "latest" or stale:  # replace it (set aside first: one step)
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(final.rename(final.with_name(f"{staging.name}.old")))
         with contextlib.suppress(OSError):  # else another client just put the same there
@@ -156,6 +168,13 @@ def _complete(directory: Path, wanted: list[tuple[str, int | None, int | None]])
     return all((directory / filename).is_file()
                and (size is None or (directory / filename).stat().st_size == size)
                for filename, _, size in wanted)
+
+
+def _same_manifest(directory: Path, manifest: bytes) -> bool:
+    try:
+        return (directory / MANIFEST).read_bytes() == manifest
+    except OSError:
+        return False
 
 
 def _read_manifest(data: bytes, where: str) -> dict[str, Any]:

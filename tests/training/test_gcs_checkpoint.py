@@ -63,7 +63,8 @@ def test_a_download_gives_back_the_same_checkpoint(
     upload_checkpoint_to_gcs(checkpoint, "ckpts", "g", run_id="run-g", epoch=0, step=4)
     path = download_checkpoint_from_gcs("ckpts", "g", tmp_path / "cache")
     assert path == tmp_path / "cache" / "ckpts" / "g" / "step4"
-    assert sorted(p.name for p in path.iterdir()) == sorted(p.name for p in checkpoint.iterdir())
+    assert sorted(p.name for p in path.iterdir()) == sorted(
+        [p.name for p in checkpoint.iterdir()] + ["manifest.json"])  # kept to check the cache
     for file in checkpoint.iterdir():
         assert (path / file.name).read_bytes() == file.read_bytes()
     original, loaded = load_causal_lm(checkpoint, device="cpu"), load_causal_lm(path, device="cpu")
@@ -110,3 +111,28 @@ def test_missing_locations_and_vanished_files_are_one_line_errors(
                        r"the manifest says \d+ \(replaced by a later upload\?\)|not found)$"):
         download_checkpoint_from_gcs("ckpts", "p", tmp_path)
     assert [p.name for p in (tmp_path / "ckpts" / "p").iterdir()] == []  # no staging left
+
+
+def test_a_step_uploaded_again_with_other_weights_is_not_served_from_the_cache(
+        gcs: storage.Client, checkpoint: Path, tmp_path: Path) -> None:
+    gcs.create_bucket("again")
+    cache = tmp_path / "cache"
+    upload_checkpoint_to_gcs(checkpoint, "again", "r", run_id="run-g", epoch=1, step=4)
+    first = download_checkpoint_from_gcs("again", "r", cache)
+    assert (first / "model.safetensors").read_bytes() == (
+        checkpoint / "model.safetensors").read_bytes()
+    # The same step again (a run restarted from an earlier step): same names and sizes,
+    # other weights. The cached copy of the first upload must not be what loads.
+    other = tmp_path / "other"
+    other.mkdir()
+    for file in checkpoint.iterdir():
+        data = file.read_bytes()
+        if file.name == "model.safetensors":
+            data = data[:-4] + bytes(b ^ 0xFF for b in data[-4:])
+        (other / file.name).write_bytes(data)
+    upload_checkpoint_to_gcs(other, "again", "r", run_id="run-g", epoch=3, step=4)
+    second = download_checkpoint_from_gcs("again", "r", cache)
+    assert (second / "model.safetensors").read_bytes() == (
+        other / "model.safetensors").read_bytes()
+    # Unchanged since: served from the cache, same files.
+    assert download_checkpoint_from_gcs("again", "r", cache) == second
