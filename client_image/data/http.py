@@ -2,7 +2,9 @@
 
 File sizes come from HEAD's Content-Length when the provider opens; a fetch groups the
 requested samples into runs that are adjacent in one file and asks for each run with one
-`Range: bytes=a-b` request (5 s timeout). Transport errors and 5xx answers are retried
+`Range: bytes=a-b` request (5 s timeout), up to RANGE_READS_IN_FLIGHT of them at once (a
+shuffled batch is one request per sample; asking them one after the other made a batch
+of 256 samples cost 256 round trips). Transport errors and 5xx answers are retried
 with exponential backoff (backoff_s * 2^attempt); a 4xx answer (a missing file) fails at
 once. A response shorter than asked is an error, never a silently short batch.
 
@@ -23,13 +25,14 @@ import torch
 from coordinator.config import GcpBucket, HttpDataLocation, NumberedFiles, SingleUrl, UrlList
 from psyche_common.token_files.sequences import (
     DataProviderError,
-    SequenceRef,
+    adjacent_runs,
     build_sequence_index,
     check_batch,
     tokens_to_tensor,
 )
 
 logger = logging.getLogger(__name__)
+RANGE_READS_IN_FLIGHT = 16  # per fetch: well under httpx's pool of 100 connections
 
 
 def location_urls(location: HttpDataLocation) -> list[str]:
@@ -125,7 +128,7 @@ class HttpDataProvider:
         self.token_size = location.token_size_in_bytes
         self.max_seq_len = max_seq_len
         self._sample_bytes = max_seq_len * self.token_size.nbytes
-        self._sequences = build_sequence_index(
+        self._index = build_sequence_index(
             self.sizes, self._sample_bytes, self.token_size.nbytes, location.shuffle
         )
         self._reader = reader
@@ -170,16 +173,27 @@ class HttpDataProvider:
 
     @property
     def num_sequences(self) -> int:
-        return len(self._sequences)
+        return len(self._index)
 
     async def fetch(self, start: int, end: int) -> torch.Tensor:
         """Samples start..end (inclusive) as an int64 tensor [end - start + 1, max_seq_len]."""
         check_batch(start, end, self.num_sequences)
-        parts = []
-        runs = _adjacent_runs(self._sequences[start : end + 1], self._sample_bytes)
-        for file_index, offset, count in runs:
-            length = count * self._sample_bytes
-            parts.append(await self._reader.read_range(self.urls[file_index], offset, length))
+        runs = adjacent_runs(*self._index.batch(start, end), self._sample_bytes)
+        slots = asyncio.Semaphore(RANGE_READS_IN_FLIGHT)
+
+        async def read(file_index: int, offset: int, count: int) -> bytes:
+            async with slots:
+                return await self._reader.read_range(
+                    self.urls[file_index], offset, count * self._sample_bytes)
+
+        # The first failure cancels the other reads (none outlives the fetch) and is raised
+        # as itself: callers expect one DataProviderError, not an ExceptionGroup.
+        try:
+            async with asyncio.TaskGroup() as group:
+                reads = [group.create_task(read(*run)) for run in runs]
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        parts = [read.result() for read in reads]
         return tokens_to_tensor(b"".join(parts), self.token_size, self.max_seq_len)
 
 
@@ -198,16 +212,3 @@ def check_file_size(url: str, size: int, token_bytes: int, sample_bytes: int) ->
     if size <= sample_bytes + token_bytes:
         raise DataProviderError(f"{url}: short file, {size} bytes cannot hold one sample")
     return size
-
-
-def _adjacent_runs(refs: Sequence[SequenceRef], sample_bytes: int) -> list[tuple[int, int, int]]:
-    """(file index, byte offset, sample count) for maximal runs of consecutive samples."""
-    runs: list[tuple[int, int, int]] = []
-    for ref in refs:
-        if runs:
-            file_index, offset, count = runs[-1]
-            if file_index == ref.file_index and offset + count * sample_bytes == ref.byte_offset:
-                runs[-1] = (file_index, offset, count + 1)
-                continue
-        runs.append((ref.file_index, ref.byte_offset, 1))
-    return runs

@@ -4,7 +4,8 @@ server.
 
     LocalDataProvider(path, max_seq_len, token_size, shuffle)   a directory of token files
     build_sequence_index, check_batch, tokens_to_tensor         the sample index rules
-    shuffle_in_place, ChaChaRng                                 the Seeded shuffle
+    shuffle_in_place, ChaChaRng                                 the Seeded shuffle (reference)
+    permutation.shuffle_permutation                             the same order, as an array
     DataProviderError                                           what goes wrong, named
 """
 

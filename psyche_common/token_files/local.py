@@ -1,4 +1,12 @@
-"""Local data provider: every token file of a directory, read through memory maps."""
+"""Local data provider: every token file of a directory, read through memory maps.
+
+    LocalDataProvider(path, max_seq_len, token_size, shuffle)
+        .num_sequences, .get_samples(start, end) -> Tensor, await .fetch(start, end)
+
+Each file is mapped (np.memmap) as a [samples, max_seq_len] array of its tokens, so a
+batch is one fancy-index read per file it touches: the OS pages in only the samples asked
+for, and nothing of a file is read when the provider opens.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ from psyche_common.token_files.sequences import (
     DataProviderError,
     build_sequence_index,
     check_batch,
-    tokens_to_tensor,
+    samples_per_file,
 )
 
 
@@ -57,22 +65,29 @@ class LocalDataProvider:
                     f"sample of {max_seq_len} tokens"
                 )
         self._sample_bytes = sample_bytes
-        self._sequences = build_sequence_index(sizes, sample_bytes, 0, shuffle or DontShuffle())
-        dtype = np.uint8
-        self._maps = [np.memmap(p, dtype=dtype, mode="r") for p in self.files]
+        self._index = build_sequence_index(sizes, sample_bytes, 0, shuffle or DontShuffle())
+        dtype = "<u2" if token_size is TokenSize.TwoBytes else "<u4"
+        # Sample offsets are multiples of the sample size from 0, so row = offset // B; the
+        # shape stops before the bytes no sample uses (the tail the offset rule leaves).
+        self._rows = [
+            np.memmap(p, dtype=dtype, mode="r", shape=(int(count), max_seq_len))
+            for p, count in zip(self.files, samples_per_file(sizes, sample_bytes, 0), strict=True)
+        ]
 
     @property
     def num_sequences(self) -> int:
-        return len(self._sequences)
+        return len(self._index)
 
     def get_samples(self, start: int, end: int) -> torch.Tensor:
         """Samples start..end (inclusive) as an int64 tensor [end - start + 1, max_seq_len]."""
         check_batch(start, end, self.num_sequences)
-        chunks = []
-        for ref in self._sequences[start : end + 1]:
-            data = self._maps[ref.file_index]
-            chunks.append(bytes(data[ref.byte_offset : ref.byte_offset + self._sample_bytes]))
-        return tokens_to_tensor(b"".join(chunks), self.token_size, self.max_seq_len)
+        files, offsets = self._index.batch(start, end)
+        rows = offsets // self._sample_bytes
+        out = np.empty((len(files), self.max_seq_len), dtype=np.int64)
+        for file_index in np.unique(files).tolist():
+            wanted = files == file_index
+            out[wanted] = self._rows[file_index][rows[wanted]]
+        return torch.from_numpy(out)
 
     async def fetch(self, start: int, end: int) -> torch.Tensor:
         """get_samples off the event loop."""
