@@ -253,6 +253,12 @@ def train(
             help="CPU threads for torch (default: torch's choice).",
         ),
     ] = None,
+    dummy_training_delay_secs: Annotated[
+        float, typer.Option("--dummy-training-delay-secs", envvar="DUMMY_TRAINING_DELAY_SECS",
+                            min=0,
+                            help="runs of the Dummy optimizer (Psyche's config/test): each "
+                                 "step sleeps this long instead of training")
+    ] = 0.0,
     test_adversary: Annotated[
         str | None,
         typer.Option("--test-adversary",
@@ -393,6 +399,7 @@ def train(
         activation_checkpointing=activation_checkpointing,
         ranks=ranks,
         test_adversary=test_adversary,
+        dummy_training_delay_s=dummy_training_delay_secs,
         checkpoint_dir=checkpoint_dir,
         hub_repo=hub_repo,
         hub_token=os.environ.get("HF_TOKEN") or None,

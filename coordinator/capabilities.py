@@ -38,10 +38,13 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
   sequence lengths) is not used: samples are trained as whole max_seq_len rows.
 - architecture: the client loads any transformers causal LM (AutoModelForCausalLM) and
   tensor parallelism is Llama-only; only Llama models are exercised by the tests here.
-- optimizer: client_image/runtime/worker.py `_make_trainer` builds Distro and SparseLoCo
-  trainers and refuses AdamW (it shares nothing with peers, so a networked run cannot use
-  it); SparseLoCo runs with verification off only (followers replay DisTrO trainers) and
-  on a model that is not split across ranks.
+- optimizer: client_image/runtime/worker.py `_make_trainer` builds Distro, SparseLoCo and
+  Dummy trainers and refuses AdamW (it shares nothing with peers, so a networked run cannot
+  use it); SparseLoCo runs with verification off only (followers replay DisTrO trainers) and
+  on a model that is not split across ranks. Dummy (Psyche's config/test;
+  client_image/training/dummy_trainer.py) trains nothing: each step sleeps the client's
+  --dummy-training-delay-secs and shares a tiny result that moves no weight; verification
+  is refused with it too (there is no DisTrO step to replay).
 
 Pure: no I/O.
 """
@@ -58,7 +61,7 @@ SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles", "Gcp")
 SUPPORTED_CHECKPOINTS = ("Hub", "P2P", "Dummy", "Gcs", "P2PGcs")
 SUPPORTED_DATA_TYPES = ("Pretraining", "Finetuning")
 SUPPORTED_ARCHITECTURES = ("HfLlama",)
-SUPPORTED_OPTIMIZERS = ("Distro", "SparseLoCo")
+SUPPORTED_OPTIMIZERS = ("Distro", "SparseLoCo", "Dummy")
 
 _UNTESTED_ARCHITECTURE = ("the client would load it with transformers' AutoModelForCausalLM, "
                           "but only Llama models are tested with this implementation and its "
@@ -80,6 +83,13 @@ REASONS: dict[str, dict[str, str]] = {
     "optimizer": {
         "AdamW": "a networked run needs the Distro optimizer (AdamW shares nothing with peers)",
     },
+}
+
+# Optimizers that run with verification_percent = 0 only, and why.
+VERIFICATION_REASONS: dict[str, str] = {
+    "SparseLoCo": "verifiers replay DisTrO trainers only",
+    "Dummy": "verifiers replay DisTrO trainers only (a Dummy step computes nothing to "
+             "compare with)",
 }
 
 
@@ -111,11 +121,11 @@ def unsupported_fields(state_file: StateFile, prefix: str = "model.LLM.") -> lis
         checks.append(("data_location.Http.location", _tag(llm.data_location.location),
                        SUPPORTED_HTTP_LOCATIONS))
     problems = [_problem(key, value, supported, prefix) for key, value, supported in checks]
-    if _tag(llm.optimizer) == "SparseLoCo" and state_file.config.verification_percent:
+    if _tag(llm.optimizer) in VERIFICATION_REASONS and state_file.config.verification_percent:
         problems.append(
             f"config.verification_percent: {state_file.config.verification_percent} is not "
-            "supported by this client with the SparseLoCo optimizer (supported: 0): "
-            "verifiers replay DisTrO trainers only")
+            f"supported by this client with the {_tag(llm.optimizer)} optimizer "
+            f"(supported: 0): {VERIFICATION_REASONS[_tag(llm.optimizer)]}")
     return [problem for problem in problems if problem is not None]
 
 
@@ -154,6 +164,7 @@ __all__ = [
     "SUPPORTED_DATA_TYPES",
     "SUPPORTED_HTTP_LOCATIONS",
     "SUPPORTED_OPTIMIZERS",
+    "VERIFICATION_REASONS",
     "explanations",
     "unsupported_fields",
 ]

@@ -252,11 +252,19 @@ class SparseLoCoOptimizer(Variant):
     outer_lr: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 
 
-OptimizerConfig = DistroOptimizer | AdamWOptimizer | SparseLoCoOptimizer
-OPTIMIZER = ExternallyTagged(
-    DistroOptimizer, AdamWOptimizer, SparseLoCoOptimizer,
-    rejected={"Dummy": "the Dummy optimizer trains nothing; use Distro or AdamW"},
-)
+class DummyOptimizer(Variant):
+    """Psyche's test optimizer (its config/test): no forward or backward pass, each step
+    sleeps the client's --dummy-training-delay-secs and shares a tiny result that moves
+    no weight (client_image/training/dummy_trainer.py), so a run exercises the whole
+    protocol without learning. A unit variant: `optimizer = "Dummy"`."""
+
+    TAG: ClassVar[str] = "Dummy"
+    UNIT: ClassVar[bool] = True
+
+
+OptimizerConfig = DistroOptimizer | AdamWOptimizer | SparseLoCoOptimizer | DummyOptimizer
+OPTIMIZER = ExternallyTagged(DistroOptimizer, AdamWOptimizer, SparseLoCoOptimizer,
+                             DummyOptimizer)
 
 
 # ----------------------------------------------------------------- checkpoints

@@ -27,7 +27,6 @@ IGNORED: dict[str, str] = {
     "WRITE_LOG": "a log file", "WRITE_RUST_LOG": "a log file",
     "OPTIM_STATS_STEPS": "optimizer statistics",
     "GRAD_ACCUM_IN_FP32": "fp32 gradient accumulation",
-    "DUMMY_TRAINING_DELAY_SECS": "a test knob",
     "MAX_CONCURRENT_DOWNLOADS": "a download limit (unused by Psyche too)",
     "SIDECAR_PORT": "multi-node Python sidecars",
     "EVENTS_DIR": _EVENTS, "KEEP_EVENT_FILES": _EVENTS, "CONFIG_HASH": _EVENTS,

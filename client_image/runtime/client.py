@@ -100,6 +100,8 @@ class ClientOptions:
     # Testing verification only: publish dishonest results of this kind
     # (verification/adversary.py); an honest client never sets it.
     test_adversary: str | None = None
+    # Psyche's --dummy-training-delay-secs: a Dummy-optimizer step sleeps this long.
+    dummy_training_delay_s: float = 0.0
     # Benchmarks of the model while it is idle between epochs (runtime/evaluating.py).
     evals: EvalOptions = field(default_factory=EvalOptions)
 
@@ -125,7 +127,8 @@ class PsycheClient:
                                      dtype=options.dtype,
                                      activation_checkpointing=options.activation_checkpointing,
                                      ranks=options.ranks,
-                                     adversary=options.test_adversary)
+                                     adversary=options.test_adversary,
+                                     dummy_training_delay_s=options.dummy_training_delay_s)
         self.counters = Counters()
         # what the runtime tells only by event (following, ejected) reaches the metrics
         events.listeners.append(self.counters.observe)

@@ -28,6 +28,7 @@ from client_image.training import (
     save_checkpoint,
 )
 from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
+from client_image.training.dummy_trainer import DummyTrainer
 from client_image.training.model import resolve_model_dir, round_to_bf16_
 from client_image.training.parallel import ParallelismError
 from client_image.training.precision import (
@@ -45,7 +46,7 @@ from client_image.verification.checks import (
     screen,
 )
 from client_image.verification.followers import Checked, Followers
-from coordinator.config import DistroOptimizer, LLMConfig, SparseLoCoOptimizer
+from coordinator.config import DistroOptimizer, DummyOptimizer, LLMConfig, SparseLoCoOptimizer
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -92,8 +93,11 @@ def _check_tied(model: torch.nn.Module, config: object) -> None:
 class TrainingWorker:
     def __init__(self, *, device: str = "cpu", micro_batch_size: int = 1,
                  dtype: str = "auto", activation_checkpointing: bool = False,
-                 ranks: RankSetup | None = None, adversary: str | None = None):
+                 ranks: RankSetup | None = None, adversary: str | None = None,
+                 dummy_training_delay_s: float = 0.0):
         self.device = device
+        # What a step of a Dummy-optimizer run sleeps instead of training (Psyche's flag).
+        self.dummy_training_delay_s = dummy_training_delay_s
         # Testing verification only: this client publishes dishonest results.
         self.adversary = Adversary(adversary) if adversary is not None else None
         # D x T > 1: the model lives on several ranks (training/rank_group.py); this
@@ -107,7 +111,7 @@ class TrainingWorker:
         self.activation_checkpointing = activation_checkpointing
         configure_backends(device)
         self.model: torch.nn.Module | None = None
-        self.trainer: DistroTrainer | SparseLoCoTrainer | None = None
+        self.trainer: DistroTrainer | SparseLoCoTrainer | DummyTrainer | None = None
         self.followers: Followers | None = None  # shadows of followed trainers, this epoch
         self._fingerprints = FingerprintCache()  # what the checks need of each download
         self.model_dir: Path | None = None  # where config/tokenizer files live
@@ -145,6 +149,11 @@ class TrainingWorker:
     # ------------------------------------------------------------------ loading
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
         self.followers = None  # they shadowed the previous model
+        if isinstance(llm.optimizer, DummyOptimizer):
+            # Nothing is computed, so the model stays in this process even with D x T > 1.
+            self.model = model
+            self.trainer = DummyTrainer(delay_s=self.dummy_training_delay_s)
+            return
         if isinstance(llm.optimizer, SparseLoCoOptimizer):
             if self.rank_setup is not None:
                 raise WorkerError("the SparseLoCo optimizer does not run on a model split "
@@ -154,20 +163,22 @@ class TrainingWorker:
                 model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
                 cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
                 compute=self.compute)
-            return
-        if not isinstance(llm.optimizer, DistroOptimizer):
+        elif not isinstance(llm.optimizer, DistroOptimizer):
             raise WorkerError("a networked run needs the Distro or SparseLoCo optimizer "
                               "(AdamW shares nothing)")
-        if self.rank_setup is not None:
+        elif self.rank_setup is not None:
             self._build_on_ranks(model, llm.optimizer, llm, start_step)
-            return
-        if self.activation_checkpointing:
-            enable_activation_checkpointing(model)
-        self.model = model
-        self.trainer = DistroTrainer(
-            model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
-            cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
-            compute=self.compute)
+        else:
+            if self.activation_checkpointing:
+                enable_activation_checkpointing(model)
+            self.model = model
+            self.trainer = DistroTrainer(
+                model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
+                cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
+                compute=self.compute)
+        if self.dummy_training_delay_s:
+            log.warning("--dummy-training-delay-secs applies to runs of the Dummy optimizer "
+                        "only; this run's is %s: ignored", type(llm.optimizer).TAG)
 
     def _build_on_ranks(self, model: torch.nn.Module, optimizer: DistroOptimizer,
                         llm: LLMConfig, start_step: int) -> None:

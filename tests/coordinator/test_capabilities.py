@@ -65,7 +65,7 @@ REFUSED: list[tuple[str, Any, str]] = [
      "Psyche builds these models with torchtitan; the client loads only transformers models"),
     ("optimizer", {"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}},
      "model.LLM.optimizer: AdamW is not supported by this client (supported: Distro, "
-     "SparseLoCo): a networked run needs the Distro optimizer (AdamW shares nothing with "
+     "SparseLoCo, Dummy): a networked run needs the Distro optimizer (AdamW shares nothing with "
      "peers)"),
 ]
 
@@ -110,6 +110,7 @@ ACCEPTED: list[tuple[str, Any]] = [
                                               "start_index": 0, "n_left_pad_zeros": 3,
                                               "num_files": 2}})),
     ("optimizer", DISTRO),
+    ("optimizer", "Dummy"),  # Psyche's config/test: no learning
     ("lr_schedule", {"WarmupStableDecay": {
         "base_lr": 1e-3, "warmup_init_lr": 0.0, "cosine_decay_final_lr": 1e-4,
         "linear_decay_final_lr": 1e-5, "warmup_steps": 1, "stable_steps": 1,
@@ -178,7 +179,7 @@ def test_validate_config_prints_one_line_per_problem_and_exits_1(tmp_path: Path)
         "Llama models are tested with this implementation and its tensor parallelism is "
         "Llama-only",
         f"{path}: model.LLM.optimizer: AdamW is not supported by this client (supported: "
-        "Distro, SparseLoCo): a networked run needs the Distro optimizer (AdamW shares nothing "
+        "Distro, SparseLoCo, Dummy): a networked run needs the Distro optimizer (AdamW shares nothing "
         "with peers)",
     ]
 
