@@ -114,6 +114,8 @@ class Trained(RuntimeEvent):
     seconds: float
     tokens: int
     ranks: int = 1  # processes that trained this client's share (D x T)
+    # How long training waited for the batch after the round's start work (runtime/prefetch.py)
+    data_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client_image.data import fetch_training_batch
 from client_image.p2p import Finished, ResultAnnouncement
 from client_image.p2p.messages import BatchId as WireBatchId
 from client_image.runtime.events import (
@@ -56,6 +55,7 @@ from client_image.runtime.ports import (
     Unrunnable,
     Worker,
 )
+from client_image.runtime.prefetch import BatchPrefetch, batch_fetch
 from client_image.runtime.rounds import (
     BatchKey,
     StepRecord,
@@ -125,6 +125,7 @@ class RoundRunner:
         self.desynced = False
         self.round_task: asyncio.Task[None] | None = None
         self.data: DataSource | None = None
+        self.prefetch = BatchPrefetch()  # the round's batch, fetched as its state arrives
 
     # ------------------------------------------------------------------ driving
     def on_state(self, state: CoordinatorState, previous: CoordinatorState | None) -> None:
@@ -185,12 +186,14 @@ class RoundRunner:
         if self.idle is not None:
             await self.idle.close()
         await self.tasks.close()
+        await self.prefetch.close()
 
     def set_desynced(self, reason: str) -> None:
         if not self.desynced:
             self.events.emit(Desynced(reason=reason))
         self.desynced = True
         self.model_fresh = False
+        self.prefetch.cancel_all()
 
     def _task_failed(self, name: str, exc: Exception) -> None:
         self.events.emit(TaskFailed(task=name, error=repr(exc), error_type=type(exc).__name__))
@@ -265,6 +268,11 @@ class RoundRunner:
             self.on_broadcast(sender, broadcast)
         for stale in [s for s in self.early if s < step]:
             del self.early[stale]
+        self.prefetch.cancel_before(step)
+        batch = record.batch_of(self.me.key)
+        if batch is not None and self.data is not None and trains_this_round(
+                step, state.epoch_state.last_step):
+            self.prefetch.start(step, batch, batch_fetch(self.data, batch, state.model.data_type))
         self.round_task = self.tasks.spawn(self._train_round(state, record), f"round-{step}")
 
     async def _train_round(self, state: CoordinatorState, record: StepRecord) -> None:
@@ -353,8 +361,8 @@ class RoundRunner:
     async def _train(self, state: CoordinatorState, record: StepRecord, batch: BatchKey) -> None:
         step = record.step
         assert self.data is not None, "warm-up opens the data before any round"
-        tokens = await fetch_training_batch(self.data, batch[0], batch[1],
-                                            state.model.data_type)
+        tokens, data_wait_s = await self.prefetch.take(
+            step, batch, batch_fetch(self.data, batch, state.model.data_type))
         cold_start = record.height == 0 and state.epoch_state.cold_start_epoch
         started = time.monotonic()
         out = await self.worker.train(step, tokens, batch, cold_start)
@@ -378,7 +386,7 @@ class RoundRunner:
         self.events.emit(Trained(step=step, epoch=state.progress.epoch, loss=round(out.loss, 5),
                                  batch=batch, payload_bytes=len(payload),
                                  seconds=round(elapsed, 3), tokens=trained_tokens,
-                                 ranks=out.ranks))
+                                 ranks=out.ranks, data_wait_s=round(data_wait_s, 3)))
 
     # ------------------------------------------------------------------ peers' results
     def _on_announcement(self, record: StepRecord, sender: bytes,
