@@ -6,7 +6,7 @@ A state file can be valid (coordinator/config.py accepts every value of Psyche's
 and still name something our client cannot do. This lists each such field, one line per
 problem, as `dotted.key: Value is not supported by this client (supported: A, B): why`,
 e.g. `model.LLM.architecture: Torchtitan is not supported by this client
-(supported: HfLlama): ...`. `psyche-coordinator
+(supported: HfLlama, HfDeepseek, HfAuto): ...`. `psyche-coordinator
 validate-config` prints these lines and exits 1, and `psyche-coordinator run` refuses to
 start with them, so that a run the clients would fail in (at their first warm-up, after
 the coordinator has waited for them) is refused before anyone joins. Only a state file
@@ -36,8 +36,10 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
   server's; the inputs when the data has none; -100 is not in the loss) and a
   Pretraining run its tokens only. Psyche's variable-length attention (position ids,
   sequence lengths) is not used: samples are trained as whole max_seq_len rows.
-- architecture: the client loads any transformers causal LM (AutoModelForCausalLM) and
-  tensor parallelism is Llama-only; only Llama models are exercised by the tests here.
+- architecture: client_image/training/architecture.py checks the checkpoint's config at
+  load (HfLlama: a llama, HfDeepseek: a deepseek_v3 MoE, HfAuto: any transformers causal
+  LM) and the client loads it with AutoModelForCausalLM; tensor parallelism (T > 1) is
+  Llama-only and refused for the others. Torchtitan models are not transformers models.
 - optimizer: client_image/runtime/worker.py `_make_trainer` builds Distro, SparseLoCo and
   Dummy trainers and refuses AdamW (it shares nothing with peers, so a networked run cannot
   use it); SparseLoCo runs with verification off only (followers replay DisTrO trainers) and
@@ -60,12 +62,8 @@ SUPPORTED_DATA_LOCATIONS = ("Server", "Local", "Http", "Dummy", "Preprocessed", 
 SUPPORTED_HTTP_LOCATIONS = ("SingleUrl", "UrlList", "NumberedFiles", "Gcp")
 SUPPORTED_CHECKPOINTS = ("Hub", "P2P", "Dummy", "Gcs", "P2PGcs")
 SUPPORTED_DATA_TYPES = ("Pretraining", "Finetuning")
-SUPPORTED_ARCHITECTURES = ("HfLlama",)
+SUPPORTED_ARCHITECTURES = ("HfLlama", "HfDeepseek", "HfAuto")
 SUPPORTED_OPTIMIZERS = ("Distro", "SparseLoCo", "Dummy")
-
-_UNTESTED_ARCHITECTURE = ("the client would load it with transformers' AutoModelForCausalLM, "
-                          "but only Llama models are tested with this implementation and its "
-                          "tensor parallelism is Llama-only")
 
 # Why each refused value cannot run (every refused value of Psyche's format has one).
 REASONS: dict[str, dict[str, str]] = {
@@ -75,8 +73,6 @@ REASONS: dict[str, dict[str, str]] = {
     },
     "data_type": {},  # both run (Finetuning trains on the samples' labels)
     "architecture": {
-        "HfDeepseek": _UNTESTED_ARCHITECTURE,
-        "HfAuto": _UNTESTED_ARCHITECTURE,
         "Torchtitan": "Psyche builds these models with torchtitan; the client loads only "
                       "transformers models",
     },

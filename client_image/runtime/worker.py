@@ -27,6 +27,11 @@ from client_image.training import (
     load_causal_lm,
     save_checkpoint,
 )
+from client_image.training.architecture import (
+    ArchitectureMismatch,
+    check_architecture,
+    check_tensor_parallel,
+)
 from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
 from client_image.training.dummy_trainer import DummyTrainer
 from client_image.training.model import resolve_model_dir, round_to_bf16_
@@ -227,6 +232,15 @@ class TrainingWorker:
             model.tie_weights()
         return model
 
+    def _refuse_other_architecture(self, config: object, llm: LLMConfig) -> None:
+        """The checkpoint must be the run's architecture, and splittable over T if T > 1
+        (training/architecture.py): this client's permanent problem, not a retry's."""
+        try:
+            check_architecture(config, llm.architecture)
+            check_tensor_parallel(config, self.rank_setup.dims.tp if self.rank_setup else 1)
+        except ArchitectureMismatch as exc:
+            raise Unrunnable(str(exc)) from None
+
     def _refuse_unless_fits(self, config: object, llm: LLMConfig) -> None:
         """On a GPU, check the plan (training/memory_plan.py) before any weight is loaded:
         a model that cannot fit is this client's permanent problem, not a retry's."""
@@ -247,11 +261,11 @@ class TrainingWorker:
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:
         def load() -> None:
-            if torch.device(self.device).type == "cuda":
-                from transformers import AutoConfig
+            from transformers import AutoConfig
 
-                directory = resolve_model_dir(repo_id, revision=revision)
-                self._refuse_unless_fits(AutoConfig.from_pretrained(directory), llm)
+            config = AutoConfig.from_pretrained(resolve_model_dir(repo_id, revision=revision))
+            self._refuse_other_architecture(config, llm)
+            self._refuse_unless_fits(config, llm)
             with _TRANSFORMERS_LOADING:
                 model = load_causal_lm(repo_id, device=self.device, revision=revision)
             self.model_dir = Path(repo_id) if Path(repo_id).is_dir() else None
@@ -269,6 +283,7 @@ class TrainingWorker:
                     model = dummy_causal_lm(repo_id)
             except DummyModelError as exc:
                 raise WorkerError(str(exc)) from None
+            self._refuse_other_architecture(model.config, llm)
             if torch.device(self.device).type == "cuda":
                 self._refuse_unless_fits(model.config, llm)
             model.to(self.device)
@@ -288,6 +303,7 @@ class TrainingWorker:
             if tokenizer_json:
                 (directory / TOKENIZER_FILE).write_text(tokenizer_json)
             config = AutoConfig.from_pretrained(directory)
+            self._refuse_other_architecture(config, llm)
             self._refuse_unless_fits(config, llm)
             # fp32 like the Hub path (load_causal_lm): from_config would take the config's
             # `dtype`, which is the original's (say bfloat16), not what the peers train in.

@@ -22,6 +22,14 @@ X_{y,x} of shape (a, b) (y < R/a, x < C/b; leading dimensions are more blocks):
 
 A vector of length L is a matrix (L, 1): blocks of (a, 1), F_1 = [[1]].
 
+A parameter of more than two dimensions is as many matrices as its leading dimensions
+hold: a MoE layer's routed experts fused as [experts, out, in] (transformers' DeepSeek-V3
+`mlp.experts.gate_up_proj` and `down_proj`) are `experts` matrices (out, in), each cut
+into its own blocks, so that no block mixes two experts and each expert is compressed as
+if it were its own nn.Linear. The blocks follow the parameter's memory order (expert by
+expert), the same on every client: the wire format and the results are those of the
+equivalent 2-D parameters, deterministically.
+
 Token rows apart (`DistroOptimizer.embeddings_per_token`, not Psyche's default): for the
 token embedding and the output head, whose rows are tokens, the row basis is the identity
 (F_a = I), so a coefficient is one token's frequency along the hidden dimension. A token

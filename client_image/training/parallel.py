@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from client_image.training.architecture import ArchitectureMismatch, check_tensor_parallel
 from client_image.training.precision import ComputeDType
 
 
@@ -126,6 +127,10 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module,
     )
 
+    try:  # the plan below names Llama's submodules
+        check_tensor_parallel(getattr(model, "config", None), tp_mesh.size())
+    except ArchitectureMismatch as exc:
+        raise ParallelismError(str(exc)) from None
     check_tp_divides(model, tp_mesh.size())
     styles: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel,
                                               "rowwise": RowwiseParallel}

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tiny_deepseek import write_tiny_deepseek
 
 from client_image.data import (
     DummyDataProvider,
@@ -17,7 +18,11 @@ from client_image.data import (
 )
 from client_image.runtime.client import PsycheClient
 from client_image.runtime.model_keeper import ModelKeeper
+from client_image.runtime.ports import Unrunnable
 from client_image.runtime.worker import TrainingWorker, WorkerError
+from client_image.training.parallel import ParallelDims
+from client_image.training.rank_group import RankSetup
+from client_image.training.trainer import DistroTrainer
 from coordinator.capabilities import unsupported_fields
 from coordinator.config import state_file_from_dict
 
@@ -125,6 +130,30 @@ async def test_the_client_loads_a_hub_checkpoint() -> None:
     worker = _Worker()
     await keeper(worker).load(fake_state(llm), [])
     assert worker.hub == ["org/init"]
+
+
+async def test_the_client_loads_the_runs_architecture_and_refuses_another(
+        tmp_path: Path) -> None:
+    deepseek = str(write_tiny_deepseek(tmp_path / "deepseek"))
+    state, llm = llm_with(architecture="HfDeepseek")
+    assert unsupported_fields(state) == []
+    worker = TrainingWorker(device="cpu")
+    await worker.load_from_hub(deepseek, None, llm, 0)
+    assert type(worker.model).__name__ == "DeepseekV3ForCausalLM"
+    assert isinstance(worker.trainer, DistroTrainer)
+    _, llama_run = llm_with(architecture="HfLlama")
+    with pytest.raises(Unrunnable, match=r"^the run says HfLlama, the checkpoint is deepseek_v3 "
+                                         r"\(DeepseekV3ForCausalLM\): HfLlama needs a llama "
+                                         "checkpoint$"):
+        await TrainingWorker(device="cpu").load_from_hub(deepseek, None, llama_run, 0)
+    _, auto_run = llm_with(architecture="HfAuto")
+    await TrainingWorker(device="cpu").load_from_hub(deepseek, None, auto_run, 0)
+    # Tensor parallelism splits Llama blocks only: refused before any rank starts.
+    split = TrainingWorker(device="cpu", ranks=RankSetup(dims=ParallelDims(dp=1, tp=2)))
+    with pytest.raises(Unrunnable, match=r"^tensor parallelism \(T = 2\) splits Llama models "
+                                         "only, the checkpoint is deepseek_v3"):
+        await split.load_from_hub(deepseek, None, llm, 0)
+    assert split.ranks is None
 
 
 def test_the_client_trains_no_adamw_run() -> None:

@@ -52,16 +52,9 @@ def http(location: Any) -> dict[str, Any]:
 
 
 REFUSED: list[tuple[str, Any, str]] = [
-    ("architecture", "HfDeepseek",
-     "model.LLM.architecture: HfDeepseek is not supported by this client (supported: HfLlama): "
-     "the client would load it with transformers' AutoModelForCausalLM, but only Llama models "
-     "are tested with this implementation and its tensor parallelism is Llama-only"),
-    ("architecture", "HfAuto",
-     "model.LLM.architecture: HfAuto is not supported by this client (supported: HfLlama): "
-     "the client would load it with transformers' AutoModelForCausalLM, but only Llama models "
-     "are tested with this implementation and its tensor parallelism is Llama-only"),
     ("architecture", "Torchtitan",
-     "model.LLM.architecture: Torchtitan is not supported by this client (supported: HfLlama): "
+     "model.LLM.architecture: Torchtitan is not supported by this client (supported: HfLlama, "
+     "HfDeepseek, HfAuto): "
      "Psyche builds these models with torchtitan; the client loads only transformers models"),
     ("optimizer", {"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}},
      "model.LLM.optimizer: AdamW is not supported by this client (supported: Distro, "
@@ -132,6 +125,12 @@ def test_the_bundled_configs_are_the_expected_ones() -> None:
     assert {path.parent.name for path in BUNDLED} >= {"local-testnet", "llama2-20m-dev"}
 
 
+@pytest.mark.parametrize("architecture", ["HfLlama", "HfDeepseek", "HfAuto"])
+def test_every_transformers_architecture_is_accepted(architecture: str) -> None:
+    # The client checks the checkpoint against it at load (training/architecture.py).
+    assert unsupported_fields(state_with(architecture=architecture)) == []
+
+
 def test_every_problem_is_listed_in_field_order() -> None:
     state = state_with(architecture="Torchtitan",
                        optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0,
@@ -163,7 +162,7 @@ def test_every_refused_variant_of_the_format_has_a_reason() -> None:
 def write_refused(tmp_path: Path) -> Path:
     path = tmp_path / "state.toml"
     path.write_text(tomli_w.dumps(state_dict(
-        architecture="HfAuto",
+        architecture="Torchtitan",
         optimizer={"AdamW": {"betas": [0.9, 0.95], "weight_decay": 0.0, "eps": 1e-8}})))
     return path
 
@@ -174,10 +173,9 @@ def test_validate_config_prints_one_line_per_problem_and_exits_1(tmp_path: Path)
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert lines == [
-        f"{path}: model.LLM.architecture: HfAuto is not supported by this client (supported: "
-        "HfLlama): the client would load it with transformers' AutoModelForCausalLM, but only "
-        "Llama models are tested with this implementation and its tensor parallelism is "
-        "Llama-only",
+        f"{path}: model.LLM.architecture: Torchtitan is not supported by this client (supported: "
+        "HfLlama, HfDeepseek, HfAuto): Psyche builds these models with torchtitan; the client "
+        "loads only transformers models",
         f"{path}: model.LLM.optimizer: AdamW is not supported by this client (supported: "
         "Distro, SparseLoCo, Dummy): a networked run needs the Distro optimizer (AdamW shares nothing "
         "with peers)",
