@@ -2,7 +2,7 @@
 
 ``train`` joins a run through a TCP coordinator or Solana; ``show-identity`` (and Psyche's
 ``show-static-p2p-identity`` / ``create-static-p2p-identity``, client_image/identity_cli.py)
-print the node's keys.
+print the node's keys; ``plan`` and ``predownload`` (client_image/predownload_cli.py) prepare a run.
 Every ``train`` option also reads its upper-snake environment variable, as Psyche's
 client does (``RUN_ID``, ``MICRO_BATCH_SIZE``, ``DATA_PARALLELISM``…).
 Import-light on purpose: heavy modules (torch, iroh) load inside commands.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
-from client_image import identity_cli, plan_cli, sidecar_cli
+from client_image import identity_cli, plan_cli, predownload_cli, sidecar_cli
 from psyche_common.stopping import exit_on_signals
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
@@ -67,6 +67,7 @@ def _root() -> None:
 
 identity_cli.register(app)  # show-identity, show-static-p2p-identity, create-static-p2p-identity
 plan_cli.register(app)  # plan: bytes per device, and whether the run fits
+predownload_cli.register(app)  # predownload: the run's model and data, before joining
 sidecar_cli.register(app)  # more ranks of a client, on another host
 
 
