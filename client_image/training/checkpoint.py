@@ -214,7 +214,24 @@ def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor
         state.update(load_file(file))
     if not state:
         raise CheckpointError(f"{path} holds no safetensors weights")
+    if set(state) - _in_memory_names(path):
+        # Saved under other names than the model's own: transformers converts some
+        # families on save (DeepSeek-V3's fused experts become one tensor per expert),
+        # and only its loader converts them back to what peers share.
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=CHECKPOINT_DTYPE)
+        state = bf16_state_dict(model, copy=True)
     return config_json, tokenizer.read_text() if tokenizer.is_file() else None, state
+
+
+def _in_memory_names(path: Path) -> set[str]:
+    """The state-dict names of the model a checkpoint's config.json builds (no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return set(model.state_dict())
 
 
 def _give_normal_file_modes(directory: Path) -> None:

@@ -18,7 +18,7 @@ from client_image.training.architecture import (
     check_architecture,
     check_tensor_parallel,
 )
-from client_image.training.checkpoint import save_checkpoint
+from client_image.training.checkpoint import bf16_state_dict, read_checkpoint, save_checkpoint
 from client_image.training.distro import plan_parameter
 from client_image.training.model import load_causal_lm, round_to_bf16_
 from client_image.training.trainer import DistroTrainer
@@ -119,6 +119,11 @@ def test_the_checkpoint_round_trips_in_deepseek_layout(deepseek_dir: Path,
     ours, theirs = trainer.model.state_dict(), loaded.state_dict()
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+    # A restarted holder reads it back as the fused weights its peers share.
+    _, _, shared = read_checkpoint(written)
+    sharing = bf16_state_dict(trainer.model)
+    assert shared.keys() == sharing.keys()
+    assert all(torch.equal(shared[key], sharing[key]) for key in sharing)
 
 
 def test_the_architecture_is_checked_against_the_checkpoint(deepseek_dir: Path) -> None:
