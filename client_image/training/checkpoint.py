@@ -203,8 +203,9 @@ def _set_aside(path: Path) -> Path:
 
 
 def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor]]:
-    """(config.json text, tokenizer.json text or None, weights as saved) of a checkpoint
-    written by `save_checkpoint`: what a peer shares of the same model."""
+    """(config.json text, tokenizer.json text or None, bf16 weights under the model's own
+    names) of a checkpoint written by `save_checkpoint`: what a peer shares of the same
+    model."""
     from safetensors.torch import load_file
 
     config_json = (path / "config.json").read_text()
