@@ -22,12 +22,12 @@ tests/client_runtime/test_client_capabilities.py checks the client still refuses
   SingleUrl, UrlList and NumberedFiles, and client_image/data/gcs.py `open_gcp` lists
   and reads Gcp buckets.
 - checkpoint: client_image/runtime/model_keeper.py `load` loads P2P and P2PGcs (from
-  peers), Hub (or a local directory) and Gcs (downloaded from its bucket and prefix,
-  client_image/training/gcs_checkpoint.py) and raises for the rest. The coordinator turns a P2P checkpoint
-  back into Hub when none of the last epoch's clients is in the next one (always the case
+  peers), Hub (or a local directory), Gcs (downloaded from its bucket and prefix,
+  client_image/training/gcs_checkpoint.py) and Dummy (below). The coordinator turns a
+  P2P checkpoint back into Hub when none of the last epoch's clients is in the next one (always the case
   at a run's first epoch), and P2PGcs into Gcs; it turns Dummy into P2P only at the end
-  of a cooldown (coordinator/core.py `start_warmup`, `end_cooldown`). So P2P, Hub, Gcs
-  and P2PGcs runs load; Dummy fails at the first warm-up.
+  of a cooldown (coordinator/core.py `start_warmup`, `end_cooldown`). So every variant
+  that parses loads.
 - checkpoint Dummy: model_keeper builds it (client_image/training/dummy_model.py: repo_id's
   config.json or a small built-in Llama, weights from a fixed seed, the same on every
   client), downloading nothing.
