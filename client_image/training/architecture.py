@@ -25,7 +25,9 @@ the checkpoint is deepseek_v3 (DeepseekV3ForCausalLM)".
 - Torchtitan: never reaches the client (coordinator/capabilities.py refuses it).
 
 Tensor parallelism (training/parallel.py `apply_tp`) splits Llama decoder blocks only:
-T > 1 with any other model_type is refused the same way.
+T > 1 with any other model_type is refused the same way. FSDP2 over D shards any decoder
+with `model.layers` (the tiny DeepSeek MoE trains over D = 2 like one device:
+tests/training/test_deepseek_moe.py).
 """
 
 from __future__ import annotations

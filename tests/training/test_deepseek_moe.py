@@ -20,7 +20,9 @@ from client_image.training.architecture import (
 )
 from client_image.training.checkpoint import bf16_state_dict, read_checkpoint, save_checkpoint
 from client_image.training.distro import plan_parameter
+from client_image.training.layout_check import check_layout
 from client_image.training.model import load_causal_lm, round_to_bf16_
+from client_image.training.parallel import ParallelDims
 from client_image.training.trainer import DistroTrainer
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
@@ -146,3 +148,12 @@ def test_the_architecture_is_checked_against_the_checkpoint(deepseek_dir: Path) 
     with pytest.raises(ArchitectureMismatch, match=r"tensor parallelism \(T = 2\) splits Llama "
                                                    "models only, the checkpoint is deepseek_v3"):
         check_tensor_parallel(deepseek, 2)
+
+
+@pytest.mark.slow
+def test_two_data_parallel_ranks_train_the_moe_like_one_device(deepseek_dir: Path) -> None:
+    # FSDP2 over D shards any decoder (model.model.layers): real rank processes, gloo.
+    report = check_layout(ParallelDims(2, 1), model_dir=str(deepseek_dir), steps=3)
+    assert report["result_max_abs_diff"] <= 1e-4, report
+    assert report["grad_max_abs_diff"] <= 1e-5, report
+    assert report["weights_identical"], report
