@@ -3,12 +3,18 @@ figures, then ONE JSON line.
 
     .venv/bin/python bench/chaos.py [--clients 3] [--kill-interval 20] [--total-steps 80]
                                     [--epoch-time 30] [--timeout 1200] [--witness-nodes N]
-                                    [--spare I ...]
+                                    [--spare I ...] [--gcs]
 
 A real `psyche-coordinator run` and N real `psyche-client train` processes on this
 machine (the bundled tiny Llama and data, config/local-testnet with total_steps and
 epoch_time raised so the run lasts long enough); every --kill-interval seconds one
 client is SIGKILLed and started again at once, until the run finishes.
+
+--gcs: the run's stored checkpoint is a GCS bucket (a gcp-storage-emulator on loopback,
+in this process), as a production run's is: it starts from the initial model uploaded
+there, every client uploads its cooldown checkpoint (`--gcs-bucket`) and reports it, so
+when every holder of the model dies the next epoch starts from the last uploaded
+cooldown instead of the initial model. Without it the stored checkpoint never moves.
 
 kills, rejoins       SIGKILLs sent; killed clients seen Healthy in a later epoch
 clients_identical    the final checkpoints of the clients that reached the last one
@@ -22,9 +28,13 @@ steps_lost           steps the coordinator counted with batches to train (the ru
 steps_unapplied      steps some client trained whose results no client applied: the last
                      one or two steps of an epoch cut short (a missing witness quorum,
                      too few clients), dropped as Psyche drops them
-models_reset         epochs after the first that started from the run's stored checkpoint
-                     (here the initial model) because nobody holding the model was left,
-                     throwing away training applied since the last such start
+models_reset         epochs after the first that started from the initial model (the
+                     run's stored checkpoint, never moved without --gcs) because nobody
+                     holding the model was left, throwing away training applied since the
+                     last such start
+epochs_rolled_back   (--gcs) epochs after the first that started from an uploaded cooldown
+                     checkpoint, not the initial model: the dead epoch's steps are lost,
+                     the training before it is kept
 models_reset_no_holder_left
                      those after an epoch that reached its cooldown with no client left
                      (all killed in it): only a stored checkpoint could have kept it
@@ -46,6 +56,7 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -62,6 +73,34 @@ from local_testnet.client_log import client_events  # noqa: E402
 from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
 
 CONFIG = ROOT / "config" / "local-testnet"
+BUCKET, PREFIX = "chaos", "checkpoints"
+
+
+def start_gcs(initial: Path, run_id: str) -> Any:
+    """A GCS emulator on a loopback port (the clients inherit STORAGE_EMULATOR_HOST) with
+    the initial model uploaded as the run's step-0 checkpoint."""
+    import logging
+    import os
+    import socket
+
+    from gcp_storage_emulator.server import create_server
+    from google.cloud import storage
+
+    from client_image.training.gcs_checkpoint import upload_checkpoint_to_gcs
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    client = storage.Client.create_anonymous_client()
+    client.create_bucket(BUCKET)
+    upload_checkpoint_to_gcs(initial, BUCKET, PREFIX, run_id=run_id, epoch=0, step=0,
+                             client=client)
+    return server
 
 
 def main() -> None:
@@ -77,6 +116,8 @@ def main() -> None:
                         help="clients (1..N) never killed: the run's model always has a "
                              "living holder")
     parser.add_argument("--server-port", type=int, default=20400)
+    parser.add_argument("--gcs", action="store_true",
+                        help="store checkpoints in a GCS bucket (a loopback emulator)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="psyche-chaos-"))
@@ -90,6 +131,12 @@ def main() -> None:
     checkpoint = state["model"]["LLM"]["checkpoint"]["Hub"]
     initial = ROOT / checkpoint["repo_id"] / "model.safetensors"
     checkpoint["repo_id"] = str(ROOT / checkpoint["repo_id"])
+    client_args = ["--keep-steps", "1000"]  # every epoch's checkpoint stays to compare
+    emulator = None
+    if args.gcs:
+        emulator = start_gcs(Path(checkpoint["repo_id"]), state["run_id"])
+        state["model"]["LLM"]["checkpoint"] = {"Gcs": {"bucket": BUCKET, "prefix": PREFIX}}
+        client_args += ["--gcs-bucket", BUCKET, "--gcs-prefix", PREFIX]
     (config / "state.toml").write_text(tomli_w.dumps(state))
     data = tomllib.loads((CONFIG / "data.toml").read_text())
     data["dir"] = str((CONFIG / data["dir"]).resolve())
@@ -100,13 +147,20 @@ def main() -> None:
         server_port=args.server_port, data_port=args.server_port + 1, random_kill_num=1,
         random_kill_interval_s=args.kill_interval, timeout_s=args.timeout,
         allowed_to_kill=[i for i in range(1, args.clients + 1) if i not in args.spare],
-        client_args=["--keep-steps", "1000"]))  # every epoch's checkpoint stays to compare
-    summary = asyncio.run(run_headless(testnet))
+        client_args=client_args))
+    try:
+        summary = asyncio.run(run_headless(testnet))
+    finally:
+        if emulator is not None:
+            emulator.stop()
     expected = sorted(step for step, has in testnet.trainable.items() if has)
     lost = testnet.untrained_steps()
     equal_initial, examined = checkpoints_equal_initial(work / "run", args.clients, initial)
     fallbacks = hub_fallback_epochs(work / "run", args.clients)
-    lossy = hub_fallback_epochs(work / "run", args.clients, lossy_only=True)
+    lossy = hub_fallback_epochs(work / "run", args.clients, lossy_only=True,
+                                initial_only=True)
+    rolled_back = sorted(set(hub_fallback_epochs(work / "run", args.clients, lossy_only=True))
+                         - set(lossy))
     holders = clients_at_cooldown(work / "run", args.clients)
     no_holder_left = [epoch for epoch in lossy if holders.get(epoch - 1) == 0]
     compared, differing = checkpoint_agreement(work / "run", args.clients)
@@ -125,8 +179,10 @@ def main() -> None:
     print(f"steps trained but never applied (an epoch cut short drops its last one or two "
           f"steps' results, as Psyche's does): {unapplied}")
     print(f"epochs restarted from the stored (initial) model: {fallbacks}, "
-          f"of which threw applied training away: {lossy}, after an epoch whose every "
-          f"client was killed before its cooldown (no holder left): {no_holder_left}")
+          f"of which went back to the initial model, throwing applied training away: "
+          f"{lossy}, after an epoch whose every client was killed before its cooldown (no "
+          f"holder left): {no_holder_left}; to an uploaded cooldown (the dead epoch's "
+          f"steps lost): {rolled_back}")
     print(f"checkpoints after step 0: {examined}, equal to the initial model: {equal_initial}")
     print(f"steps checkpointed by 2+ clients: {compared}, differing: {differing}")
     print(f"work dir: {work}")
@@ -134,7 +190,8 @@ def main() -> None:
         "kills": summary["killed"], "rejoins": summary["rejoined"],
         "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
         "steps_unapplied": len(unapplied),
-        "models_reset": len(lossy), "fallback_epochs": len(fallbacks),
+        "models_reset": len(lossy), "epochs_rolled_back": len(rolled_back),
+        "fallback_epochs": len(fallbacks),
         "models_reset_no_holder_left": len(no_holder_left), "checkpoints_equal_initial": equal_initial,
         "epochs": summary["epochs"], "checkpoint_steps_compared": compared,
         "checkpoint_steps_differing": len(differing), "final_step": summary["final_step"],

@@ -63,16 +63,21 @@ def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
     return len(shared), [step for step in shared if len(digests[step]) > 1]
 
 
-def hub_fallback_epochs(work_dir: Path, clients: int, *, lossy_only: bool = False) -> list[int]:
-    """Epochs after the first whose clients loaded the run's stored checkpoint instead of
-    the model from the previous epoch's clients (the coordinator fell back to it: nobody
-    who held the model was left). In a run whose stored checkpoint is its initial model,
-    each one restarts training from scratch, whatever the step counter says.
+def hub_fallback_epochs(work_dir: Path, clients: int, *, lossy_only: bool = False,
+                        initial_only: bool = False) -> list[int]:
+    """Epochs after the first whose clients loaded the run's stored checkpoint (Hub, or a
+    GCS bucket's latest upload) instead of the model from the previous epoch's clients
+    (the coordinator fell back to it: nobody who held the model was left). In a run whose
+    stored checkpoint is its initial model, each one restarts training from scratch,
+    whatever the step counter says.
 
     lossy_only: only those that threw training away, i.e. some client had applied peers'
     results since the stored model was last loaded (a fallback right after another one,
-    before anything was applied, loses nothing)."""
+    before anything was applied, loses nothing).
+    initial_only: only those that loaded the initial model (a Hub checkpoint, which no
+    local run moves, or a bucket's step-0 upload), not a later uploaded cooldown."""
     loads: dict[int, float] = {}  # epoch -> first load of the stored checkpoint in it
+    initial: set[int] = set()  # epochs whose stored load was the initial model
     applied: list[float] = []  # times results were applied to the model
     for i in range(1, clients + 1):
         epoch = 0
@@ -82,16 +87,18 @@ def hub_fallback_epochs(work_dir: Path, clients: int, *, lossy_only: bool = Fals
                 continue
             if event["event"] == "state" and isinstance(event.get("epoch"), int):
                 epoch = event["epoch"]
-            elif event["event"] == "model_loaded" and event.get("source") == "hub":
+            elif event["event"] == "model_loaded" and event.get("source") in ("hub", "gcs"):
                 loads[epoch] = min(when, loads.get(epoch, when))
+                if event.get("source") == "hub" or event.get("detail") == "step0":
+                    initial.add(epoch)
             elif event["event"] == "applied" and (event.get("results") or 0) > 0:
                 applied.append(when)
     epochs = sorted(loads)
-    fallbacks = [epoch for epoch in epochs if epoch]
+    wanted = [epoch for epoch in epochs if epoch and (not initial_only or epoch in initial)]
     if not lossy_only:
-        return fallbacks
+        return wanted
     return [epoch for previous, epoch in itertools.pairwise(epochs)
-            if any(loads[previous] <= t < loads[epoch] for t in applied)]
+            if epoch in wanted and any(loads[previous] <= t < loads[epoch] for t in applied)]
 
 
 def clients_at_cooldown(work_dir: Path, clients: int) -> dict[int, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,13 @@ def _dtype_name(dtype: torch.dtype) -> DTypeName | None:
 
 class ModelSharingError(RuntimeError):
     """The model could not be fetched or a peer's manifest is unusable."""
+
+
+class NotSharingYet(ModelSharingError):
+    """A peer answered but shares no model, or an older one: it may be loading it."""
+
+
+MANIFEST_RETRY_S = 0.5  # how often a peer that is not sharing yet is asked again
 
 
 class ParameterEntry(BaseModel):
@@ -217,13 +225,25 @@ class ModelSharing:
                               timeout: float) -> ModelManifest:
         """Ask every source at once; the first manifest (of `step`, if given) wins. One at a
         time, each dead source (a restarted holder, common under churn) cost a whole
-        timeout before the next was asked."""
+        timeout before the next was asked. A source that answers but shares no model (or
+        an older one) is asked again every MANIFEST_RETRY_S until `timeout`: a holder that
+        restarted loads its own checkpoint of the cooldown in a second or two, and a
+        joiner that gave up at once sat the epoch out (a chaos run lost a step so)."""
+        deadline = time.monotonic() + timeout
+
         async def ask(peer: bytes) -> ModelManifest:
-            offered = await self.fetch_manifest(peer, timeout)
-            if step is not None and offered.step != step:
-                raise ModelSharingError(f"peer {peer.hex()[:8]} shares the model of step "
-                                        f"{offered.step}, not {step}")
-            return offered
+            while True:
+                try:
+                    offered = await self.fetch_manifest(
+                        peer, max(0.1, deadline - time.monotonic()))
+                    if step is not None and offered.step != step:
+                        raise NotSharingYet(f"peer {peer.hex()[:8]} shares the model of "
+                                            f"step {offered.step}, not {step}")
+                    return offered
+                except NotSharingYet:
+                    if time.monotonic() + MANIFEST_RETRY_S >= deadline:
+                        raise
+                    await asyncio.sleep(MANIFEST_RETRY_S)
 
         tasks = [asyncio.ensure_future(ask(peer)) for peer in peers]
         errors = []
@@ -258,7 +278,7 @@ class ModelSharing:
         ) as error:
             raise ModelSharingError(f"manifest from {source.hex()[:8]} failed: {error}") from None
         if not reply or reply[0] != 0:
-            raise ModelSharingError(f"peer {source.hex()[:8]} is not sharing a model")
+            raise NotSharingYet(f"peer {source.hex()[:8]} is not sharing a model")
         try:
             manifest = ModelManifest.model_validate_json(reply[1:])
         except ValidationError as error:

@@ -82,12 +82,12 @@ class RunFinished(RuntimeEvent):
 @dataclass(frozen=True)
 class ModelLoaded(RuntimeEvent):
     NAME: ClassVar[str] = "model_loaded"
-    source: str  # "p2p" | "hub" | "gcs" | "local" (own checkpoint of the last cooldown)
+    source: str  # "p2p" | "hub" | "gcs" | "dummy" | "local" (own checkpoint of the last cooldown)
     seconds: float
     peers: int = 0
     bytes: int = 0
     repo: str = ""
-    detail: str = ""  # for "local": why no peer could serve it
+    detail: str = ""  # "local": why no peer could serve it; "gcs": step{N} of the manifest
 
 
 @dataclass(frozen=True)

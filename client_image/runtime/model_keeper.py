@@ -142,6 +142,7 @@ class ModelKeeper:
             await self.worker.load_from_hub(str(directory), None, llm, start_step)
             self.events.emit(ModelLoaded(source="gcs",
                                          repo=gcs_location(checkpoint.bucket, checkpoint.prefix),
+                                         detail=directory.name,  # step{N} of its manifest
                                          seconds=round(time.monotonic() - started, 2)))
             return
         raise RuntimeError(f"checkpoint {type(checkpoint).__name__} cannot be loaded by this client")

@@ -12,6 +12,8 @@ from client_image.p2p.model_sharing import ParameterEntry, tensor_bytes
 
 from .swarm import started_nodes
 
+QUICK = ModelFetchOptions(manifest_timeout_s=1.5)  # a peer not sharing: give up soon
+
 pytestmark = pytest.mark.timeout(90)  # a hang fails fast instead of blocking CI
 
 
@@ -98,14 +100,36 @@ async def test_a_peer_still_sharing_an_older_model_is_skipped() -> None:
         assert manifest.step == 57 and state_hash(fetched) == state_hash(state)
         assert set(report.served_by) == {current.node_id}
         with pytest.raises(ModelSharingError, match="shares the model of step 57, not 60"):
-            await joiner.model_sharing.fetch_model([current.node_id], step=60)
+            await joiner.model_sharing.fetch_model([current.node_id], QUICK, step=60)
+
+
+async def test_a_holder_still_loading_its_model_is_asked_again_until_it_shares() -> None:
+    """A holder that restarted answers "not sharing" for the second or two it takes to load
+    its own checkpoint: the joiner asks again instead of sitting the epoch out."""
+    import asyncio
+    import time
+
+    _, state = tiny_llama()
+    async with started_nodes(2) as (holder, joiner):
+        joiner.add_peer_addresses([holder.address])
+
+        async def load_then_share() -> None:
+            await asyncio.sleep(1.2)
+            holder.model_sharing.share(state, step=9)
+
+        began = time.monotonic()
+        sharing = asyncio.create_task(load_then_share())
+        manifest, fetched, _ = await joiner.model_sharing.fetch_model([holder.node_id], step=9)
+        await sharing
+        assert manifest.step == 9 and state_hash(fetched) == state_hash(state)
+        assert 1.2 <= time.monotonic() - began < 8
 
 
 async def test_fetch_fails_clearly_without_sharing_sources() -> None:
     async with started_nodes(2) as (idle, joiner):
         joiner.add_peer_addresses([idle.address])
         with pytest.raises(ModelSharingError, match="not sharing a model"):
-            await joiner.model_sharing.fetch_model([idle.node_id])
+            await joiner.model_sharing.fetch_model([idle.node_id], QUICK)
         with pytest.raises(ModelSharingError, match="no peers"):
             await joiner.model_sharing.fetch_model([])
 
