@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, cast
 import typer
 
 from client_image import identity_cli, plan_cli, predownload_cli, sidecar_cli
+from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 from psyche_common.stopping import exit_on_signals
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
@@ -26,10 +27,10 @@ if TYPE_CHECKING:
     from psyche_common.telemetry import Telemetry
 
 app = typer.Typer(
+    **PROGRAM_SETTINGS,
     name="psyche-client",
     help="Psyche client: train with a run, share results over iroh.",
     no_args_is_help=True,
-    rich_markup_mode="rich",
 )
 
 
@@ -61,8 +62,8 @@ def _rank_setup(dp: int, tp: int, local_ranks: int | None, main_port: int,
 
 
 @app.callback()
-def _root() -> None:
-    """Psyche client."""
+def _root(version: Annotated[bool, version_option("psyche-client")] = False) -> None:
+    """Psyche client: train with a run, share results over iroh."""
 
 
 identity_cli.register(app)  # show-identity, show-static-p2p-identity, create-static-p2p-identity
@@ -110,7 +111,7 @@ def train(
     run_id: Annotated[str, typer.Option("--run-id", envvar="RUN_ID", help="The run to join.")],
     server_addr: Annotated[
         str | None,
-        typer.Option("--server-addr", envvar="SERVER_ADDR", help="TCP coordinator HOST:PORT."),
+        typer.Option("--server-addr", envvar="SERVER_ADDR", help="TCP run: the coordinator's HOST:PORT."),
     ] = None,
     rpc: Annotated[
         str | None,
@@ -245,6 +246,11 @@ def train(
             "--logs", envvar="LOGS", help="tui | console | json | none"
         ),
     ] = "console",
+    tui: Annotated[
+        bool | None,
+        typer.Option("--tui/--no-tui", show_default=False,
+                     help="--tui: --logs tui; --no-tui: console logs instead of a TUI"),
+    ] = None,
     torch_threads: Annotated[
         int | None,
         typer.Option(
@@ -296,7 +302,7 @@ def train(
     *,
     telemetry: TelemetryOptions,
 ) -> None:
-    """Join a run through its TCP coordinator and train until it finishes.
+    """Join a run and train until it finishes: a TCP run (--server-addr) or a Solana one (--rpc).
 
     SIGINT, SIGTERM or SIGHUP stop it cleanly within seconds (exit 0); a second one at once.
     """
@@ -308,6 +314,8 @@ def train(
     # otherwise ignore `docker stop`'s SIGTERM until killed.
     exit_on_signals(0, lambda sig: f"stopping… ({sig.name})")
 
+    if tui is not None:  # the spelling every program shares; --logs is Psyche's
+        logs = "tui" if tui else ("console" if logs == "tui" else logs)
     if logs not in ("tui", "console", "json", "none"):
         raise typer.BadParameter("use tui, console, json or none", param_hint="--logs")
     if iroh_discovery not in ("local", "n0"):

@@ -9,7 +9,7 @@ HfAuto is not supported by this client (supported: HfLlama): ...`.
 
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
-        [--tui true|false] [--tick-interval 0.5] [--bind-host 0.0.0.0]
+        [--tui | --no-tui] [--tick-interval 0.5] [--bind-host 0.0.0.0]
         [--prometheus-port P] [--otlp-metrics-url URL] ... (psyche_common.telemetry.options)
 
 runs the TCP coordinator (and the TCP data server when the run's data location is
@@ -18,7 +18,8 @@ runs the TCP coordinator (and the TCP data server when the run's data location i
 --save-state-dir) and exits 0 (a requested stop is a server's normal end). The same
 config errors as validate-config (a value the client cannot run included) exit 1, and so
 does a port that is in use, at once, with one line such as `error: port 20000 is in use:
-cannot listen on 0.0.0.0:20000 (--server-port)`. Logs go to stderr (to the TUI's log panel with --tui true).
+cannot listen on 0.0.0.0:20000 (--server-port)`. Logs go to stderr (to the TUI's log panel
+with --tui). Psyche's spelling `--tui true|false` still works (psyche_common.cli_conventions).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import typer
 
 from coordinator.capabilities import explanations, unsupported_fields
 from coordinator.config import ConfigError, load_data_config, load_state_file
+from psyche_common.cli_conventions import PROGRAM_SETTINGS, psyche_tui_spelling, version_option
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 
-app = typer.Typer(help="Psyche coordinator (TCP backend).", no_args_is_help=True,
-                  add_completion=False)
+app = typer.Typer(**PROGRAM_SETTINGS, help="Psyche coordinator (TCP backend).",
+                  no_args_is_help=True, add_completion=False)
 
 
 @app.command("validate-config")
@@ -94,7 +96,7 @@ def run(
     init_warmup_time: Annotated[int | None, typer.Option(
         "--init-warmup-time", min=0, help="warmup_time until the run first becomes active "
         "(seconds)")] = None,
-    tui: Annotated[str, typer.Option("--tui", help="true|false: the server TUI")] = "false",
+    tui: Annotated[bool, typer.Option("--tui/--no-tui", help="the server TUI")] = False,
     tick_interval: Annotated[float, typer.Option(
         "--tick-interval", min=0.01, max=60.0, help="seconds between ticks")] = 0.5,
     bind_host: Annotated[str, typer.Option(
@@ -115,14 +117,13 @@ def run(
     from coordinator_tcp.server import ServerOptions
 
     withdraw = _parse_bool(withdraw_on_disconnect)
-    with_tui = _parse_bool(tui)
-    if with_tui:  # records go to the TUI's log panel (its handler), not to the terminal
+    if tui:  # records go to the TUI's log panel (its handler), not to the terminal
         logging.getLogger().setLevel(logging.INFO)
     else:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                             "%(message)s")
     options = RunOptions(
-        state_path=state, data_config_path=data_config, tui=with_tui, telemetry=telemetry,
+        state_path=state, data_config_path=data_config, tui=tui, telemetry=telemetry,
         server=ServerOptions(host=bind_host, port=server_port, save_state_dir=save_state_dir,
                              withdraw_on_disconnect=withdraw, init_warmup_time=init_warmup_time,
                              tick_interval_s=tick_interval))
@@ -131,10 +132,14 @@ def run(
         raise typer.Exit(code=code)
 
 
-@app.callback()
-def _root() -> None:
-    """Keeps `validate-config` a subcommand even while it is the only one."""
+@app.callback()  # a group (validate-config stays a subcommand) that takes --version
+def _root(
+    version: Annotated[bool, version_option("psyche-coordinator")] = False,
+) -> None:
+    """Psyche coordinator (TCP backend)."""
 
 
 def main() -> None:
-    app()
+    import sys
+
+    app(args=psyche_tui_spelling(sys.argv[1:]))

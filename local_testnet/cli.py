@@ -2,8 +2,8 @@
 
     psyche-testnet --num-clients 3 --config-path config/local-testnet --headless
 
-`--headless` waits for Finished (or `--timeout`) and prints ONE JSON line; `--tui` shows
-the server and each client's metrics instead.
+`--no-tui` (the default; `--headless` is its older name) waits for Finished (or `--timeout`)
+and prints ONE JSON line; `--tui` shows the server and each client's metrics instead.
 
 SIGINT (ctrl+c), SIGTERM and SIGHUP (the terminal closed) stop it: "stopping…" on stderr,
 every process it started stopped (whole process groups: SIGTERM, SIGKILL after 10 s, at
@@ -26,8 +26,9 @@ import typer
 from coordinator.config import ConfigError
 from coordinator_tcp.stopping import say
 from local_testnet.testnet import METRICS_BASE_PORT, Testnet, TestnetOptions, run_headless
+from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 
-app = typer.Typer(add_completion=False)
+app = typer.Typer(**PROGRAM_SETTINGS, add_completion=False)
 
 
 def _int_list(text: str) -> list[int]:
@@ -50,8 +51,10 @@ def testnet(
                                                  help="client numbers, e.g. 1,2")] = "",
     late_join_client_delay: Annotated[float, typer.Option(
         "--late-join-client-delay", min=0.0, help="start the last client this late")] = 0.0,
-    tui: Annotated[bool, typer.Option("--tui/--headless",
+    tui: Annotated[bool, typer.Option("--tui/--no-tui",
                                       help="TUI, or one JSON line at the end")] = False,
+    headless: Annotated[bool, typer.Option("--headless", hidden=True,
+                                           help="--no-tui's older name")] = False,
     work_dir: Annotated[Path | None, typer.Option("--work-dir")] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=1.0)] = 1800.0,
     data_port: Annotated[int | None, typer.Option(
@@ -60,6 +63,7 @@ def testnet(
     metrics_base_port: Annotated[int, typer.Option(
         "--metrics-base-port", min=1, max=65535 - 64,
         help="client i serves its metrics on this port + i")] = METRICS_BASE_PORT,
+    version: Annotated[bool, version_option("psyche-testnet")] = False,
 ) -> None:
     """Start a coordinator and N clients on this machine and follow the run.
 
@@ -86,7 +90,7 @@ def testnet(
     if net.fitted:
         changes = ", ".join(f"{name} {was} -> {now}" for name, was, now in net.fitted)
         typer.echo(f"config fitted to --num-clients {options.num_clients}: {changes}", err=True)
-    if tui:
+    if tui and not headless:
         from local_testnet.tui import run_testnet_tui
 
         asyncio.run(run_testnet_tui(net))

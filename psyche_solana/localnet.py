@@ -2,6 +2,8 @@
 
     psyche-localnet [--port 8899] [--host 127.0.0.1]
 
+It serves JSON-RPC over HTTP only: there is no WebSocket (PubSub) endpoint.
+
 At start the coordinator, authorizer and treasurer programs are built if needed and
 deployed through the real upgradeable loader. The clock follows wall time (a slot every
 400 ms, a fresh blockhash every slot). Methods: getHealth, getVersion, getSlot,
@@ -23,21 +25,22 @@ whole account when it changes; psyche_solana.rpc.AccountWatcher does exactly tha
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from solders.pubkey import Pubkey
 from solders.signature import Signature
 from solders.transaction import VersionedTransaction
 from solders.transaction_metadata import FailedTransactionMetadata
 from solders.transaction_status import InstructionErrorCustom, TransactionErrorInstructionError
 
+from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 from psyche_solana.b58 import b58decode, b58encode
 from psyche_solana.svm import MAX_TRANSACTION_SIZE, ProgramSvm
 
@@ -369,13 +372,26 @@ class Localnet:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="psyche-localnet", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8899)
-    args = parser.parse_args(argv)
+app = typer.Typer(**PROGRAM_SETTINGS, add_completion=False)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                      help="JSON-RPC port (0: any free port)")] = 8899,
+    version: Annotated[bool, version_option("psyche-localnet")] = False,
+) -> None:
+    """Our programs in LiteSVM behind a Solana JSON-RPC server (HTTP; no WebSocket).
+
+    Serves until ctrl+c.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    net = Localnet(args.host, args.port)
+    try:
+        net = Localnet(host, port)
+    except OSError as exc:  # the port is taken, or the address is not this host's
+        typer.echo(f"psyche-localnet: cannot listen on {host}:{port}: {exc.strerror}", err=True)
+        raise typer.Exit(code=1) from None
     from psyche_solana.ids import PROGRAMS, program_id
 
     print(f"psyche-localnet: JSON-RPC on {net.url}", flush=True)
@@ -387,9 +403,12 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         net.server.server_close()
-    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (psyche-localnet)."""
+    app(args=argv, prog_name="psyche-localnet")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
-
+    main()

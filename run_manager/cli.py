@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
 from run_manager.commands import solana
 
@@ -28,12 +29,13 @@ EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
 
 app = typer.Typer(
+    **PROGRAM_SETTINGS,
     name="run-manager",
     help="Run a psyche-py client in its versioned container and watch it train.",
-    rich_markup_mode="rich",
     add_completion=False,
 )
-wallet_app = typer.Typer(help="Wallets (solana-keygen keypair files): new, show, balance.")
+wallet_app = typer.Typer(**PROGRAM_SETTINGS,
+                         help="Wallets (solana-keygen keypair files): new, show, balance.")
 app.add_typer(wallet_app, name="wallet")
 solana.register(app)
 
@@ -55,7 +57,8 @@ def run(
     env_file: Annotated[
         Path | None, typer.Option("--env-file", help="KEY=VALUE settings of the run.")
     ] = None,
-    no_tui: Annotated[bool, typer.Option("--no-tui", help="Log lines instead of the TUI.")] = False,
+    tui: Annotated[bool, typer.Option("--tui/--no-tui",
+                                      help="The TUI, or log lines instead.")] = True,
     client_version: Annotated[
         str | None,
         typer.Option("--client-version", help="Run this client version instead of asking the coordinator."),
@@ -76,12 +79,13 @@ def run(
         typer.Option("--coordinator-program-id",
                      help="The coordinator program (default: ours; env PSYCHE_COORDINATOR_PROGRAM_ID)."),
     ] = None,
+    version: Annotated[bool, version_option("run-manager")] = False,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
     """Start the client the run wants, keep it alive, and show the run.
 
-    [b]run-manager --env-file run.env[/b]   (arguments after [b]--[/b] go to the container)
+    run-manager --env-file run.env   (arguments after -- go to the container)
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -97,7 +101,7 @@ def run(
     container_args = list((ctx.obj or {}).get("container_args", []))
     options = RunOptions(client_version, entrypoint, container_args, local=local,
                          coordinator_program_id=coordinator_program_id, join_authority=authorizer)
-    raise typer.Exit(_run_client(env_file, options, tui=not no_tui, telemetry=telemetry))
+    raise typer.Exit(_run_client(env_file, options, tui=tui, telemetry=telemetry))
 
 
 def _is_pubkey(text: str) -> bool:

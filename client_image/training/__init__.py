@@ -35,36 +35,77 @@ Simulation and CLI: client_image.training.simulate (Simulation, SimulationConfig
 validation_loss), client_image.training.cli:main (psyche-train).
 """
 
-from client_image.training.checkpoint import (
-    CheckpointError,
-    list_checkpoints,
-    save_checkpoint,
-    upload_checkpoint,
-)
-from client_image.training.distro import BlockPlan, SparseResult, plan_model
-from client_image.training.lr import cold_start_factor, scheduled_lr
-from client_image.training.model import (
-    ModelLoadError,
-    load_causal_lm,
-    load_tokenizer,
-    pick_device,
-    resolve_model_dir,
-)
-from client_image.training.trainer import (
-    AdamWTrainer,
-    DistroTrainer,
-    Timings,
-    TrainStepOutput,
-    split_labels,
-    with_labels,
-)
-from client_image.training.wire import (
-    WIRE_VERSION,
-    DistroResult,
-    ResultDecodeError,
-    decode_result,
-    encode_result,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Loaded on first use: importing the package (psyche-train --help, client_image.training.cli)
+# must not load torch and transformers.
+if TYPE_CHECKING:  # the real names for type checkers
+    from client_image.training.checkpoint import (
+        CheckpointError,
+        list_checkpoints,
+        save_checkpoint,
+        upload_checkpoint,
+    )
+    from client_image.training.distro import BlockPlan, SparseResult, plan_model
+    from client_image.training.lr import cold_start_factor, scheduled_lr
+    from client_image.training.model import (
+        ModelLoadError,
+        load_causal_lm,
+        load_tokenizer,
+        pick_device,
+        resolve_model_dir,
+    )
+    from client_image.training.trainer import (
+        AdamWTrainer,
+        DistroTrainer,
+        Timings,
+        TrainStepOutput,
+        split_labels,
+        with_labels,
+    )
+    from client_image.training.wire import (
+        WIRE_VERSION,
+        DistroResult,
+        ResultDecodeError,
+        decode_result,
+        encode_result,
+    )
+
+_LAZY = {
+    "CheckpointError": "client_image.training.checkpoint",
+    "list_checkpoints": "client_image.training.checkpoint",
+    "save_checkpoint": "client_image.training.checkpoint",
+    "upload_checkpoint": "client_image.training.checkpoint",
+    "BlockPlan": "client_image.training.distro",
+    "SparseResult": "client_image.training.distro",
+    "plan_model": "client_image.training.distro",
+    "cold_start_factor": "client_image.training.lr",
+    "scheduled_lr": "client_image.training.lr",
+    "ModelLoadError": "client_image.training.model",
+    "load_causal_lm": "client_image.training.model",
+    "load_tokenizer": "client_image.training.model",
+    "pick_device": "client_image.training.model",
+    "resolve_model_dir": "client_image.training.model",
+    "AdamWTrainer": "client_image.training.trainer",
+    "DistroTrainer": "client_image.training.trainer",
+    "Timings": "client_image.training.trainer",
+    "TrainStepOutput": "client_image.training.trainer",
+    "split_labels": "client_image.training.trainer",
+    "with_labels": "client_image.training.trainer",
+    "WIRE_VERSION": "client_image.training.wire",
+    "DistroResult": "client_image.training.wire",
+    "ResultDecodeError": "client_image.training.wire",
+    "decode_result": "client_image.training.wire",
+    "encode_result": "client_image.training.wire",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(name)
+
 
 __all__ = [
     "WIRE_VERSION", "AdamWTrainer", "BlockPlan", "CheckpointError", "DistroResult",

@@ -3,7 +3,8 @@
     psyche-train --model assets/tiny-llama --data assets/data/train --steps 100 \\
         --total-batch 16 --micro-batch 4 --peers 4 --optimizer distro|adamw|sparseloco
 
-Defaults are client_image/training/defaults.py's (DisTrO: Psyche's settings).
+Defaults are client_image/training/defaults.py's (DisTrO: Psyche's settings). torch loads
+inside the command, so `--help` and `--version` answer at once.
 """
 
 from __future__ import annotations
@@ -15,16 +16,10 @@ from typing import Annotated, Literal
 
 import typer
 
-from client_image.training.checkpoint import save_checkpoint, upload_checkpoint
 from client_image.training.defaults import DISTRO_PSYCHE, SPARSELOCO
-from client_image.training.simulate import (
-    Simulation,
-    SimulationConfig,
-    default_schedule,
-    validation_loss,
-)
+from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 
-app = typer.Typer(add_completion=False, help=__doc__)
+app = typer.Typer(**PROGRAM_SETTINGS, add_completion=False)
 
 
 @app.command()
@@ -55,7 +50,12 @@ def train(
     run_id: str = "psyche-train",
     keep_steps: Annotated[int, typer.Option(min=1)] = 3,
     hub_repo: Annotated[str | None, typer.Option(help="also upload the checkpoint (HF_TOKEN)")] = None,
+    version: Annotated[bool, version_option("psyche-train")] = False,
 ) -> None:
+    """Train a model with P simulated peers in one process, printing loss and bytes.
+
+    Defaults are Psyche's DisTrO settings (client_image/training/defaults.py).
+    """
     if optimizer not in ("distro", "adamw", "sparseloco"):
         raise typer.BadParameter(
             f"--optimizer must be distro, adamw or sparseloco, got {optimizer!r}")
@@ -63,6 +63,14 @@ def train(
         raise typer.BadParameter(f"--dtype must be fp32 or bf16, got {dtype!r}")
     if optimizer == "sparseloco" and steps % inner_steps:
         raise typer.BadParameter(f"--steps {steps} must be a multiple of --inner-steps {inner_steps}")
+    from client_image.training.checkpoint import save_checkpoint, upload_checkpoint
+    from client_image.training.simulate import (
+        Simulation,
+        SimulationConfig,
+        default_schedule,
+        validation_loss,
+    )
+
     opt: Literal["distro", "adamw", "sparseloco"] = (
         "distro" if optimizer == "distro" else "adamw" if optimizer == "adamw" else "sparseloco")
     config = SimulationConfig(

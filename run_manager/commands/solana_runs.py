@@ -33,7 +33,9 @@ def _find(run_id: str, index: int | None) -> Callable[[Any], Awaitable[Any]]:
 
 
 def create_run(run_id: RunId,
-               client_version: Annotated[str, typer.Option("--client-version", "-c")],
+               client_version: Annotated[str, typer.Option(
+                   "--client-version", "-c",
+                   help="The client image version run-managers start for this run.")],
                wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None,
                treasurer_collateral_mint: Annotated[str | None, typer.Option(
                    help="Reward token mint: creates the run through the treasurer.")] = None,
@@ -56,7 +58,8 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
                   config_path: Annotated[Path | None, typer.Option(
                       help="TOML with [config] and [model.LLM] (a state.toml or Psyche's "
                            "solana-test configs).")] = None,
-                  client_version: Annotated[str | None, typer.Option()] = None,
+                  client_version: Annotated[str | None, typer.Option(
+                      help="The client image version run-managers start for this run.")] = None,
                   restart_from_step: Annotated[int | None, typer.Option(
                       min=1, envvar="RESTART_FROM_STEP",
                       help="Set the run's step (and its data index, replaying the batch-size "

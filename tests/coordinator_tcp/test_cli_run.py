@@ -107,4 +107,4 @@ def test_run_refuses_a_bad_config_with_validate_config_messages(tmp_path: Path) 
     result = subprocess.run([sys.executable, "-m", "coordinator_tcp", "run", "--state",
                              str(state), "--tui", "maybe"],
                             capture_output=True, check=False, text=True, timeout=60)
-    assert result.returncode != 0 and "expected true or false" in result.stderr
+    assert result.returncode != 0 and "unexpected extra argument(s) (maybe)" in result.stderr
