@@ -3,7 +3,8 @@
 `CoordinatorTelemetry(telemetry, server)` subscribes to `server.on_change` (called by
 `_publish_if_changed` after every broadcast) and sets the gauges from the new state:
 phase, epoch, step, clients by state, witnesses and quorum of the current round, and
-the epoch's verification reports and ejected clients.
+the epoch's verification reports and ejected clients; and how long each phase lasted
+(`psyche_coordinator_phase_duration_seconds{phase=RunState name}`, set when it ends).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class CoordinatorTelemetry:
         self._phase: RunState | None = None
         self._step: int | None = None
         self._last_round_start: float | None = None
+        self._phase_start: float | None = None  # None: the first state, seen mid-phase
         server.on_change.append(self.on_state)
         self.on_state(server.state, count_change=False)
 
@@ -58,6 +60,8 @@ class CoordinatorTelemetry:
         entering = state.run_state is not self._phase
         new_round = state.run_state is RunState.RoundTrain and (
             entering or state.progress.step != self._step)
+        if entering or new_round:
+            self._end_phase(count_change)
         if new_round:
             # A round lasts from its RoundTrain to the next one; after Warmup or
             # Cooldown there was no previous round in this epoch to time.
@@ -70,3 +74,11 @@ class CoordinatorTelemetry:
         if entering and state.run_state is RunState.Cooldown:
             t.counter("psyche_coordinator_epochs_finished").add(1)
         self._phase, self._step = state.run_state, state.progress.step
+
+    def _end_phase(self, timed: bool) -> None:
+        """The phase that just ended: its duration, unless this server saw only its end."""
+        now = time.monotonic()
+        if timed and self._phase is not None and self._phase_start is not None:
+            self.telemetry.gauge("psyche_coordinator_phase_duration_seconds").set(
+                now - self._phase_start, {"phase": self._phase.name})
+        self._phase_start = now if timed else None

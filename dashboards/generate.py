@@ -135,6 +135,8 @@ def run_overview() -> dict[str, Any]:
         target(f"psyche_coordinator_witness_quorum{{{RUN}}}", "quorum", "B")]), 8)
     lay.add(timeseries("Round duration", [target(
         f"psyche_coordinator_round_duration_seconds{{{RUN}}}", "coordinator")], "s"), 8)
+    lay.add(timeseries("Phase durations (the last of each phase)", [target(
+        f"psyche_coordinator_phase_duration_seconds{{{RUN}}}", "{{phase}}")], "s"), 24)
     lay.row("Training")
     lay.add(timeseries("Loss", [target(f"psyche_training_loss{{{RUN}, {c}}}",
                                        "{{service_instance_id}}")]), 12)
@@ -146,6 +148,10 @@ def run_overview() -> dict[str, Any]:
         f"psyche_last_train_time_seconds{{{RUN}}}", "{{service_instance_id}}")], "s"), 8)
     lay.add(timeseries("Step per client", [target(
         f"psyche_round_step{{{RUN}}}", "{{service_instance_id}}")]), 8)
+    lay.add(timeseries("Learning rate", [target(
+        f"max by (run_id) (psyche_learning_rate{{{RUN}}})", "{{run_id}}")], "sci"), 12)
+    lay.add(timeseries("Global batch (tokens)", [target(
+        f"max by (run_id) (psyche_token_batch_size{{{RUN}}})", "{{run_id}}")]), 12)
     lay.add(timeseries("State changes per minute", [target(
         f"rate(psyche_coordinator_state_changes_total{{{RUN}, {s}}}[5m]) * 60", "broadcasts")]),
         12)
@@ -190,8 +196,36 @@ def clients() -> dict[str, Any]:
                "{{service_instance_id}} announced", "B"),
         target(f"psyche_results_downloaded_current_round{{{CLIENTS}}}",
                "{{service_instance_id}} downloaded", "C")]), 12)
+    lay.add(timeseries("Previous round: finishes / announcements / downloads", [
+        target(f"psyche_finishes_received_previous_round{{{CLIENTS}}}",
+               "{{service_instance_id}} finished", "A"),
+        target(f"psyche_result_announcements_received_previous_round{{{CLIENTS}}}",
+               "{{service_instance_id}} announced", "B"),
+        target(f"psyche_results_downloaded_previous_round{{{CLIENTS}}}",
+               "{{service_instance_id}} downloaded", "C")]), 12)
     lay.add(timeseries("Witnesses sent", [target(
         f"psyche_witnesses_sent_total{{{CLIENTS}}}", "{{service_instance_id}} {{type}}")]), 12)
+    lay.row("Optimizer")
+    lay.add(timeseries("Learning rate", [target(f"psyche_learning_rate{{{CLIENTS}}}",
+                                                "{{service_instance_id}}")], "sci"), 8)
+    lay.add(timeseries("Global batch (tokens)", [target(
+        f"psyche_token_batch_size{{{CLIENTS}}}", "{{service_instance_id}}")]), 8)
+    lay.add(timeseries("Optimizer statistics", [target(
+        f"psyche_optimizer_stats{{{CLIENTS}}}", "{{service_instance_id}} {{stat}}")]), 8)
+    lay.row("Machine (sampled every 5 s; GPU panels only where CUDA is available)")
+    lay.add(timeseries("CPU usage (100 = one core)", [target(
+        f"psyche_cpu_usage_percent{{{CLIENTS}}}", "{{service_instance_id}}")], "percent"), 12)
+    lay.add(timeseries("Memory (RSS)", [target(
+        f"psyche_memory_usage_bytes{{{CLIENTS}}}", "{{service_instance_id}}")], "bytes"), 12)
+    lay.add(timeseries("GPU usage", [target(
+        f"psyche_gpu_usage_percent{{{CLIENTS}}}", "{{service_instance_id}} gpu {{gpu}}")],
+        "percent"), 8)
+    lay.add(timeseries("GPU memory in use", [target(
+        f"psyche_gpu_memory{{{CLIENTS}}}", "{{service_instance_id}} gpu {{gpu}}")],
+        "bytes"), 8)
+    lay.add(timeseries("GPU temperature", [target(
+        f"psyche_gpu_temp{{{CLIENTS}}}", "{{service_instance_id}} gpu {{gpu}}")],
+        "celsius"), 8)
     lay.row("P2P model sharing")
     lay.add(timeseries("Model parameters downloaded from peers", [target(
         f"psyche_p2p_model_params_downloaded{{{CLIENTS}}}", "{{service_instance_id}}")],
@@ -244,6 +278,12 @@ def p2p() -> dict[str, Any]:
     lay.add(timeseries("Download throughput", [target(
         f"rate(psyche_download_bytes_total{{{CLIENTS}}}[1m])", "{{service_instance_id}}")],
         "Bps"), 12)
+    lay.add(timeseries("Bandwidth as the client measures it (5 s windows)", [target(
+        f"psyche_bandwidth_bytes_per_second{{{CLIENTS}}}", "{{service_instance_id}}")],
+        "Bps"), 12)
+    lay.add(timeseries("Results lost: downloads failed for good", [target(
+        f"increase(psyche_downloads_perma_failed_total{{{CLIENTS}}}[1h])",
+        "{{service_instance_id}}")]), 12)
     lay.row("P2P model sharing")
     lay.add(timeseries("Model parameters downloaded", [target(
         f"psyche_p2p_model_params_downloaded{{{CLIENTS}}}", "{{service_instance_id}}")],

@@ -116,6 +116,9 @@ class Trained(RuntimeEvent):
     ranks: int = 1  # processes that trained this client's share (D x T)
     # How long training waited for the batch after the round's start work (runtime/prefetch.py)
     data_wait_s: float = 0.0
+    learning_rate: float = 0.0  # the schedule's lr of this step
+    grad_norm: float = 0.0  # the gradient's total L2 norm before clipping
+    batch_tokens: int = 0  # tokens in the step's global batch (all trainers' sequences)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from client_image.p2p import (
     encode_broadcast,
     step_tag,
 )
-from client_image.runtime.ports import Broadcast, FetchedModel, ModelUnavailable
+from client_image.runtime.ports import Broadcast, FetchedModel, ModelFetchFailed
 
 
 class IrohPeers:
@@ -57,7 +57,7 @@ class IrohPeers:
             manifest, state_dict, report = await self.node.model_sharing.fetch_model(
                 sources, self.fetch_options, progress=self.progress, step=step)
         except ModelSharingError as exc:
-            raise ModelUnavailable(str(exc)) from None
+            raise ModelFetchFailed(str(exc)) from None
         return FetchedModel(manifest.config_json, manifest.tokenizer_json, state_dict,
                             peers=len(report.served_by), bytes=report.total_bytes)
 

@@ -39,6 +39,11 @@ class ModelUnavailable(RuntimeError):
     """No source can give this client the run's current model."""
 
 
+class ModelFetchFailed(ModelUnavailable):
+    """Peers were asked for the model and the download failed (telemetry counts these as
+    `psyche_p2p_params_download_failed_counter`)."""
+
+
 class Unrunnable(RuntimeError):
     """This client can never train this run as configured (the model does not fit its
     devices): retrying is pointless, the client stops with the message."""

@@ -383,10 +383,13 @@ class RoundRunner:
         self.counters.loss = out.loss
         trained_tokens = tokens.shape[0] * tokens.shape[-1]  # a Finetuning batch holds labels
         self.counters.tokens_per_sec = trained_tokens / max(elapsed, 1e-9)
+        sequences = sum(end - start + 1 for start, end in record.assignments)
         self.events.emit(Trained(step=step, epoch=state.progress.epoch, loss=round(out.loss, 5),
                                  batch=batch, payload_bytes=len(payload),
                                  seconds=round(elapsed, 3), tokens=trained_tokens,
-                                 ranks=out.ranks, data_wait_s=round(data_wait_s, 3)))
+                                 ranks=out.ranks, data_wait_s=round(data_wait_s, 3),
+                                 learning_rate=out.learning_rate, grad_norm=out.grad_norm,
+                                 batch_tokens=sequences * state.model.max_seq_len))
 
     # ------------------------------------------------------------------ peers' results
     def _on_announcement(self, record: StepRecord, sender: bytes,

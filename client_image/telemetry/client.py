@@ -5,6 +5,9 @@ Three sources, so the runtime needs almost no telemetry code of its own:
     node's blob download stats, gossip neighbours and connection diagnostics;
   * the runtime's typed events (`EventLog.listeners`, client_image.runtime.events):
     Trained, WitnessSent, StateChanged, Following, Ejected, EvalScored…;
+  * the machine (system.py), sampled every 5 s at most: this process's CPU and memory,
+    the blob download bandwidth and, only where CUDA is available, each GPU's usage,
+    memory and temperature (no GPU series at all on a CPU machine);
   * spans: the round runner's `tracer.phase(name, state)` around warm-up, apply, train,
     witness and cooldown, attributes step and epoch.
 """
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from client_image.p2p.diagnostics import PeerDiagnostics
 from client_image.runtime.events import (
+    DownloadFailed,
     Ejected,
     EvalScored,
     Following,
@@ -30,6 +34,7 @@ from client_image.runtime.events import (
     WarmupWitnessSent,
     WitnessSent,
 )
+from client_image.telemetry.system import GpuReading, SystemSampler, nvml_gpus
 from coordinator import CoordinatorState
 from psyche_common.telemetry.core import Telemetry
 
@@ -43,7 +48,8 @@ Point = tuple[float, dict[str, str]]
 
 
 class ClientTelemetry:
-    def __init__(self, telemetry: Telemetry, client: PsycheClient):
+    def __init__(self, telemetry: Telemetry, client: PsycheClient,
+                 sampler: SystemSampler | None = None):
         self.telemetry = telemetry
         self.client = client
         self._last_round_start: float | None = None
@@ -74,6 +80,11 @@ class ClientTelemetry:
                 one(lambda: counters.announcements_current))
         observe("psyche_results_downloaded_current_round",
                 one(lambda: counters.downloaded_current))
+        observe("psyche_finishes_received_previous_round", one(lambda: counters.finishes_previous))
+        observe("psyche_result_announcements_received_previous_round",
+                one(lambda: counters.announcements_previous))
+        observe("psyche_results_downloaded_previous_round",
+                one(lambda: counters.downloaded_previous))
         observe("psyche_result_bytes_received", one(lambda: counters.result_bytes_received))
         observe("psyche_verifications_passed", one(lambda: counters.verifications_passed))
         observe("psyche_verifications_failed", one(lambda: counters.verifications_failed))
@@ -94,8 +105,29 @@ class ClientTelemetry:
         observe("psyche_connection_latency_seconds", lambda: [
             (d.rtt_ms / 1000.0, {"peer": d.peer_hex[:16]})
             for d in self._diagnostics() if d.rtt_ms is not None])
+        self.sampler = sampler or SystemSampler(lambda: stats().bytes_received,
+                                                gpus=nvml_gpus())
+        self._observe_system()
         telemetry.gauge("psyche_ejected").set(0)  # a series from the start, for alerts
         client.events.listeners.append(self.on_event)
+
+    def _observe_system(self) -> None:
+        observe, latest = self.telemetry.observe, self.sampler.latest
+        observe("psyche_cpu_usage_percent", lambda: [(latest().cpu_percent, {})])
+        observe("psyche_memory_usage_bytes", lambda: [(float(latest().rss_bytes), {})])
+        observe("psyche_bandwidth_bytes_per_second", lambda: [] if (
+            rate := latest().bytes_per_second) is None else [(rate, {})])
+        if self.sampler.gpus is None:  # no CUDA: the GPU series do not exist here
+            return
+        readers: dict[str, Callable[[GpuReading], float]] = {
+            "psyche_gpu_usage_percent": lambda gpu: gpu.usage_percent,
+            "psyche_gpu_memory": lambda gpu: float(gpu.memory_bytes),
+            "psyche_gpu_temp": lambda gpu: gpu.temperature_c}
+        def per_gpu(read: Callable[[GpuReading], float]) -> Callable[[], list[Point]]:
+            return lambda: [(read(gpu), {"gpu": str(gpu.index)}) for gpu in latest().gpus]
+
+        for name, read in readers.items():
+            observe(name, per_gpu(read))
 
     def _neighbours(self) -> float | None:
         topic = self.client.topic
@@ -138,6 +170,11 @@ class ClientTelemetry:
         match event:
             case Trained(seconds=seconds, payload_bytes=payload_bytes, tokens=tokens):
                 t.gauge("psyche_last_train_time_seconds").set(seconds)
+                t.gauge("psyche_learning_rate").set(event.learning_rate)
+                if event.batch_tokens > 0:
+                    t.gauge("psyche_token_batch_size").set(event.batch_tokens)
+                if math.isfinite(event.grad_norm):
+                    t.gauge("psyche_optimizer_stats").set(event.grad_norm, {"stat": "grad_norm"})
                 t.counter("psyche_trained_steps").add(1)
                 t.counter("psyche_result_bytes_sent").add(payload_bytes)
                 t.counter("psyche_total_tokens").add(max(0, tokens))
@@ -152,7 +189,9 @@ class ClientTelemetry:
                 self._last_round_start = now
             case ModelLoaded(source="p2p"):
                 t.gauge("psyche_p2p_model_params_downloaded").set(100.0)
-            case TaskFailed(error_type="ModelSharingError"):
+            case DownloadFailed():  # every provider and retry spent: the result is lost
+                t.counter("psyche_downloads_perma_failed_total").add(1)
+            case TaskFailed(error_type="ModelFetchFailed"):  # runtime/peers.py
                 t.counter("psyche_p2p_params_download_failed_counter").add(1)
             case Following(trainers=trainers, able=able):
                 t.gauge("psyche_verification_following").set(len(trainers) if able else 0)

@@ -15,7 +15,7 @@ DisTrO (client_image.training.trainer, .distro)
         .decode(payload: bytes) -> DistroResult        validate a peer's bytes (ResultDecodeError)
         .apply(step, results: Sequence[DistroResult]) -> bool   consensus results of step-2
         .train(step, batch [n, seq] int64, *, batch_id=(start, end), cold_start=False)
-            -> TrainStepOutput(step, loss, payload: bytes, grad_norm)
+            -> TrainStepOutput(step, loss, payload: bytes, grad_norm, learning_rate=lr(step))
     with_labels(inputs, labels) -> batch [n, 2, seq]   a Finetuning batch (label -100: not
         in the loss, IGNORE_INDEX); split_labels(batch) -> (inputs, labels | None)
         .learning_rate(step) ; .plans: list[BlockPlan] ; .timings: Timings

@@ -89,7 +89,7 @@ class DummyTrainer:
         self.timings.forward_backward_s += time.perf_counter() - started
         payload = encode_dummy_result(step, self.trainer_nonce, batch_id[0], batch_id[1])
         self.trainer_nonce += 1
-        return TrainStepOutput(step, 0.0, payload, 0.0)
+        return TrainStepOutput(step, 0.0, payload, 0.0, learning_rate=self.learning_rate(step))
 
     def decode(self, payload: bytes, expected_step: int | None = None) -> DistroResult:
         result = decode_dummy_result(payload)

@@ -202,7 +202,8 @@ class ShardedDistroTrainer(DistroTrainer):
             self.timings.compress_s += time.perf_counter() - decompressed_at
         self._pending = _PendingOwnResult(step, sparse)
         self.trainer_nonce += 1
-        return TrainStepOutput(step, loss, payload, grad_norm, ranks=self.mesh.size())
+        return TrainStepOutput(step, loss, payload, grad_norm, ranks=self.mesh.size(),
+                               learning_rate=lr_now)
 
     def _mean_over_dp(self, weighted_loss: float) -> float:
         """The mean loss over the whole batch: sum over the D ranks of share-weighted losses / D."""

@@ -234,4 +234,5 @@ class SparseLoCoTrainer:
         self.timings.compress_s += time.perf_counter() - started
         self.trainer_nonce += 1
         loss = sum(losses) / len(losses) if losses else 0.0
-        return TrainStepOutput(step, loss, payload, grad_norm)
+        return TrainStepOutput(step, loss, payload, grad_norm,
+                               learning_rate=self.learning_rate(step))

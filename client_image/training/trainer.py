@@ -87,8 +87,9 @@ class TrainStepOutput:
     step: int
     loss: float  # mean next-token cross-entropy over the batch
     payload: bytes | None  # this step's result in the wire format (None for AdamW)
-    grad_norm: float
+    grad_norm: float  # the gradient's total L2 norm before clipping
     ranks: int = 1  # processes that trained it (D x T, training/sharded.py)
+    learning_rate: float = 0.0  # the schedule's at this step (cold-start factor included)
 
 
 @dataclass
@@ -402,7 +403,7 @@ class DistroTrainer:
             self.timings.compress_s += time.perf_counter() - decompressed_at
         self._pending = _PendingOwnResult(step, sparse)
         self.trainer_nonce += 1
-        return TrainStepOutput(step, loss, payload, grad_norm)
+        return TrainStepOutput(step, loss, payload, grad_norm, learning_rate=lr_now)
 
 
 class AdamWTrainer:
@@ -444,7 +445,8 @@ class AdamWTrainer:
             group["lr"] = self.learning_rate(step)
         self.optimizer.step()
         self.timings.apply_s += time.perf_counter() - started
-        return TrainStepOutput(step, loss, None, grad_norm)
+        return TrainStepOutput(step, loss, None, grad_norm,
+                               learning_rate=self.learning_rate(step))
 
 
 def clip_gradients(params: Sequence[torch.Tensor], max_norm: float | None) -> float:

@@ -2,8 +2,10 @@
 
 Names are Psyche's (`shared/metrics/src/lib.rs`; docs/metrics.md, "Metric names") where
 Psyche has the metric, so dashboards written for Psyche keep working; new metrics use
-the same `psyche_` prefix. The dashboards test reads this registry (and a real scrape)
-to check that every dashboard query names a series that really exists.
+the same `psyche_` prefix (`CLIENT_METRICS`, `COORDINATOR_METRICS`, `RUN_MANAGER_METRICS`;
+`GPU_ONLY_METRICS`: the series only a machine with a CUDA GPU exports). The dashboards
+test reads this registry (and a real scrape) to check that every dashboard query names
+a series that really exists.
 
 Prometheus spelling: the OpenTelemetry Prometheus exporter (and Prometheus' own OTLP
 translation) appends `_total` to counters that do not already end with it, so the
@@ -93,6 +95,13 @@ CLIENT_METRICS: tuple[MetricSpec, ...] = (
     _client("psyche_tokens_per_second", "observable_gauge", "tokens/s of the last train step"),
     _client("psyche_total_tokens", "counter", "tokens this client has trained on", "{token}"),
     _client("psyche_last_train_time_seconds", "gauge", "seconds the last train step took", "s"),
+    _client("psyche_learning_rate", "gauge", "learning rate of the step just trained"),
+    _client("psyche_token_batch_size", "gauge",
+            "tokens in the global batch of the step just trained (sequences x max_seq_len)",
+            "{token}"),
+    _client("psyche_optimizer_stats", "gauge",
+            "the optimizer's statistics of the step just trained (stat=grad_norm: the "
+            "gradient's total L2 norm before clipping)", labels=("stat",)),
     _client("psyche_eval_metrics", "gauge",
             "the last score of each eval task, scored between epochs (docs/evals.md)",
             labels=("task", "metric")),
@@ -116,6 +125,12 @@ CLIENT_METRICS: tuple[MetricSpec, ...] = (
             "result announcements received for the current step"),
     _client("psyche_results_downloaded_current_round", "observable_gauge",
             "results downloaded and verified for the current step"),
+    _client("psyche_finishes_received_previous_round", "observable_gauge",
+            "Finished broadcasts received for the previous step"),
+    _client("psyche_result_announcements_received_previous_round", "observable_gauge",
+            "result announcements received for the previous step"),
+    _client("psyche_results_downloaded_previous_round", "observable_gauge",
+            "results downloaded and verified for the previous step"),
     _client("psyche_witnesses_sent_total", "counter", "witness messages sent",
             labels=("type",)),
     # --- verification (docs/verification.md): replays of the trainers this client follows
@@ -135,6 +150,11 @@ CLIENT_METRICS: tuple[MetricSpec, ...] = (
     _client("psyche_downloads_retry", "observable_counter", "blob download retries"),
     _client("psyche_downloads_failed_total", "observable_counter", "blob downloads failed"),
     _client("psyche_download_bytes", "observable_counter", "blob bytes downloaded", "By"),
+    _client("psyche_downloads_perma_failed_total", "counter",
+            "peers' results that could not be downloaded from any provider, all retries spent"),
+    _client("psyche_bandwidth_bytes_per_second", "observable_gauge",
+            "blob bytes downloaded per second over the last sampling window (5 s or more)",
+            "By/s"),
     # --- model sharing
     _client("psyche_p2p_model_params_downloaded", "gauge",
             "percent of the model's parameters downloaded from peers", "%"),
@@ -150,7 +170,25 @@ CLIENT_METRICS: tuple[MetricSpec, ...] = (
             "UDP bytes received on the current peer connections", "By"),
     _client("psyche_connection_latency_seconds", "observable_gauge",
             "round-trip time of the best connection to each peer", "s", labels=("peer",)),
+    # --- the machine, sampled every 5 s at most (client_image/telemetry/system.py)
+    _client("psyche_cpu_usage_percent", "observable_gauge",
+            "CPU use of the client process (100 = one core busy)", "%"),
+    _client("psyche_memory_usage_bytes", "observable_gauge",
+            "resident memory (RSS) of the client process", "By"),
+    _client("psyche_gpu_usage_percent", "observable_gauge",
+            "GPU utilisation (NVML); only where CUDA is available", "%", labels=("gpu",)),
+    _client("psyche_gpu_memory", "observable_gauge",
+            "GPU memory in use, bytes (NVML); only where CUDA is available", "By",
+            labels=("gpu",)),
+    _client("psyche_gpu_temp", "observable_gauge",
+            "GPU temperature, degrees Celsius (NVML); only where CUDA is available", "Cel",
+            labels=("gpu",)),
 )
+
+# Series that exist only on a machine with a CUDA GPU: no CPU-only run exports them, so a
+# dashboard panel of them may be empty there (tests/telemetry checks the others have data).
+GPU_ONLY_METRICS: frozenset[str] = frozenset(
+    {"psyche_gpu_usage_percent", "psyche_gpu_memory", "psyche_gpu_temp"})
 
 COORDINATOR_METRICS: tuple[MetricSpec, ...] = (
     _server("psyche_coordinator_run_state", "gauge", "phase (RunState integer)"),
@@ -168,6 +206,9 @@ COORDINATOR_METRICS: tuple[MetricSpec, ...] = (
             "clients of the current epoch ejected by their followers' reports"),
     _server("psyche_coordinator_round_duration_seconds", "gauge",
             "seconds between the starts of the last two training rounds", "s"),
+    _server("psyche_coordinator_phase_duration_seconds", "gauge",
+            "seconds the last completed phase of each RunState lasted (a round's RoundTrain "
+            "ends at its RoundWitness or at the next step)", "s", labels=("phase",)),
     _server("psyche_coordinator_state_changes", "counter", "state broadcasts sent"),
     _server("psyche_coordinator_epochs_finished", "counter", "epochs that reached Cooldown"),
 )

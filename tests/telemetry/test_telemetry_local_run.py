@@ -160,6 +160,16 @@ def test_prometheus_scraped_the_client_with_plausible_values(local_run: LocalRun
     (_, tokens), = prometheus.samples('psyche_total_tokens_total{job="client"}')
     # global batch 12 sequences of max_seq_len 128, all trained by the one client
     assert tokens[-1] > 0 and all(t % (12 * 128) == 0 for t in tokens), tokens
+    (_, batch_tokens), = prometheus.samples('psyche_token_batch_size{job="client"}')
+    assert set(batch_tokens) == {12 * 128}, batch_tokens
+    (_, lrs), = prometheus.samples('psyche_learning_rate{job="client"}')
+    assert 0 < max(lrs) <= 2e-3, lrs  # the Cosine schedule's base_lr
+    (_, norms), = prometheus.samples('psyche_optimizer_stats{job="client", stat="grad_norm"}')
+    assert all(math.isfinite(n) and n > 0 for n in norms), norms
+    (_, rss), = prometheus.samples('psyche_memory_usage_bytes{job="client"}')
+    assert min(rss) > 100 << 20, rss  # torch and a model
+    (_, cpu), = prometheus.samples('psyche_cpu_usage_percent{job="client"}')
+    assert max(cpu) > 0, cpu
     phases = {v for _, vs in prometheus.samples('psyche_run_state{job="client"}') for v in vs}
     # Scrapes sample the phase: a short RoundTrain can fall between two of them on a busy
     # machine, so any round phase counts as "the run trained".
@@ -190,6 +200,9 @@ def test_prometheus_scraped_the_coordinator(local_run: LocalRun) -> None:
     assert all(0 < d < 30 for d in durations)
     phases = {v for _, vs in prometheus.samples('psyche_coordinator_run_state') for v in vs}
     assert {1.0, 2.0, 3.0, 6.0} <= phases  # WaitingForMembers .. Finished
+    timed = {m["phase"] for m, _ in prometheus.samples(
+        'psyche_coordinator_phase_duration_seconds{job="coordinator"}')}
+    assert {"Warmup", "RoundTrain", "RoundWitness"} <= timed, timed
 
 
 def _resources(requests: Sequence[object], service: str) -> list[dict[str, object]]:
@@ -274,5 +287,8 @@ def test_every_dashboard_query_runs_on_prometheus(local_run: LocalRun) -> None:
                     empty.append((path.name, panel["title"]))
     must_show = {("run-overview.json", "Loss"), ("run-overview.json", "Step"),
                  ("clients.json", "Round step"), ("clients.json", "Tokens per second"),
-                 ("p2p-model-sharing.json", "Peer connections: direct vs relayed")}
+                 ("p2p-model-sharing.json", "Peer connections: direct vs relayed"),
+                 ("clients.json", "Learning rate"), ("clients.json", "Memory (RSS)"),
+                 ("clients.json", "Global batch (tokens)"),
+                 ("run-overview.json", "Phase durations (the last of each phase)")}
     assert not must_show & set(empty), sorted(must_show & set(empty))
