@@ -36,8 +36,9 @@ epochs_rolled_back   (--gcs) epochs after the first that started from an uploade
                      checkpoint, not the initial model: the dead epoch's steps are lost,
                      the training before it is kept
 models_reset_no_holder_left
-                     those after an epoch that reached its cooldown with no client left
-                     (all killed in it): only a stored checkpoint could have kept it
+                     the epochs of models_reset and epochs_rolled_back that came after an
+                     epoch that reached its cooldown with no client left (all killed in
+                     it): only a stored checkpoint could have kept its training
 fallback_epochs      all epochs after the first that started from the stored checkpoint
                      (also those right after another, which lose nothing)
 local_resumes        restarted holders that loaded their own checkpoint of the last
@@ -159,10 +160,10 @@ def main() -> None:
     fallbacks = hub_fallback_epochs(work / "run", args.clients)
     lossy = hub_fallback_epochs(work / "run", args.clients, lossy_only=True,
                                 initial_only=True)
-    rolled_back = sorted(set(hub_fallback_epochs(work / "run", args.clients, lossy_only=True))
-                         - set(lossy))
+    lossy_all = hub_fallback_epochs(work / "run", args.clients, lossy_only=True)
+    rolled_back = sorted(set(lossy_all) - set(lossy))
     holders = clients_at_cooldown(work / "run", args.clients)
-    no_holder_left = [epoch for epoch in lossy if holders.get(epoch - 1) == 0]
+    no_holder_left = [epoch for epoch in lossy_all if holders.get(epoch - 1) == 0]
     compared, differing = checkpoint_agreement(work / "run", args.clients)
     resumed = sum(1 for i in range(1, args.clients + 1)
                   for event in client_events(work / "run", i, "model_loaded")
