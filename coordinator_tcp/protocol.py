@@ -102,14 +102,42 @@ class WitnessModel(BaseModel):
                        broadcast_merkle=self.broadcast_merkle)
 
 
+class WitnessEval(BaseModel):
+    """One eval score in a witness's metadata (Psyche's WitnessEvalResult: a name of at
+    most 32 bytes and a value)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(max_length=32)
+    value: float
+
+
+MAX_WITNESS_EVALS = 8  # Psyche's FixedVec of eval results in the witness metadata
+
+
 class WitnessMetadata(BaseModel):
-    """Carried for observability (Psyche ignores it on-chain too)."""
+    """Carried for observability (Psyche ignores it on-chain too): the witness's last
+    loss and speed, and its latest eval scores (`evals`, at most 8)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     step: int = 0
     loss: float | None = None
     tokens_per_sec: float = 0.0
     bandwidth_per_sec: float = 0.0
+    evals: list[WitnessEval] = Field(default_factory=list, max_length=MAX_WITNESS_EVALS)
+
+    @classmethod
+    def evals_of(cls, scores: dict[str, dict[str, float]]) -> list[WitnessEval]:
+        """The first MAX_WITNESS_EVALS tasks of `scores` (task -> metric -> value, as the
+        client's counters keep them), by name: acc_norm where the task has it, else acc
+        (the metric Psyche reports per task)."""
+        picked = []
+        for task in sorted(scores)[:MAX_WITNESS_EVALS]:
+            metrics = scores[task]
+            value = metrics.get("acc_norm", metrics.get("acc"))
+            if value is not None:
+                picked.append(WitnessEval(name=task.encode()[:32].decode(errors="ignore"),
+                                          value=float(value)))
+        return picked
 
 
 class HealthCheckEntry(BaseModel):
@@ -278,7 +306,7 @@ __all__ = [
     "Challenge", "CheckpointReport", "ClientMessage", "ErrorReply", "HealthCheck",
     "HealthCheckEntry", "Heartbeat", "Join", "Notice", "NoticeCode", "ProtocolError",
     "ResyncAddresses", "ServerMessage", "StateUpdate",
-    "VerificationReportMessage", "VersionMismatch", "WarmupWitness", "Welcome", "Withdraw", "WitnessMetadata", "WitnessModel", "WitnessSubmit",
+    "VerificationReportMessage", "VersionMismatch", "WarmupWitness", "Welcome", "Withdraw", "WitnessEval", "WitnessMetadata", "WitnessModel", "WitnessSubmit",
     "decode_client_message", "decode_server_message", "encode", "join_signing_bytes",
     "parse_envelope", "signed_join", "validate_frame",
 ]

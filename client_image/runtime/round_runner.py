@@ -475,8 +475,10 @@ class RoundRunner:
             witness = make_witness(vouched, index, position, True)
             await self.backend.send(WitnessSubmit(
                 witness=WitnessModel.of(witness),
-                metadata=WitnessMetadata(step=record.step, loss=self.counters.loss,
-                                         tokens_per_sec=self.counters.tokens_per_sec)))
+                metadata=WitnessMetadata(
+                    step=record.step, loss=self.counters.loss,
+                    tokens_per_sec=self.counters.tokens_per_sec,
+                    evals=WitnessMetadata.evals_of(self.counters.evals))))
             self.counters.witnesses_sent += 1
             self.events.emit(WitnessSent(step=record.step,
                                          vouched=len(vouched.accepted_order) if vouched else 0))

@@ -33,6 +33,7 @@ from coordinator_tcp.protocol import (
     WarmupWitness,
     Welcome,
     Withdraw,
+    WitnessEval,
     WitnessMetadata,
     WitnessModel,
     WitnessSubmit,
@@ -53,6 +54,8 @@ CLIENT_MESSAGES = [
     Join(run_id="r", identity=b"\x01" * 32, p2p_address="", signature=b"\x02" * 64, observe=True),
     WarmupWitness(witness=_witness()),
     WitnessSubmit(witness=_witness(), metadata=WitnessMetadata(step=3, loss=2.5)),
+    WitnessSubmit(witness=_witness(), metadata=WitnessMetadata(
+        step=4, evals=[WitnessEval(name="arc_easy", value=0.25)])),
     HealthCheck(checks=[HealthCheckEntry(node=b"\x03" * 32, committee="Trainer", position=1,
                                          index=0)]),
     CheckpointReport(index=0, hub=HubCheckpoint(repo_id="a/b", revision="c")),
@@ -111,7 +114,7 @@ def test_data_messages_round_trip() -> None:
 
 def test_data_response_of_the_wrong_size_is_rejected() -> None:
     response = DataResponse.of(0, 1, torch.zeros(2, 4, dtype=torch.int64))
-    with pytest.raises(ProtocolError, match="holds 32 bytes, expected 48"):
+    with pytest.raises(ProtocolError, match="hold 32 bytes, expected 48"):
         response.samples(6)
     with pytest.raises(ProtocolError, match="not base64"):
         DataResponse(start=0, end=0, tokens="@@@").samples(4)
@@ -158,3 +161,22 @@ async def test_frames_round_trip_and_limits() -> None:
         await read_frame(_reader(encode_frame(b"hello")[:-2]), 10)
     with pytest.raises(asyncio.IncompleteReadError):
         await read_frame(_reader(b"\x00\x00"), 10)
+
+
+def test_witness_metadata_carries_up_to_eight_eval_scores_by_psyches_rule() -> None:
+    scores = {f"task{i}": {"acc": i / 10} for i in range(10)} | {
+        "arc_easy": {"acc": 0.5, "acc_norm": 0.75}}
+    evals = WitnessMetadata.evals_of(scores)
+    assert len(evals) == 8 and evals[0] == WitnessEval(name="arc_easy", value=0.75)
+    assert evals[1] == WitnessEval(name="task0", value=0.0)
+    assert WitnessMetadata.evals_of({"x" * 40: {"acc": 1.0}})[0].name == "x" * 32
+    frame = encode(WitnessSubmit(witness=_witness(), metadata=WitnessMetadata(evals=evals)))
+    assert decode_client_message(frame) == WitnessSubmit(
+        witness=_witness(), metadata=WitnessMetadata(evals=evals))
+    hostile = json.loads(frame)
+    hostile["metadata"]["evals"] = [{"name": "t", "value": 1.0}] * 9
+    with pytest.raises(ProtocolError, match="evals"):
+        decode_client_message(json.dumps(hostile).encode())
+    hostile["metadata"]["evals"] = [{"name": "t" * 33, "value": 1.0}]
+    with pytest.raises(ProtocolError, match="name"):
+        decode_client_message(json.dumps(hostile).encode())
