@@ -142,7 +142,7 @@ async def test_the_runner_fetches_while_it_applies_and_records_the_wait():
             await asyncio.sleep(apply_s)  # a large model's apply
             return await original(step, payloads)
 
-        worker.apply = slow_apply  # type: ignore[method-assign]
+        worker.apply = slow_apply  # type: ignore[method-assign]  # a slow apply, to measure the overlap
 
         async def open_delayed(state: object) -> DelayedData:
             return DelayedData(None, fetch_s)

@@ -132,7 +132,7 @@ def test_memory_and_bandwidth_gauges_scrape_the_sampled_values(
     client, clock = StandInClient(), Clock()
     stats = client.node.stats
     sampler = SystemSampler(lambda: stats.bytes_received, clock=clock)
-    ClientTelemetry(client_telemetry, client, sampler)  # type: ignore[arg-type]
+    ClientTelemetry(client_telemetry, client, sampler)  # type: ignore[arg-type]  # a stand-in client with only what telemetry reads
     stats.bytes_received = 3_000_000
     clock.now += 6.0
     series = scrape(client_telemetry)
@@ -157,7 +157,7 @@ def test_a_real_distro_step_reports_the_schedules_lr_grad_norm_and_batch(
     assert math.isfinite(out.grad_norm) and out.grad_norm > 0
 
     client = StandInClient()
-    ClientTelemetry(client_telemetry, client)  # type: ignore[arg-type]
+    ClientTelemetry(client_telemetry, client)  # type: ignore[arg-type]  # a stand-in client with only what telemetry reads
     # Three trainers' batches of 2, 2 and 4 sequences of 32 tokens: a 256-token global batch.
     client.events.emit(Trained(step=2, epoch=0, loss=out.loss, batch=(4, 5), payload_bytes=10,
                                seconds=0.5, tokens=64, learning_rate=out.learning_rate,
@@ -172,7 +172,7 @@ def test_a_real_distro_step_reports_the_schedules_lr_grad_norm_and_batch(
 def test_previous_round_counts_lost_downloads_and_failed_model_fetches(
         client_telemetry: Telemetry) -> None:
     client = StandInClient()
-    ClientTelemetry(client_telemetry, client)  # type: ignore[arg-type]
+    ClientTelemetry(client_telemetry, client)  # type: ignore[arg-type]  # a stand-in client with only what telemetry reads
     counters = client.counters
     counters.finishes_previous, counters.announcements_previous = 3, 4
     counters.downloaded_previous = 2
