@@ -278,8 +278,8 @@ def train(
         str | None,
         typer.Option("--eval-tasks", envvar="EVAL_TASKS",
                      help="benchmarks to score the model on between epochs, comma-separated: "
-                          "arc_challenge, arc_easy, boolq, hellaswag, mmlu, openbookqa, piqa "
-                          "(docs/evals.md)"),
+                          "arc_challenge, arc_easy, boolq, ceval_valid, hellaswag, mmlu, "
+                          "mmlu_cf, mmlu_pro (5-shot), openbookqa, piqa (docs/evals.md)"),
     ] = None,
     eval_seed: Annotated[
         int, typer.Option("--eval-seed", envvar="EVAL_SEED", min=0,

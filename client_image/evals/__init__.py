@@ -6,7 +6,8 @@
                 documents from --eval-data-dir, the Hugging Face cache or the bundled
                 sample, sampled with the seed), EvalDataError
     documents   BadDocument and the field checks of the families:
-    arc, boolq, hellaswag, mmlu, openbookqa, piqa   one data set format each: a row -> EvalDoc
+    arc, boolq, ceval, hellaswag, mmlu, mmlu_pro, openbookqa, piqa
+                one data set format each: a row -> EvalDoc (mmlu: mmlu and mmlu_cf)
 
 The client runs them while its model is idle between epochs (client_image/runtime/
 evaluating.py); docs/evals.md says what is scored and where the data comes from.

@@ -1,6 +1,10 @@
 """The eval tasks by Psyche's names, and where each one's documents come from.
 
-    TASKS / TASK_NAMES         arc_challenge, arc_easy, boolq, hellaswag, mmlu, openbookqa, piqa
+    TASKS / TASK_NAMES         arc_challenge, arc_easy, boolq, ceval_valid, hellaswag, mmlu,
+                               mmlu_cf, mmlu_pro, openbookqa, piqa
+    TaskSpec, FewShot          what a task is: its family's row reader, data set, config,
+                               split, metric, and for a few-shot task where its examples
+                               come from
     parse_task_names(value)    "arc_easy,piqa" -> ("arc_easy", "piqa"); ValueError naming the
                                unknown one and listing the known ones
     load_task(name, ...)       a LoadedTask: the documents sampled with `seed` (shuffled, then
@@ -15,19 +19,24 @@ A task's documents come from the first of these that has them:
   3. the small sample bundled with the client (client_image/evals/samples/<task>.jsonl: a
      handful of documents written in the real format, so that the machinery runs anywhere;
      their scores say little about a model).
-The source is named in each result event.
+The source is named in each result event. A few-shot task (mmlu_pro) reads its examples'
+split the same way (`data_dir/<task>.<split>.jsonl|.parquet`, the snapshot's split files,
+samples/<task>.<split>.jsonl); each document gets the first examples of its own group, in
+lm-eval's form: "{example context} {right choice}" each, then the document's context, all
+joined by blank lines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client_image.evals import arc, boolq, hellaswag, mmlu, openbookqa, piqa
+from client_image.evals import arc, boolq, ceval, hellaswag, mmlu, mmlu_pro, openbookqa, piqa
 from client_image.evals.documents import BadDocument
 from client_image.evals.scoring import EvalDoc
 
@@ -36,21 +45,37 @@ BUNDLED = "bundled sample"
 
 
 @dataclass(frozen=True)
+class FewShot:
+    """Examples before each document: the first `count` rows of `split` in its group."""
+    split: str
+    count: int
+    group: Callable[[Mapping[str, Any]], str]  # MMLU-Pro's category
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     doc: Callable[[Mapping[str, Any]], EvalDoc]
     dataset: str  # the Hugging Face data set
-    config: str | None  # its configuration: the snapshot's subdirectory
+    config: str | None  # its configuration: the snapshot's subdirectory (None: all of them)
     split: str
     acc_norm: bool  # Psyche reports acc_norm for this task (its TASKS_WITH_ACC_NORM)
+    fewshot: FewShot | None = None
+    # C-Eval's rows do not name their subject: a snapshot row gets its config's name here
+    config_field: str | None = None
 
 
 TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("arc_challenge", arc.doc, arc.DATASET, "ARC-Challenge", arc.SPLIT, True),
     TaskSpec("arc_easy", arc.doc, arc.DATASET, "ARC-Easy", arc.SPLIT, True),
     TaskSpec("boolq", boolq.doc, boolq.DATASET, boolq.CONFIG, boolq.SPLIT, False),
+    TaskSpec("ceval_valid", ceval.doc, ceval.DATASET, None, ceval.SPLIT, False,
+             config_field=ceval.SUBJECT_FIELD),
     TaskSpec("hellaswag", hellaswag.doc, hellaswag.DATASET, None, hellaswag.SPLIT, True),
     TaskSpec("mmlu", mmlu.doc, mmlu.DATASET, mmlu.CONFIG, mmlu.SPLIT, False),
+    TaskSpec("mmlu_cf", mmlu.cloze_doc, mmlu.DATASET, mmlu.CONFIG, mmlu.SPLIT, True),
+    TaskSpec("mmlu_pro", mmlu_pro.doc, mmlu_pro.DATASET, None, mmlu_pro.SPLIT, False,
+             fewshot=FewShot(mmlu_pro.FEWSHOT_SPLIT, mmlu_pro.SHOTS, mmlu_pro.category)),
     TaskSpec("openbookqa", openbookqa.doc, openbookqa.DATASET, openbookqa.CONFIG,
              openbookqa.SPLIT, True),
     TaskSpec("piqa", piqa.doc, piqa.DATASET, None, piqa.SPLIT, True),
@@ -80,7 +105,8 @@ class LoadedTask:
 def load_task(name: str, *, data_dir: Path | None = None, seed: int = 42,
               max_docs: int | None = None) -> LoadedTask:
     spec = TASKS[name]
-    rows, source = _rows(spec, data_dir)
+    rows, source = _rows(spec, spec.split, data_dir)
+    examples = _examples(spec, spec.fewshot, data_dir) if spec.fewshot else {}
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)  # the same documents on every client of one seed
     if max_docs is not None:
@@ -91,25 +117,68 @@ def load_task(name: str, *, data_dir: Path | None = None, seed: int = 42,
         try:
             if not isinstance(row, Mapping):
                 raise BadDocument(f"a row must be a JSON object, got {type(row).__name__}")
-            docs.append(spec.doc(row))
+            doc = spec.doc(row)
+            if spec.fewshot:
+                doc = _with_examples(doc, _group_examples(examples, spec.fewshot, row))
+            docs.append(doc)
         except BadDocument as exc:
             raise EvalDataError(f"{name}: {source} row {index + 1}: {exc}") from None
     return LoadedTask(spec, tuple(docs), source)
 
 
-def _rows(spec: TaskSpec, data_dir: Path | None) -> tuple[list[Any], str]:
+def _examples(spec: TaskSpec, fewshot: FewShot, data_dir: Path | None
+              ) -> dict[str, list[EvalDoc]]:
+    """Each group's first `fewshot.count` examples, in the split's order (lm-eval's first_n)."""
+    rows, source = _rows(spec, fewshot.split, data_dir)
+    groups: dict[str, list[EvalDoc]] = {}
+    for index, row in enumerate(rows):
+        try:
+            if not isinstance(row, Mapping):
+                raise BadDocument(f"a row must be a JSON object, got {type(row).__name__}")
+            group = groups.setdefault(fewshot.group(row), [])
+            if len(group) < fewshot.count:
+                group.append(spec.doc(row))
+        except BadDocument as exc:
+            raise EvalDataError(f"{spec.name}: {source} ({fewshot.split}) row {index + 1}: "
+                                f"{exc}") from None
+    return groups
+
+
+def _group_examples(examples: Mapping[str, list[EvalDoc]], fewshot: FewShot,
+                    row: Mapping[str, Any]) -> list[EvalDoc]:
+    group = fewshot.group(row)
+    if group not in examples:
+        # Fewer shots than the task's would score a different task: refuse the row.
+        raise BadDocument(f"no {fewshot.split} examples of its group {group!r}")
+    return examples[group]
+
+
+def _with_examples(doc: EvalDoc, examples: Sequence[EvalDoc]) -> EvalDoc:
+    shots = [e.context + e.continuation(e.gold) for e in examples]
+    return dataclasses.replace(doc, context="\n\n".join([*shots, doc.context]))
+
+
+def _rows(spec: TaskSpec, split: str, data_dir: Path | None) -> tuple[list[Any], str]:
+    # The task's own split is <task>.jsonl; another (few-shot examples) <task>.<split>.jsonl.
+    stem = spec.name if split == spec.split else f"{spec.name}.{split}"
     if data_dir is not None:
         for suffix in (".jsonl", ".parquet"):
-            path = data_dir / f"{spec.name}{suffix}"
+            path = data_dir / f"{stem}{suffix}"
             if path.is_file():
                 return _read(path), str(path)
-    files = _snapshot_files(spec)
+    files = _snapshot_files(spec, split)
     if files:
-        return [row for path in files for row in _read(path)], f"hub snapshot {spec.dataset}"
-    return _read(SAMPLES / f"{spec.name}.jsonl"), BUNDLED
+        rows = []
+        for path in files:
+            for row in _read(path):
+                if spec.config_field and isinstance(row, dict):
+                    row.setdefault(spec.config_field, path.parent.name)
+                rows.append(row)
+        return rows, f"hub snapshot {spec.dataset}"
+    return _read(SAMPLES / f"{stem}.jsonl"), BUNDLED
 
 
-def _snapshot_files(spec: TaskSpec) -> list[Path]:
+def _snapshot_files(spec: TaskSpec, split: str) -> list[Path]:
     """The split's files in the data set's cached snapshot; none when it is not cached."""
     from huggingface_hub import snapshot_download
 
@@ -120,7 +189,7 @@ def _snapshot_files(spec: TaskSpec) -> list[Path]:
     found = []
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
-        if (path.suffix in (".parquet", ".jsonl") and path.name.startswith(spec.split)
+        if (path.suffix in (".parquet", ".jsonl") and path.name.startswith(split)
                 and (spec.config is None or spec.config in relative.parts[:-1])):
             found.append(path)
     return found

@@ -42,7 +42,8 @@ from psyche_common.ui.view import describe_training
 T = TypeVar("T")
 TINY_MODEL = Path(__file__).resolve().parents[2] / "assets" / "tiny-llama"
 BASE = ["train", "--run-id", "r", "--server-addr", "127.0.0.1:9", "--logs", "none"]
-KNOWN = "use arc_challenge, arc_easy, boolq, hellaswag, mmlu, openbookqa, piqa"
+KNOWN = ("use arc_challenge, arc_easy, boolq, ceval_valid, hellaswag, mmlu, mmlu_cf, "
+         "mmlu_pro, openbookqa, piqa")
 
 
 # ------------------------------------------------------------------ flags

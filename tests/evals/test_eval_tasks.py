@@ -33,7 +33,7 @@ def test_every_bundled_sample_parses(name: str) -> None:
         assert len(doc.choices) >= 2 and 0 <= doc.gold < len(doc.choices)
         assert doc.context and all(doc.choices)
     # Psyche reports acc_norm for these (its TASKS_WITH_ACC_NORM), acc only for the others
-    assert task.spec.acc_norm == (name not in ("boolq", "mmlu"))
+    assert task.spec.acc_norm == (name not in ("boolq", "ceval_valid", "mmlu", "mmlu_pro"))
 
 
 def test_the_families_ask_as_lm_eval_does() -> None:
@@ -128,11 +128,12 @@ def test_a_bad_row_is_one_line_naming_the_file_and_row(tmp_path: Path, text: str
 
 
 def test_task_names_are_psyches() -> None:
-    assert TASK_NAMES == ("arc_challenge", "arc_easy", "boolq", "hellaswag", "mmlu",
-                          "openbookqa", "piqa")
+    assert TASK_NAMES == ("arc_challenge", "arc_easy", "boolq", "ceval_valid", "hellaswag",
+                          "mmlu", "mmlu_cf", "mmlu_pro", "openbookqa", "piqa")
     assert set(TASKS) == set(TASK_NAMES)
     assert parse_task_names(" arc_easy,piqa,,arc_easy ") == ("arc_easy", "piqa")
     assert parse_task_names("") == ()
-    with pytest.raises(ValueError, match="unknown eval task 'squad': use arc_challenge, "
-                                         "arc_easy, boolq, hellaswag, mmlu, openbookqa, piqa"):
+    with pytest.raises(ValueError, match=r"unknown eval task 'squad': use arc_challenge, "
+                                         r"arc_easy, boolq, ceval_valid, hellaswag, mmlu, "
+                                         r"mmlu_cf, mmlu_pro, openbookqa, piqa$"):
         parse_task_names("arc_easy,squad")
