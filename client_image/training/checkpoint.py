@@ -215,7 +215,8 @@ def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor
         state.update(load_file(file))
     if not state:
         raise CheckpointError(f"{path} holds no safetensors weights")
-    if set(state) - _in_memory_names(path):
+    names = _in_memory_names(path)
+    if names is not None and set(state) - names:
         # Saved under other names than the model's own: transformers converts some
         # families on save (DeepSeek-V3's fused experts become one tensor per expert),
         # and only its loader converts them back to what peers share.
@@ -226,12 +227,17 @@ def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor
     return config_json, tokenizer.read_text() if tokenizer.is_file() else None, state
 
 
-def _in_memory_names(path: Path) -> set[str]:
-    """The state-dict names of the model a checkpoint's config.json builds (no weights)."""
+def _in_memory_names(path: Path) -> set[str] | None:
+    """The state-dict names of the model a checkpoint's config.json builds (no weights);
+    None when transformers builds no model from it (the names are then taken as saved)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, OSError, KeyError):
+        return None
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        model = AutoModelForCausalLM.from_config(config)
     return set(model.state_dict())
 
 
