@@ -25,6 +25,9 @@ server_cpu_ms_per_broadcast_N, server_rss_mb_N
 join_s_N, busy_refusals_N
     from the first connection to all N joined; `Busy` refusals met on the way (each
     client retries after one)
+whole_states_N
+    states received whole while measuring (a client that missed a patch asks for the
+    whole state): 0 when every patch follows
 
 The clients share this 2-core machine with the server, so the latencies are an upper
 bound for a server with its own cores.
@@ -109,22 +112,30 @@ class StateCache:
     come as patches from the previous one: the cache keeps one copy of the state, fed
     by the first client to read each broadcast (which has read the one before)."""
 
+    KEPT = 16  # recent states kept: clients read the same broadcasts at different times
+
     def __init__(self) -> None:
         self.mirror = StateMirror()
         self.by_seq: dict[int, CoordinatorState] = {}
         self._proofs: dict[int, dict[int, WitnessProof]] = {}
 
-    def state(self, seq: int, frame: bytes) -> CoordinatorState | None:
-        if seq not in self.by_seq:
-            message = decode_server_message(frame)
-            assert isinstance(message, StateUpdate)
-            if message.state and self.mirror.seq is not None and seq <= self.mirror.seq:
-                return decode_state(message.state_bytes)  # a late joiner's first state
-            data, _ask = self.mirror.apply(message)
-            if data is None:
-                return None
-            self.by_seq = {seq: decode_state(data)}
-        return self.by_seq[seq]
+    def state(self, seq: int, frame: bytes) -> tuple[CoordinatorState | None, bool]:
+        """(the state broadcast `seq`, or None; True when the copy has a gap and the
+        whole state must be asked for)."""
+        if seq in self.by_seq:
+            return self.by_seq[seq], False
+        message = decode_server_message(frame)
+        assert isinstance(message, StateUpdate)
+        if self.mirror.seq is not None and seq <= self.mirror.seq:
+            # An older broadcast read late by a slower client: not a gap of the copy.
+            return (decode_state(message.state_bytes) if message.state else None), False
+        data, ask = self.mirror.apply(message)
+        if data is None:
+            return None, ask
+        self.by_seq[seq] = decode_state(data)
+        for old in [s for s in self.by_seq if s <= seq - self.KEPT]:
+            del self.by_seq[old]
+        return self.by_seq[seq], False
 
     def witness_proof(self, seq: int, index: int) -> WitnessProof | None:
         """The round's witness proof of `index`, or None when it is not a witness."""
@@ -133,6 +144,9 @@ class StateCache:
             self._proofs = {seq: {i: selection.witness_of(i)
                                   for i in selection.witness_indices()}}
         return self._proofs[seq].get(index)
+
+    def resyncs_asked(self) -> int:
+        return self.mirror.gaps
 
 
 @dataclass
@@ -144,6 +158,7 @@ class Measure:
     broadcasts: set[int] = field(default_factory=set)
     busy: int = 0
     joined: int = 0
+    whole_states: int = 0  # states received whole while measuring (answers to resyncs)
 
 
 def source_address(i: int) -> str:
@@ -184,9 +199,11 @@ async def simulated_client(i: int, port: int, cache: StateCache, measure: Measur
                 measure.latencies.append(received - float(sent_at.group(1)))
                 measure.bytes_received += len(frame) + 4
                 measure.broadcasts.add(number)
-            state = cache.state(number, frame)
-            if state is None:
+                measure.whole_states += b'"state":"' in frame
+            state, gap = cache.state(number, frame)
+            if gap:
                 await connection.send(ResyncAddresses())
+            if state is None:
                 continue
             index = _index(state, identity.public_key)
             if index is None:
@@ -252,8 +269,8 @@ async def measure_count(clients: int, duration_s: float, witnesses: int) -> dict
             while time.monotonic() < deadline:
                 if join_s is None and measure.joined == clients:
                     join_s = time.monotonic() - began
-                states = list(cache.by_seq.values())
-                if join_s is not None and states and states[0].run_state.active:
+                latest = cache.by_seq[max(cache.by_seq)] if cache.by_seq else None
+                if join_s is not None and latest is not None and latest.run_state.active:
                     break
                 failed = [task.exception() for task in tasks if task.done() and task.exception()]
                 if failed:
@@ -290,7 +307,7 @@ async def measure_count(clients: int, duration_s: float, witnesses: int) -> dict
         "bytes_per_client_per_tick": round(measure.bytes_received / clients / broadcasts, 1),
         "server_cpu_ms_per_broadcast": round(cpu * 1000 / broadcasts, 2),
         "server_rss_mb": round(rss, 1), "join_s": round(join_s or 0.0, 2),
-        "busy_refusals": measure.busy,
+        "busy_refusals": measure.busy, "whole_states": measure.whole_states,
     }
 
 
@@ -309,14 +326,16 @@ def main() -> None:
               f"p99 {row['p99_ms']} ms, {row['bytes_per_client_per_tick']} B/client/tick, "
               f"server {row['server_cpu_ms_per_broadcast']} ms CPU/broadcast, "
               f"{row['server_rss_mb']} MB RSS, joined in {row['join_s']} s "
-              f"({row['busy_refusals']} Busy)", flush=True)
+              f"({row['busy_refusals']} Busy), {row['whole_states']} whole states received "
+              "while measuring", flush=True)
         figures |= {f"server_p50_ms_{count}": row["p50_ms"],
                     f"server_p99_ms_{count}": row["p99_ms"],
                     f"bytes_per_client_per_tick_{count}": row["bytes_per_client_per_tick"],
                     f"server_cpu_ms_per_broadcast_{count}": row["server_cpu_ms_per_broadcast"],
                     f"server_rss_mb_{count}": row["server_rss_mb"],
                     f"join_s_{count}": row["join_s"],
-                    f"busy_refusals_{count}": row["busy_refusals"]}
+                    f"busy_refusals_{count}": row["busy_refusals"],
+                    f"whole_states_{count}": row["whole_states"]}
     print(json.dumps(figures))
 
 
