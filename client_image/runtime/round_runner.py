@@ -30,14 +30,12 @@ from pathlib import Path
 
 from client_image.p2p import Finished, ResultAnnouncement
 from client_image.p2p.messages import BatchId as WireBatchId
+from client_image.runtime.consensus_apply import ConsensusApplier, MissingResults
 from client_image.runtime.events import (
-    Applied,
     BadResult,
     Desynced,
     DownloadFailed,
-    HealthCheckSent,
     Ready,
-    ResultLeftOut,
     TaskFailed,
     Trained,
     WitnessSent,
@@ -60,20 +58,16 @@ from client_image.runtime.rounds import (
     BatchKey,
     StepRecord,
     commitment_of,
-    consensus_winners,
     make_witness,
     my_witness_proof,
     trains_this_round,
-    unhealthy_trainers,
 )
 from client_image.runtime.tasks import GuardedTasks
-from client_image.runtime.verifying import VerificationDuty, ejected_trainers
+from client_image.runtime.verifying import VerificationDuty
 from client_image.runtime.warmup import WarmupTracker
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
 from coordinator.config import P2PCheckpoint
 from coordinator_tcp.protocol import (
-    HealthCheck,
-    HealthCheckEntry,
     WitnessMetadata,
     WitnessModel,
     WitnessSubmit,
@@ -115,12 +109,12 @@ class RoundRunner:
         # ---- the state of the rounds, all of it
         self.state: CoordinatorState | None = None
         self.records: dict[int, StepRecord] = {}
-        # sender -> its last consensus result (the `repeat` check's previous), this epoch
-        self.previous_results: dict[bytes, bytes] = {}
         self.early: dict[int, list[tuple[bytes, Broadcast]]] = {}  # gossip ahead of its round
         self.previous_epoch_clients: list[bytes] = []  # who went through the last cooldown
         self.warmup = WarmupTracker(me, backend, events, self.counters)
         self.verifying = VerificationDuty(me, worker, backend, events, self.counters)
+        self.applier = ConsensusApplier(me, worker, backend, self.verifying, events,
+                                        self.counters)
         self.model_fresh = False  # the model in memory is the run's current model
         self.desynced = False
         self.round_task: asyncio.Task[None] | None = None
@@ -219,7 +213,7 @@ class RoundRunner:
             self.desynced = False
             self.model_fresh = True
             self.records.clear()
-            self.previous_results = {}
+            self.applier.previous_results = {}
             self.warmup.heard(self.me.key)
             self.events.emit(Ready(epoch=state.progress.epoch))
             await self.peers.broadcast(Finished(step=state.progress.step, warmup=True))
@@ -279,7 +273,7 @@ class RoundRunner:
         step, height = record.step, record.height
         proof = my_witness_proof(state, self.me)
         if proof is not None and proof[2] and height >= 2 and step - 2 in self.records:
-            await self._health_check(state, self.records[step - 2])
+            await self.applier.health_check(state, self.records[step - 2])
         await self.verifying.begin_round(state)
         if height >= 2:
             with self._phase("apply", state):
@@ -300,63 +294,17 @@ class RoundRunner:
         await self._maybe_finish(step)
 
     async def _apply(self, state: CoordinatorState, step: int) -> None:
-        """Apply step s-2's consensus results (docs/coordinator.md, "Consensus for apply")."""
+        """Apply step s-2's consensus results (consensus_apply.py)."""
         record = self.records.get(step - 2)
-        vouching = state.previous_round
-        if record is None or vouching is None:
+        if record is None or state.previous_round is None:
             self.set_desynced(f"no record of step {step - 2} to apply")
             return
-        winners = consensus_winners(record, vouching)
-        deadline = time.monotonic() + self.options.apply_download_timeout_s
-        while any(c not in record.payloads for c in winners.values()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)  # downloads in flight finish; failures leave them missing
-        missing = [batch for batch, c in winners.items() if c not in record.payloads]
-        if missing:
-            self.set_desynced(f"step {step - 2}: consensus results {missing} not downloadable")
-            raise RuntimeError(f"missing consensus payloads for step {step - 2}")
-        batches = sorted(winners)
-        payloads = [record.payloads[winners[batch]] for batch in batches]
-        senders = [record.announced[batch][winners[batch]].sender for batch in batches]
-        results = list(zip(senders, payloads, strict=True))
-        # Every client screens the same consensus results against the same previous ones,
-        # so all leave out the same: the weights stay identical (verification/checks.py).
-        # Ejected trainers' results are left out first (runtime/verifying.py).
-        ejected = ejected_trainers(state)
-        screened = [i for i, sender in enumerate(senders) if sender not in ejected]
-        checked = await self.worker.screen(step - 2, [results[i] for i in screened],
-                                           self.previous_results)
-        left_out = {screened[i]: why for i, why in checked.items()}
-        left_out.update({i: ("ejected", "its followers reported it to the coordinator")
-                         for i, sender in enumerate(senders) if sender in ejected})
-        self.previous_results = dict(results)
-        await self.verifying.check(step - 2, [r for r in results if r[0] not in ejected])
-        for position, (check, detail) in sorted(left_out.items()):
-            self.events.emit(ResultLeftOut(of_step=step - 2, trainer=senders[position].hex(),
-                                           check=check, detail=detail))
-        kept = [payload for i, payload in enumerate(payloads) if i not in left_out]
-        applied = await self.worker.apply(step, kept) if kept else 0
-        self.counters.apply_message_success += applied
-        self.counters.last_result_sizes = [len(p) for p in payloads]
-        self.events.emit(Applied(step=step, of_step=step - 2, results=applied,
-                                 skipped=len(record.assignments) - len(winners),
-                                 left_out=len(left_out)))
-
-    async def _health_check(self, state: CoordinatorState, judged: StepRecord) -> None:
-        expected = {node.key for node in judged.assignments.values()}
-        # Never ourselves: the check is for peers whose results the witnesses missed. A
-        # client reporting itself gets dropped, and when it is the last holder of the
-        # model (a chaos run's spared client did this) the next epoch falls back to the
-        # stored checkpoint; if we really failed, our peers report it.
-        checks = [(node, proof) for node, proof in unhealthy_trainers(state, expected)
-                  if node != self.me]
-        if not checks:
-            return
-        entries = [HealthCheckEntry.model_validate(
-            {"node": node.key, "committee": proof.committee.name, "position": proof.position,
-             "index": proof.index}) for node, proof in checks]
-        await self.backend.send(HealthCheck(checks=entries))
-        self.events.emit(HealthCheckSent(step=state.progress.step,
-                                         unhealthy=tuple(node.key.hex()[:12] for node, _ in checks)))
+        try:
+            await self.applier.apply(state, step, record,
+                                     self.options.apply_download_timeout_s)
+        except MissingResults as exc:
+            self.set_desynced(str(exc))
+            raise
 
     async def _train(self, state: CoordinatorState, record: StepRecord, batch: BatchKey) -> None:
         step = record.step

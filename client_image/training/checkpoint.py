@@ -215,7 +215,10 @@ def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor
         state.update(load_file(file))
     if not state:
         raise CheckpointError(f"{path} holds no safetensors weights")
-    names = _in_memory_names(path)
+    # Only a checkpoint saved as one tensor per expert can differ from the model's own
+    # names; asking transformers (a model built on the meta device) costs its import,
+    # seconds in a process that has not loaded it, on the warm-up path of a restart.
+    names = _in_memory_names(path) if any(map(_PER_EXPERT.search, state)) else None
     if names is not None and set(state) - names:
         # Saved under other names than the model's own: transformers converts some
         # families on save (DeepSeek-V3's fused experts become one tensor per expert),
@@ -225,6 +228,9 @@ def read_checkpoint(path: Path) -> tuple[str, str | None, dict[str, torch.Tensor
         model = AutoModelForCausalLM.from_pretrained(path, dtype=CHECKPOINT_DTYPE)
         state = bf16_state_dict(model, copy=True)
     return config_json, tokenizer.read_text() if tokenizer.is_file() else None, state
+
+
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")  # e.g. mlp.experts.3.gate_proj.weight
 
 
 def _in_memory_names(path: Path) -> set[str] | None:

@@ -241,7 +241,7 @@ async def test_a_runner_left_out_of_a_round_reloads_the_model_at_the_next_epoch(
 
 async def test_a_runner_never_reports_itself_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the witnesses' blooms say, a health check names only peers."""
-    from client_image.runtime import round_runner
+    from client_image.runtime import consensus_apply
 
     swarm = FakeSwarm(3, max_round_train_time=3)
     judged: list[NodeIdentity] = []
@@ -254,7 +254,7 @@ async def test_a_runner_never_reports_itself_unhealthy(monkeypatch: pytest.Monke
         judged.extend(swarm.nodes)
         return proofs
 
-    monkeypatch.setattr(round_runner, "unhealthy_trainers", everyone_unhealthy)
+    monkeypatch.setattr(consensus_apply, "unhealthy_trainers", everyone_unhealthy)
     await swarm.run_until(lambda s: s.coordinator.state.current_round.height >= 3)
     sent = [(who, message) for who, message, _ in swarm.sent if isinstance(message, HealthCheck)]
     assert judged and sent
