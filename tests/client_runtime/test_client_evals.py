@@ -121,7 +121,9 @@ async def test_evals_score_the_model_after_the_cooldown_checkpoint_never_in_a_ro
     access = with_evals(swarm, EvalOptions(tasks=("arc_easy", "boolq"), max_docs=3,
                                            prompt_task=True))
     await swarm.run_until(cooldown_of(0))
-    assert not access.calls  # nothing before the cooldown
+    # Nothing before the cooldown (on a fast run the first documents may already be in
+    # hand, after the cooldown's checkpoint: each call records its phases).
+    assert all(phases == (RunState.Cooldown, RunState.Cooldown) for phases in access.calls)
     await swarm.settle()  # the checkpoint is written and shared: the model is free
     await idle_evals_end(swarm)
     step = swarm.coordinator.state.progress.step - 1  # the checkpoint's
