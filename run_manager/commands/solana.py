@@ -22,6 +22,7 @@ from run_manager.commands.solana_authorizations import (
     join_authorization_create,
     join_authorization_delegate,
     join_authorization_delete,
+    join_authorization_read,
 )
 from run_manager.commands.solana_common import EXIT_BAD_ARGUMENT, SOLANA_PANEL
 from run_manager.commands.solana_rewards import treasurer_claim_rewards, treasurer_top_up_rewards
@@ -51,7 +52,8 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "set-future-epoch-rates": set_future_epoch_rates,
     "join-authorization-create": join_authorization_create,
     "join-authorization-delegate": join_authorization_delegate,
-    "join-authorization-delete": join_authorization_delete, "can-join": can_join,
+    "join-authorization-delete": join_authorization_delete,
+    "join-authorization-read": join_authorization_read, "can-join": can_join,
     "treasurer-top-up-rewards": treasurer_top_up_rewards,
     "treasurer-claim-rewards": treasurer_claim_rewards, "json-dump-run": json_dump_run,
     "json-dump-user": json_dump_user, "list-runs": list_runs, "tick": tick,
@@ -61,7 +63,6 @@ UNSUPPORTED = {
     "close-run": "closing runs is not supported by our coordinator program yet",
     "checkpoint": "checkpoints are reported by the run's clients (the coordinator requires "
                   "the sender to be a client of the epoch)",
-    "join-authorization-read": "use can-join, or json-dump-user, to inspect authorizations",
 }
 SOLANA_COMMANDS = {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in COMMANDS.items()}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 import typer
@@ -35,8 +36,55 @@ def join_authorization_create(wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rp
         raise _fail("give exactly one of --authorizer and --permissionless", EXIT_BAD_ARGUMENT)
     grantee = Pubkey.default() if permissionless else _pubkey(authorizer or "", "--authorizer")
     grantor = _keypair(wallet)
-    address = _run(rpc, rpc_2, lambda c: authorize(c, grantor, grantee))
+
+    def already(active: bool) -> typer.Exit:
+        return _fail(f"an authorization from {grantor.pubkey()} for {grantee} already exists "
+                     f"({'active' if active else 'inactive'}): see join-authorization-read, "
+                     "or join-authorization-delete it first")
+
+    async def work(client: Any) -> Any:
+        from psyche_solana.rpc import ProgramError
+        from psyche_solana.runs import read_authorization
+
+        existing = await read_authorization(client, grantor.pubkey(), grantee)
+        if existing is not None:
+            raise already(existing.active)
+        try:
+            return await authorize(client, grantor, grantee)
+        except ProgramError as error:
+            # created between our read and our transaction: the program refuses a second
+            if error.name == "AlreadyInitialized":
+                raise already(True) from None
+            raise
+
+    address = _run(rpc, rpc_2, work)
     typer.echo(f"authorization {address}: grantor {grantor.pubkey()} grantee {grantee}")
+
+
+def join_authorization_read(join_authority: Annotated[str, typer.Option(
+                                help="The grantor (the run's join authority).")],
+                            rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                            authorizer: Annotated[str | None, typer.Option(
+                                help="The grantee key (default: the permissionless "
+                                     "one, 1111...1).")] = None) -> None:
+    """Print a join authorization as JSON (exits 1 if there is none)."""
+    from solders.pubkey import Pubkey
+
+    from psyche_solana import instructions as ix
+    from psyche_solana.runs import read_authorization
+
+    grantor = _pubkey(join_authority, "--join-authority")
+    grantee = _pubkey(authorizer, "--authorizer") if authorizer else Pubkey.default()
+    found = _run(rpc, rpc_2, lambda c: read_authorization(c, grantor, grantee))
+    if found is None:
+        raise _fail(f"no authorization from {grantor} for {grantee}")
+    typer.echo(json.dumps({
+        "address": str(ix.authorization_address(grantor, grantee)),
+        "grantor": str(found.grantor), "grantee": str(found.grantee),
+        "permissionless": found.grantee == Pubkey.default(), "active": found.active,
+        "scope": found.scope.decode("utf-8", "replace"),
+        "grantor_update_unix_timestamp": found.grantor_update_unix_timestamp,
+        "delegates": [str(key) for key in found.delegates]}, indent=2))
 
 
 def join_authorization_delegate(join_authority: Annotated[str, typer.Option()],
