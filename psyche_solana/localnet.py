@@ -1,8 +1,7 @@
-"""`psyche-localnet`: our programs in LiteSVM behind a Solana JSON-RPC server on loopback.
+"""`psyche-localnet`: our programs in LiteSVM behind a Solana JSON-RPC server on loopback,
+with the PubSub WebSocket next to it.
 
-    psyche-localnet [--port 8899] [--host 127.0.0.1]
-
-It serves JSON-RPC over HTTP only: there is no WebSocket (PubSub) endpoint.
+    psyche-localnet [--port 8899] [--ws-port 8900] [--host 127.0.0.1]
 
 At start the coordinator, authorizer and treasurer programs are built if needed and
 deployed through the real upgradeable loader. The clock follows wall time (a slot every
@@ -10,7 +9,8 @@ deployed through the real upgradeable loader. The clock follows wall time (a slo
 getBlockHeight, getEpochInfo, getLatestBlockhash, getBalance, getAccountInfo,
 getMultipleAccounts, getProgramAccounts (dataSize / memcmp filters), getMinimumBalanceForRentExemption,
 requestAirdrop, sendTransaction, simulateTransaction, getSignatureStatuses,
-getFeeForMessage; encodings base64 (and base58 for sendTransaction), `dataSlice`.
+getFeeForMessage; encodings base64 (and base58 for sendTransaction), `dataSlice`
+(psyche_solana.validator).
 
 Errors use Solana's JSON-RPC format: -32602 invalid params, -32601 unknown method,
 -32002 a failed transaction ("Transaction simulation failed: Error processing
@@ -18,267 +18,27 @@ Instruction 0: custom program error: 0x6c", data.err = {"InstructionError":[0,{"
 data.logs), -32600 a transaction over 1232 bytes. A transaction is executed when sent
 (finalized at once).
 
-Account-change notifications are by documented polling: read the 8-byte nonce of a
-coordinator account (getAccountInfo with dataSlice {offset: 16, length: 8}) and fetch the
-whole account when it changes; psyche_solana.rpc.AccountWatcher does exactly that.
+Account changes are pushed over the WebSocket (JSON-RPC port + 1 by default, as Solana's
+validator does): `accountSubscribe` / `accountUnsubscribe` and `accountNotification`
+(psyche_solana.pubsub); psyche_solana.subscription is the client side.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Any
 
 import typer
-from solders.pubkey import Pubkey
-from solders.signature import Signature
-from solders.transaction import VersionedTransaction
-from solders.transaction_metadata import FailedTransactionMetadata
-from solders.transaction_status import InstructionErrorCustom, TransactionErrorInstructionError
 
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
-from psyche_solana.b58 import b58decode, b58encode
-from psyche_solana.svm import MAX_TRANSACTION_SIZE, ProgramSvm
+from psyche_solana.pubsub import PubSubServer
+from psyche_solana.validator import LocalValidator, RpcFailure
 
+__all__ = ["CannotListen", "LocalValidator", "Localnet", "RpcFailure", "app", "main"]
 log = logging.getLogger(__name__)
-SLOT_SECONDS = 0.4
-VERSION = {"solana-core": "2.2.0-psyche-localnet", "feature-set": 0}
-
-
-class RpcFailure(Exception):
-    def __init__(self, code: int, message: str, data: Any = None):
-        super().__init__(message)
-        self.code, self.message, self.data = code, message, data
-
-
-def _invalid(message: str) -> RpcFailure:
-    return RpcFailure(-32602, f"Invalid params: {message}")
-
-
-def _pubkey(value: Any, what: str = "pubkey") -> Pubkey:
-    try:
-        return Pubkey.from_string(value)
-    except (ValueError, TypeError):
-        raise _invalid(f"{what} is not a base-58 public key: {value!r}") from None
-
-
-def _transaction_error_json(err: object) -> Any:
-    """A TransactionError as Solana's JSON: {"InstructionError": [0, {"Custom": 108}]}."""
-    if isinstance(err, TransactionErrorInstructionError):
-        inner = err.err
-        detail: Any = {"Custom": inner.code} if isinstance(inner, InstructionErrorCustom) else \
-            str(inner).rsplit(".", 1)[-1]
-        return {"InstructionError": [err.index, detail]}
-    return str(err).rsplit(".", 1)[-1]
-
-
-class LocalValidator:
-    """The JSON-RPC methods over one ProgramSvm; thread-safe (one lock)."""
-
-    def __init__(self, svm: ProgramSvm | None = None):
-        self.engine = svm or ProgramSvm(use_loader=True)
-        self.engine.svm = self.engine.svm.with_blockhash_check(False)
-        self.lock = threading.Lock()
-        self.started = time.monotonic()
-        self.base_slot = self.engine.slot
-        self.statuses: dict[str, dict[str, Any]] = {}
-        self._sync_clock()
-
-    # -- time
-    def _sync_clock(self) -> None:
-        slot = self.base_slot + int((time.monotonic() - self.started) / SLOT_SECONDS)
-        if slot > self.engine.slot:
-            self.engine.slot = slot
-            self.engine.svm.warp_to_slot(slot)
-            self.engine.svm.expire_blockhash()
-        self.engine.set_time(int(time.time()))
-
-    def handle(self, method: str, params: list[Any]) -> Any:
-        handler = getattr(self, f"rpc_{method}", None)
-        if handler is None:
-            raise RpcFailure(-32601, f"Method not found: {method}")
-        if not isinstance(params, list):
-            raise _invalid("params must be an array")
-        with self.lock:
-            self._sync_clock()
-            return handler(*params)
-
-    def _context(self, value: Any) -> dict[str, Any]:
-        return {"context": {"slot": self.engine.slot, "apiVersion": "2.2.0"}, "value": value}
-
-    # -- methods
-    def rpc_getHealth(self) -> str:
-        return "ok"
-
-    def rpc_getVersion(self) -> dict[str, Any]:
-        return VERSION
-
-    def rpc_getSlot(self, config: Any = None) -> int:
-        return self.engine.slot
-
-    def rpc_getBlockHeight(self, config: Any = None) -> int:
-        return self.engine.slot
-
-    def rpc_getEpochInfo(self, config: Any = None) -> dict[str, Any]:
-        return {"absoluteSlot": self.engine.slot, "blockHeight": self.engine.slot, "epoch": 0,
-                "slotIndex": self.engine.slot, "slotsInEpoch": 432000, "transactionCount": None}
-
-    def rpc_getLatestBlockhash(self, config: Any = None) -> dict[str, Any]:
-        return self._context({"blockhash": str(self.engine.svm.latest_blockhash()),
-                              "lastValidBlockHeight": self.engine.slot + 150})
-
-    def rpc_getBalance(self, address: str, config: Any = None) -> dict[str, Any]:
-        return self._context(self.engine.svm.get_balance(_pubkey(address)) or 0)
-
-    def _account_json(self, address: Pubkey, config: dict[str, Any]) -> Any:
-        account = self.engine.svm.get_account(address)
-        if account is None or (account.lamports == 0 and not account.data):
-            return None
-        data = bytes(account.data)
-        data_slice = config.get("dataSlice")
-        if data_slice is not None:
-            try:
-                offset, length = int(data_slice["offset"]), int(data_slice["length"])
-            except (KeyError, TypeError, ValueError):
-                raise _invalid("dataSlice needs integer offset and length") from None
-            data = data[offset:offset + length]
-        encoding = config.get("encoding", "base64")
-        if encoding not in ("base64", "base58"):
-            raise _invalid(f"unsupported encoding {encoding!r} (base64 or base58)")
-        encoded = base64.b64encode(data).decode() if encoding == "base64" else b58encode(data)
-        return {"data": [encoded, encoding], "executable": account.executable,
-                "lamports": account.lamports, "owner": str(account.owner),
-                "rentEpoch": account.rent_epoch, "space": len(account.data)}
-
-    def rpc_getAccountInfo(self, address: str, config: dict[str, Any] | None = None) -> Any:
-        return self._context(self._account_json(_pubkey(address), config or {}))
-
-    def rpc_getMultipleAccounts(self, addresses: list[str], config: dict[str, Any] | None = None) -> Any:
-        if not isinstance(addresses, list) or len(addresses) > 100:
-            raise _invalid("expected an array of at most 100 addresses")
-        return self._context([self._account_json(_pubkey(a), config or {}) for a in addresses])
-
-    def rpc_getProgramAccounts(self, program: str, config: dict[str, Any] | None = None) -> Any:
-        config = config or {}
-        matches = []
-        for address, account in self.engine.svm.get_program_accounts(_pubkey(program, "program id")):
-            data = bytes(account.data)
-            if all(self._filter_matches(f, data) for f in config.get("filters", [])):
-                matches.append({"pubkey": str(address), "account": self._account_json(address, config)})
-        return self._context(matches) if config.get("withContext") else matches
-
-    @staticmethod
-    def _filter_matches(rule: Any, data: bytes) -> bool:
-        if isinstance(rule, dict) and "dataSize" in rule:
-            return len(data) == rule["dataSize"]
-        if isinstance(rule, dict) and isinstance(rule.get("memcmp"), dict):
-            memcmp = rule["memcmp"]
-            try:
-                offset = int(memcmp["offset"])
-                raw = (base64.b64decode(memcmp["bytes"]) if memcmp.get("encoding") == "base64"
-                       else b58decode(memcmp["bytes"]))
-            except (KeyError, TypeError, ValueError):
-                raise _invalid("memcmp needs offset and bytes") from None
-            return data[offset:offset + len(raw)] == raw
-        raise _invalid(f"unsupported filter {rule!r} (dataSize or memcmp)")
-
-    def rpc_getMinimumBalanceForRentExemption(self, size: int, config: Any = None) -> int:
-        if not isinstance(size, int) or size < 0:
-            raise _invalid("size must be a non-negative integer")
-        return int(self.engine.svm.minimum_balance_for_rent_exemption(size))
-
-    def rpc_requestAirdrop(self, address: str, lamports: int, config: Any = None) -> str:
-        if not isinstance(lamports, int) or not 0 < lamports <= 1_000 * 10**9:
-            raise _invalid("lamports must be between 1 and 1000 SOL")
-        result = self.engine.svm.airdrop(_pubkey(address), lamports)
-        if isinstance(result, FailedTransactionMetadata):
-            raise RpcFailure(-32002, f"airdrop failed: {result.err()}")
-        signature = str(result.signature())
-        self.statuses[signature] = {"slot": self.engine.slot, "confirmations": None, "err": None,
-                                    "status": {"Ok": None}, "confirmationStatus": "finalized"}
-        return signature
-
-    def _decode_transaction(self, encoded: Any, config: dict[str, Any]) -> bytes:
-        encoding = config.get("encoding", "base58")
-        try:
-            raw = base64.b64decode(encoded, validate=True) if encoding == "base64" else \
-                b58decode(encoded)
-        except (ValueError, TypeError):
-            raise _invalid(f"transaction is not valid {encoding}") from None
-        if len(raw) > MAX_TRANSACTION_SIZE:
-            raise RpcFailure(-32602, f"base64 encoded solana_transaction::Transaction too large: "
-                             f"{len(raw)} bytes (max: encoded/raw {1644}/{MAX_TRANSACTION_SIZE})")
-        return raw
-
-    def _parse(self, raw: bytes) -> VersionedTransaction:
-        try:
-            return VersionedTransaction.from_bytes(raw)
-        except ValueError:
-            raise _invalid("failed to deserialize the transaction") from None
-
-    def rpc_sendTransaction(self, encoded: str, config: dict[str, Any] | None = None) -> str:
-        tx = self._parse(self._decode_transaction(encoded, config or {}))
-        signature = str(tx.signatures[0])
-        result = self.engine.svm.send_transaction(tx)
-        if isinstance(result, FailedTransactionMetadata):
-            meta = result.meta()
-            err = _transaction_error_json(result.err())
-            logs = list(meta.logs())
-            reason = str(result.err())
-            if isinstance(err, dict):
-                index, detail = err["InstructionError"]
-                what = (f"custom program error: {detail['Custom']:#x}" if isinstance(detail, dict)
-                        else detail)
-                reason = f"Error processing Instruction {index}: {what}"
-            raise RpcFailure(-32002, f"Transaction simulation failed: {reason}", {
-                "err": err, "logs": logs, "accounts": None,
-                "unitsConsumed": meta.compute_units_consumed(), "returnData": None})
-        self.statuses[signature] = {"slot": self.engine.slot, "confirmations": None, "err": None,
-                                    "status": {"Ok": None}, "confirmationStatus": "finalized",
-                                    "unitsConsumed": result.compute_units_consumed(),
-                                    "logs": list(result.logs())}
-        return signature
-
-    def rpc_simulateTransaction(self, encoded: str, config: dict[str, Any] | None = None) -> Any:
-        config = config or {}
-        tx = self._parse(self._decode_transaction(encoded, {"encoding": config.get("encoding", "base58")}))
-        result = self.engine.svm.simulate_transaction(tx)
-        if isinstance(result, FailedTransactionMetadata):
-            meta = result.meta()
-            return self._context({"err": _transaction_error_json(result.err()),
-                                  "logs": list(meta.logs()),
-                                  "unitsConsumed": meta.compute_units_consumed()})
-        meta = result.meta()
-        return self._context({"err": None, "logs": list(meta.logs()),
-                              "unitsConsumed": meta.compute_units_consumed()})
-
-    def rpc_getSignatureStatuses(self, signatures: list[str], config: Any = None) -> Any:
-        if not isinstance(signatures, list) or len(signatures) > 256:
-            raise _invalid("expected an array of at most 256 signatures")
-        out = []
-        for text in signatures:
-            try:
-                Signature.from_string(text)
-            except ValueError:
-                raise _invalid(f"not a signature: {text!r}") from None
-            status = self.statuses.get(text)
-            out.append(None if status is None else {
-                k: v for k, v in status.items() if k not in ("logs", "unitsConsumed")})
-        return self._context(out)
-
-    def rpc_getFeeForMessage(self, message: str, config: Any = None) -> Any:
-        return self._context(5000)
-
-    def rpc_getTransaction(self, signature: str, config: Any = None) -> Any:
-        status = self.statuses.get(signature)
-        if status is None:
-            return None
-        return {"slot": status["slot"], "meta": {"err": None, "logMessages": status.get("logs", []),
-                                                 "computeUnitsConsumed": status.get("unitsConsumed")}}
 
 
 def _error_body(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -339,16 +99,39 @@ class _Handler(BaseHTTPRequestHandler):
         return {"jsonrpc": "2.0", "result": result, "id": request_id}
 
 
+class CannotListen(Exception):
+    """A server of the localnet could not bind its address (the message says which)."""
+
+
+def _listen_error(what: str, host: str, port: int, exc: OSError) -> CannotListen:
+    return CannotListen(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}")
+
+
 class Localnet:
-    """The HTTP server in a background thread: `with Localnet() as net: net.url`."""
+    """The JSON-RPC (HTTP) and PubSub (WebSocket) servers in background threads:
+    `with Localnet() as net: net.url, net.ws_url`.
+
+    `ws_port` None: the JSON-RPC port + 1, as a Solana validator does (any free port when
+    the JSON-RPC port is 0). Raises CannotListen when either port cannot be bound.
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 validator: LocalValidator | None = None):
+                 validator: LocalValidator | None = None, ws_port: int | None = None):
         self.validator = validator or LocalValidator()
         handler = type("Handler", (_Handler,), {"validator": self.validator})
-        self.server = ThreadingHTTPServer((host, port), handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:
+            raise _listen_error("JSON-RPC", host, port, exc) from None
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        if ws_port is None:
+            ws_port = self.server.server_address[1] + 1 if port else 0
+        try:
+            self.pubsub = PubSubServer(self.validator, host, ws_port)
+        except OSError as exc:
+            self.server.server_close()
+            raise _listen_error("WebSocket (PubSub)", host, ws_port, exc) from None
 
     @property
     def url(self) -> str:
@@ -356,11 +139,17 @@ class Localnet:
         host_text = host.decode() if isinstance(host, bytes) else str(host)
         return f"http://{host_text}:{port}"
 
+    @property
+    def ws_url(self) -> str:
+        return self.pubsub.url
+
     def start(self) -> Localnet:
         self.thread.start()
+        self.pubsub.start()
         return self
 
     def stop(self) -> None:
+        self.pubsub.stop()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
@@ -380,28 +169,35 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535,
                                       help="JSON-RPC port (0: any free port)")] = 8899,
+    ws_port: Annotated[int | None, typer.Option(
+        "--ws-port", min=0, max=65535,
+        help="WebSocket (PubSub) port [default: --port + 1; 0: any free port]")] = None,
     version: Annotated[bool, version_option("psyche-localnet")] = False,
 ) -> None:
-    """Our programs in LiteSVM behind a Solana JSON-RPC server (HTTP; no WebSocket).
+    """Our programs in LiteSVM behind a Solana JSON-RPC server (HTTP) and its PubSub
+    WebSocket (accountSubscribe).
 
     Serves until ctrl+c.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        net = Localnet(host, port)
-    except OSError as exc:  # the port is taken, or the address is not this host's
-        typer.echo(f"psyche-localnet: cannot listen on {host}:{port}: {exc.strerror}", err=True)
+        net = Localnet(host, port, ws_port=ws_port)
+    except CannotListen as exc:  # the port is taken, or the address is not this host's
+        typer.echo(f"psyche-localnet: {exc}", err=True)
         raise typer.Exit(code=1) from None
     from psyche_solana.ids import PROGRAMS, program_id
 
     print(f"psyche-localnet: JSON-RPC on {net.url}", flush=True)
+    print(f"psyche-localnet: WebSocket on {net.ws_url}", flush=True)
     for name in PROGRAMS:
         print(f"  {name:<12} {program_id(name)}", flush=True)
+    net.pubsub.start()
     try:
         net.server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        net.pubsub.stop()
         net.server.server_close()
 
 
