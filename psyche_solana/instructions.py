@@ -100,6 +100,12 @@ def init_coordinator(account: Pubkey, payer: Pubkey, run_id: str, main_authority
         _meta(coordinator_instance_address(run_id), writable=True), _meta(SYSTEM_PROGRAM_ID)])
 
 
+def free_coordinator(account: Pubkey, authority: Pubkey, run_id: str, spill: Pubkey) -> Instruction:
+    """Close a halted run: its account and its run id's claim, rent to `spill`."""
+    return _coordinator(12, account, authority, b"", [
+        _meta(coordinator_instance_address(run_id), writable=True), _meta(spill, writable=True)])
+
+
 def config_bytes(config: CoordinatorConfig) -> bytes:
     return CONFIG.pack(*(getattr(config, name) for name in CONFIG_FIELDS))
 

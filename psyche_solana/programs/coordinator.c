@@ -23,6 +23,10 @@
  *  11 verification_report [account w, reporter s]  accused[32] step u32 published_hash[32]
  *                       expected_hash[32] jaccard_ppm u32 hamming_ppm u32 manhattan_ppm u32
  *                       a follower's report (coordinator_machine.h, coordinator/verification.py)
+ *  12 free_coordinator  [account w, main_authority s, instance w, spill w]  (no payload)
+ *                       Psyche's free_coordinator: a halted run (Uninitialized, Paused or
+ *                       Finished) is closed, its account and its run id's claim zeroed
+ *                       and their lamports (the rent) sent to `spill`; the id is free again
  * now = the Clock's unix_timestamp; seed = u64_le(SHA-256(unix_timestamp_i64_le ||
  * slot_u64_le)[0:8]) (docs/coordinator.md, "Seeds"). Events do not tick: clients send
  * tick transactions.
@@ -276,6 +280,32 @@ static u64 join_run(State *s, const Pubkey *client) {
   return SUCCESS;
 }
 
+/* Close one account this program owns: zero its data and move its lamports to `spill`
+ * (the runtime removes an account left with none at the end of the transaction). */
+static void close_account(AccountInfo *a, AccountInfo *spill) {
+  sol_memset_(a->data, 0, a->data_len);
+  *spill->lamports += *a->lamports;
+  *a->lamports = 0;
+}
+
+static u64 free_coordinator(State *s, AccountInfo *run, u64 len) {
+  AccountInfo *instance = account(2), *spill = account(3);
+  if (len != 0) return E_InvalidInstruction;
+  if (!instance || !spill) return E_MissingAccount;
+  if (!halted(s)) return E_NotHalted;
+  if (!instance->is_writable || !spill->is_writable) return E_AccountNotWritable;
+  if (!key_eq(instance->owner, CTX->program_id) ||
+      instance->data_len != sizeof(CoordinatorInstance))
+    return E_WrongAccount;
+  const CoordinatorInstance *claim = (const CoordinatorInstance *)instance->data;
+  if (!bytes_eq(claim->magic, INSTANCE_MAGIC, 8) || !key_eq(&claim->coordinator_account, run->key))
+    return E_WrongAccount;
+  if (key_eq(spill->key, run->key) || key_eq(spill->key, instance->key)) return E_WrongAccount;
+  close_account(instance, spill);
+  close_account(run, spill);
+  return SUCCESS;
+}
+
 static u64 process(void) {
   if (CTX->data_len < 1) return E_InvalidInstruction;
   u8 tag = CTX->data[0];
@@ -290,7 +320,9 @@ static u64 process(void) {
   u64 now = clock.unix_timestamp < 0 ? 0 : (u64)clock.unix_timestamp;
   const Pubkey *who = NULL;
   if (tag != 5 && (problem = signer(1, &who))) return problem;
-  if (tag >= 1 && tag <= 3 && !key_eq(who, &s->main_authority)) return E_NotMainAuthority;
+  if (((tag >= 1 && tag <= 3) || tag == 12) && !key_eq(who, &s->main_authority))
+    return E_NotMainAuthority;
+  if (tag == 12) return free_coordinator(s, account(0), len);
   s->nonce += 1;
   switch (tag) {
   case 1: return update_run(s, data, len);

@@ -24,7 +24,8 @@ from run_manager.commands.solana_authorizations import (
     join_authorization_delete,
     join_authorization_read,
 )
-from run_manager.commands.solana_common import EXIT_BAD_ARGUMENT, SOLANA_PANEL
+from run_manager.commands.solana_common import SOLANA_PANEL
+from run_manager.commands.solana_lifecycle import checkpoint, close_run
 from run_manager.commands.solana_rewards import treasurer_claim_rewards, treasurer_top_up_rewards
 from run_manager.commands.solana_runs import (
     create_run,
@@ -37,18 +38,9 @@ from run_manager.commands.solana_runs import (
     update_config,
 )
 
-
-def _unsupported(name: str, why: str) -> Callable[[typer.Context], None]:
-    def command(ctx: typer.Context) -> None:
-        typer.echo(f"run-manager {name}: {why}", err=True)
-        raise typer.Exit(EXIT_BAD_ARGUMENT)
-
-    command.__name__ = name.replace("-", "_")
-    return command
-
-
 COMMANDS: dict[str, Callable[..., None]] = {
-    "create-run": create_run, "update-config": update_config, "set-paused": set_paused,
+    "create-run": create_run, "close-run": close_run, "update-config": update_config,
+    "set-paused": set_paused, "checkpoint": checkpoint,
     "set-future-epoch-rates": set_future_epoch_rates,
     "join-authorization-create": join_authorization_create,
     "join-authorization-delegate": join_authorization_delegate,
@@ -58,19 +50,9 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "treasurer-claim-rewards": treasurer_claim_rewards, "json-dump-run": json_dump_run,
     "json-dump-user": json_dump_user, "list-runs": list_runs, "tick": tick,
 }
-# Kept for the command tree's shape; not part of this backend yet.
-UNSUPPORTED = {
-    "close-run": "closing runs is not supported by our coordinator program yet",
-    "checkpoint": "checkpoints are reported by the run's clients (the coordinator requires "
-                  "the sender to be a client of the epoch)",
-}
 SOLANA_COMMANDS = {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in COMMANDS.items()}
 
 
 def register(app: typer.Typer) -> None:
     for name, function in COMMANDS.items():
         app.command(name, rich_help_panel=SOLANA_PANEL)(function)
-    settings = {"allow_extra_args": True, "ignore_unknown_options": True}
-    for name, why in UNSUPPORTED.items():
-        app.command(name, help=why, rich_help_panel=SOLANA_PANEL,
-                    context_settings=settings)(_unsupported(name, why))

@@ -3,14 +3,17 @@ close-run, checkpoint, ...), against the local validator on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
+from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
-from tests.solana.test_cli import _cli, _wallet
+from psyche_solana.rpc import SolanaRpc
+from tests.solana.test_cli import STATE, _cli, _wallet
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +49,115 @@ def test_join_authorization_read_and_a_second_create(localnet, tmp_path):
     assert permissionless.exit_code == 1 and str(Pubkey.default()) in permissionless.output
     bad = _cli(localnet, None, "join-authorization-read", "--join-authority", "nope")
     assert bad.exit_code == 2 and "--join-authority is not a base-58 public key" in bad.output
+
+
+def _balance(net: Localnet, key: Pubkey) -> int:
+    async def read() -> int:
+        async with SolanaRpc([net.url]) as rpc:
+            return await rpc.balance(key)
+
+    return asyncio.run(read())
+
+
+def _account(net: Localnet, key: Pubkey) -> bytes | None:
+    async def read() -> bytes | None:
+        async with SolanaRpc([net.url]) as rpc:
+            return await rpc.account_data(key)
+
+    return asyncio.run(read())
+
+
+def test_close_run_returns_the_rent_and_frees_the_run_id(localnet, tmp_path):
+    from psyche_solana.runs import find_run
+
+    owner_path, owner = _wallet(tmp_path, "owner", localnet)
+    intruder_path, _ = _wallet(tmp_path, "intruder", localnet)
+    assert _cli(localnet, owner_path, "create-run", "-r", "closing", "-c", "v1").exit_code == 0
+    assert _cli(localnet, owner_path, "update-config", "-r", "closing", "--config-path",
+                str(STATE)).exit_code == 0
+    assert _cli(localnet, owner_path, "set-paused", "-r", "closing", "--resume").exit_code == 0
+
+    async def handle():
+        async with SolanaRpc([localnet.url]) as rpc:
+            return await find_run(rpc, "closing")
+
+    run = asyncio.run(handle())
+    running = _cli(localnet, owner_path, "close-run", "-r", "closing")
+    assert running.exit_code == 1 and "is WaitingForMembers: pause it first" in running.output
+    assert _cli(localnet, owner_path, "set-paused", "-r", "closing").exit_code == 0
+    refused = _cli(localnet, intruder_path, "close-run", "-r", "closing")
+    assert refused.exit_code == 1 and "NotMainAuthority" in refused.output
+
+    before = _balance(localnet, owner.pubkey())
+    closed = _cli(localnet, owner_path, "close-run", "-r", "closing")
+    assert closed.exit_code == 0, closed.output
+    assert "the run id is free again" in closed.output
+    assert _account(localnet, run.address) is None and _account(localnet, run.instance) is None
+    # both rents (the 100 KiB state's and the claim's) came back, less one fee
+    assert _balance(localnet, owner.pubkey()) - before > 700_000_000
+    gone = _cli(localnet, None, "json-dump-run", "-r", "closing")
+    assert gone.exit_code == 1 and "no run 'closing'" in gone.output
+    assert "closing " not in _cli(localnet, None, "list-runs").output
+    again = _cli(localnet, owner_path, "close-run", "-r", "closing")
+    assert again.exit_code == 1 and "no run 'closing'" in again.output
+    assert _cli(localnet, intruder_path, "create-run", "-r", "closing", "-c", "v2").exit_code == 0
+
+
+def test_the_program_refuses_to_free_a_running_run_or_a_wrong_claim(localnet, tmp_path):
+    """Past the command's checks: the program itself keeps a running run and refuses a
+    claim that does not name the account."""
+    from psyche_solana.rpc import ProgramError
+    from psyche_solana.runs import find_run
+
+    owner_path, owner = _wallet(tmp_path, "owner", localnet)
+    for run_id in ("free-a", "free-b"):
+        assert _cli(localnet, owner_path, "create-run", "-r", run_id, "-c", "v1").exit_code == 0
+    assert _cli(localnet, owner_path, "update-config", "-r", "free-a", "--config-path",
+                str(STATE)).exit_code == 0
+    assert _cli(localnet, owner_path, "set-paused", "-r", "free-a", "--resume").exit_code == 0
+
+    async def attempts() -> list[str]:
+        names = []
+        async with SolanaRpc([localnet.url]) as rpc:
+            a, b = await find_run(rpc, "free-a"), await find_run(rpc, "free-b")
+            for instruction in (
+                    ix.free_coordinator(a.address, owner.pubkey(), "free-a", owner.pubkey()),
+                    ix.free_coordinator(b.address, owner.pubkey(), "free-a", owner.pubkey())):
+                with pytest.raises(ProgramError) as caught:
+                    await rpc.send_instructions([instruction], owner)
+                names.append(caught.value.name)
+            assert await rpc.account_data(a.address) and await rpc.account_data(b.instance)
+        return names
+
+    assert asyncio.run(attempts()) == ["NotHalted", "WrongAccount"]
+
+
+def test_checkpoint_sets_a_paused_runs_hub_checkpoint(localnet, tmp_path):
+    from coordinator.config import HubCheckpoint
+    from psyche_solana.runs import find_run
+
+    owner_path, _ = _wallet(tmp_path, "owner", localnet)
+    intruder_path, _ = _wallet(tmp_path, "intruder", localnet)
+    assert _cli(localnet, owner_path, "create-run", "-r", "ckpt", "-c", "v1").exit_code == 0
+    assert _cli(localnet, owner_path, "update-config", "-r", "ckpt", "--config-path",
+                str(STATE)).exit_code == 0
+
+    set_ = _cli(localnet, owner_path, "checkpoint", "-r", "ckpt", "--repo", "org/model",
+                "--revision", "abc123")
+    assert set_.exit_code == 0, set_.output
+
+    async def state():
+        async with SolanaRpc([localnet.url]) as rpc:
+            return (await find_run(rpc, "ckpt")).account.state
+
+    before = asyncio.run(state())
+    assert before.model.checkpoint == HubCheckpoint(repo_id="org/model", revision="abc123")
+    refused = _cli(localnet, intruder_path, "checkpoint", "-r", "ckpt", "--repo", "evil/model")
+    assert refused.exit_code == 1 and "NotMainAuthority" in refused.output
+    too_long = _cli(localnet, owner_path, "checkpoint", "-r", "ckpt", "--repo", "x" * 65)
+    assert too_long.exit_code == 2 and "1 to 64 bytes" in too_long.output
+    assert _cli(localnet, owner_path, "set-paused", "-r", "ckpt", "--resume").exit_code == 0
+    running = _cli(localnet, owner_path, "checkpoint", "-r", "ckpt", "--repo", "org/other")
+    assert running.exit_code == 1 and "sets the checkpoint of a paused run" in running.output
+    after = asyncio.run(state())
+    assert after.model == before.model  # the rest of the model is untouched

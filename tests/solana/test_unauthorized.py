@@ -208,6 +208,10 @@ CASES: list[tuple[str, str, Build]] = [
      _as("intruder", lambda w: ix.set_paused(w.paused.address, _me(w), False))),
     ("set-future-epoch-rates", "NotMainAuthority",
      _as("intruder", lambda w: ix.set_future_epoch_rates(w.run.address, _me(w), 10**9, 0))),
+    ("free-coordinator", "NotMainAuthority",
+     _as("intruder", lambda w: ix.free_coordinator(w.paused.address, _me(w), "paused-run", _me(w)))),
+    ("free-coordinator-running", "NotHalted", _as("run.authority", lambda w: ix.free_coordinator(
+        w.run.address, w.run.authority.pubkey(), "guarded-run", w.run.authority.pubkey()))),
     ("authority-listed-not-signing", "MissingSignature", _as("svm.payer", lambda w: _unsigned(
         ix.set_paused(w.run.address, w.run.authority.pubkey(), True), w.run.authority.pubkey()))),
     ("treasury-authority-direct", "NotMainAuthority", _as("treasury.authority", lambda w: ix.set_paused(

@@ -1,0 +1,89 @@
+"""The Solana subcommands at the two ends of a run's life beyond create/pause: close a
+halted run (Psyche's close-run, the coordinator's free_coordinator) and set the
+checkpoint a paused run restarts from (Psyche's checkpoint, as its authority)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from run_manager.commands.solana_common import (
+    EXIT_BAD_ARGUMENT,
+    LOCALNET_URL,
+    Rpc,
+    Rpc2,
+    RunId,
+    TreasurerIndex,
+    Wallet,
+    _fail,
+    _keypair,
+    _run,
+)
+
+
+def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+              treasurer_index: TreasurerIndex = None) -> None:
+    """Close a paused, finished or never started run; its rent goes back to the wallet."""
+    from psyche_solana import instructions as ix
+    from psyche_solana.runs import find_run
+
+    authority = _keypair(wallet)
+
+    async def work(client: Any) -> int:
+        run = await find_run(client, run_id, treasurer_index)
+        if run.treasurer is not None:
+            # its authority is the treasurer's Run PDA, and the treasurer program
+            # forwards only update, set_paused and set_future_epoch_rates
+            raise _fail(f"run {run_id!r} is a treasurer run: the treasurer program cannot "
+                        "close it (its reward vault stays claimable)")
+        if run.account.run_state.name not in ("Uninitialized", "Paused", "Finished"):
+            raise _fail(f"run {run_id!r} is {run.account.run_state.name}: pause it first "
+                        "(set-paused) and wait for Paused")
+        before = await client.balance(authority.pubkey())
+        await client.send_instructions([ix.free_coordinator(
+            run.address, authority.pubkey(), run_id, authority.pubkey())], authority)
+        return await client.balance(authority.pubkey()) - before
+
+    refund = _run(rpc, rpc_2, work)
+    typer.echo(f"closed run {run_id!r}: {refund / 1e9:.9f} SOL of rent (less the fee) back "
+               "to the wallet; the run id is free again")
+
+
+def checkpoint(run_id: RunId,
+               repo: Annotated[str, typer.Option(help="Hugging Face repository of the model.")],
+               revision: Annotated[str | None, typer.Option(
+                   help="Its revision (commit, branch or tag).")] = None,
+               wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+               treasurer_index: TreasurerIndex = None) -> None:
+    """As the authority, set the Hub checkpoint a paused run restarts from."""
+    from coordinator.config import HubCheckpoint
+    from psyche_solana import instructions as ix
+    from psyche_solana.runs import admin, find_run
+    from run_manager.commands.solana_runs import _authority_of
+
+    if not repo or len(repo.encode()) > 64 or (revision is not None and
+                                                 not 0 < len(revision.encode()) <= 64):
+        raise _fail("--repo and --revision are 1 to 64 bytes each", EXIT_BAD_ARGUMENT)
+    authority = _keypair(wallet)
+
+    async def work(client: Any) -> None:
+        run = await find_run(client, run_id, treasurer_index)
+        state = run.account.state
+        if run.account.run_state.name not in ("Uninitialized", "Paused"):
+            # the coordinator accepts a client's report only from a client of the epoch,
+            # and only a new revision of the run's own repository (the client sends it)
+            raise _fail(f"run {run_id!r} is {run.account.run_state.name}: its authority sets "
+                        "the checkpoint of a paused run (set-paused first); during an epoch "
+                        "the run's clients report theirs")
+        if state is None:
+            raise _fail(f"run {run_id!r} has no model yet: update-config --config-path first",
+                        EXIT_BAD_ARGUMENT)
+        model = state.model.model_copy(update={
+            "checkpoint": HubCheckpoint(repo_id=repo, revision=revision)})
+        # the model head carries the checkpoint; the rest of the model is unchanged
+        await admin(client, run, authority,
+                    ix.update_model(run.address, _authority_of(run, authority), model)[:1])
+
+    _run(rpc, rpc_2, work)
+    typer.echo(f"run {run_id!r} restarts from Hub {repo}" + (f" @ {revision}" if revision else ""))
