@@ -95,8 +95,13 @@ class LocalValidator:
                 return handler(*params)
             finally:
                 if method in WRITING_METHODS:
-                    for callback in self.on_write:
-                        callback()
+                    self.written()
+
+    def written(self) -> None:
+        """Tell the `on_write` callbacks that accounts may have changed; the caller holds
+        the lock (a test that edits accounts in the SVM directly calls this too)."""
+        for callback in self.on_write:
+            callback()
 
     def _context(self, value: Any) -> dict[str, Any]:
         return {"context": {"slot": self.engine.slot, "apiVersion": "2.2.0"}, "value": value}

@@ -1,20 +1,24 @@
 """The client's Solana backend: the same interface as `TcpBackend`, over our programs.
 
-    backend = SolanaBackend(SolanaBackendOptions(rpc=[RPC, RPC_2], wallet=keypair,
-                            run_id=..., p2p_address=node.address.to_string()))
+    backend = SolanaBackend(SolanaBackendOptions(rpc=[RPC, RPC_2], ws_rpc=[WS_RPC, WS_RPC_2],
+                            wallet=keypair, run_id=..., p2p_address=node.address.to_string()))
     await backend.run(on_state, on_error, stop)   # delivers ServerState(state, p2p, time)
     await backend.send(WitnessSubmit(...))        # -> a witness transaction
 
-What it does, every `poll_interval_s`:
-- watches the coordinator account (its nonce, then the whole account when it changed)
-  and delivers the decoded `CoordinatorState` with the P2P addresses of the run's
+What it does:
+- follows the coordinator account over Solana's PubSub WebSocket (`accountSubscribe`,
+  psyche_solana.subscription: WS_RPC, then WS_RPC_2; slow JSON-RPC polling while none
+  answers) and delivers each new `CoordinatorState` with the P2P addresses of the run's
   clients (read from the coordinator's p2p-address directory);
 - joins: when this key's registry entry is not pending for the next epoch, it sends
   join_run (with the first valid authorization: AUTHORIZER's, its own, or the
   permissionless one); no valid authorization is fatal (`BackendRejected`);
-- ticks: it runs the coordinator's `tick` locally on a copy of the state; when that would
-  change the phase or step, it sends a tick transaction (with probability
-  min(1, 2 / clients), like Psyche, and at most one per `min_tick_interval_s`).
+- ticks: every `check_interval_s` (and at each state change) it runs the coordinator's
+  `tick` locally on a copy of the state, without any RPC call. When that would change the
+  phase or step, the tick is due: the client waits a random delay in [0, tick_backoff_s]
+  and sends the tick transaction only if the state has not advanced meanwhile (another
+  client's tick landed first), and at most one per `min_tick_interval_s`. So of N clients
+  about one sends each due tick.
 `send` maps the TCP protocol's messages to transactions: WarmupWitness, WitnessSubmit,
 HealthCheck (one transaction per entry), CheckpointReport, VerificationReportMessage (a
 verification_report signed by this key, the reporter); Withdraw has no on-chain form
@@ -63,6 +67,7 @@ from psyche_solana.rpc import (
     multiple_account_data,
 )
 from psyche_solana.runs import RunNotFound, find_run, read_authorization
+from psyche_solana.subscription import AccountSubscription, ws_urls_for
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +80,11 @@ class SolanaBackendOptions:
     p2p_address: str
     client_version: str = ""
     authorizer: Pubkey | None = None   # AUTHORIZER: join as a delegate of this grantee
-    poll_interval_s: float = 0.25
+    # WS_RPC, WS_RPC_2: PubSub endpoints beside rpc; a missing one is derived from its RPC
+    ws_rpc: Sequence[str | None] = ()
+    check_interval_s: float = 0.25     # local join / tick checks (no RPC call)
+    fallback_poll_s: float = 1.0       # JSON-RPC polling while no WebSocket answers
+    tick_backoff_s: float = 0.5        # a due tick waits a random delay up to this
     min_tick_interval_s: float = 0.5
     find_run_timeout_s: float = 120.0
     rng: random.Random = field(default_factory=random.Random)
@@ -94,6 +103,11 @@ class SolanaBackend:
         self._on_error: ErrorCallback | None = None
         self._joined_for: int | None = None
         self._last_tick = 0.0
+        self.subscription: AccountSubscription | None = None
+        self._state_changed = asyncio.Event()
+        # (nonce of the state the tick is due in, monotonic time to send it at)
+        self._tick_due: tuple[int, float] | None = None
+        self.ticks_sent = 0
 
     # ---------------------------------------------------------------- setup
     async def _find(self, stop: asyncio.Event) -> Pubkey:
@@ -145,24 +159,49 @@ class SolanaBackend:
             await self._transact([ix.set_p2p_address(self.address, self.options.wallet.pubkey(),
                                                      self.options.p2p_address)])
             self.connected.set()
-            last_nonce: bytes | None = None
-            while not stop.is_set():
-                try:
-                    nonce = await self.rpc.account_data(self.address, NONCE_SLICE)
-                    if nonce != last_nonce:
-                        data = await self.rpc.account_data(self.address)
-                        if data is not None:
-                            last_nonce = data[16:24]
-                            await self._deliver(data, on_state)
-                    await self._maybe_join()
-                    await self._maybe_tick()
-                except (RpcError, AccountDecodeError) as exc:
-                    log.warning("solana backend: %s", exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.options.poll_interval_s)
+            self.subscription = AccountSubscription(
+                self.rpc, ws_urls_for(self.options.rpc, self.options.ws_rpc), self.address,
+                fallback_poll_s=self.options.fallback_poll_s, poll_slice=NONCE_SLICE)
+            follower = asyncio.create_task(self._follow(self.subscription, on_state))
+            try:
+                while not stop.is_set() and not follower.done():
+                    try:
+                        await self._maybe_join()
+                        await self._maybe_tick()
+                    except (RpcError, AccountDecodeError) as exc:
+                        log.warning("solana backend: %s", exc)
+                    await self._wait(stop)
+                if follower.done():
+                    follower.result()  # its failure is this backend's
+            finally:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
         finally:
             self.connected.clear()
             await self.rpc.close()
+
+    async def _follow(self, subscription: AccountSubscription, on_state: StateCallback) -> None:
+        async for data in subscription.changes():
+            try:
+                await self._deliver(data, on_state)
+            except (RpcError, AccountDecodeError) as exc:
+                log.warning("solana backend: %s", exc)
+            self._state_changed.set()
+
+    async def _wait(self, stop: asyncio.Event) -> None:
+        """Until the next check: a state change, the due tick's moment, or check_interval_s."""
+        timeout = self.options.check_interval_s
+        if self._tick_due is not None:
+            timeout = max(0.0, min(timeout, self._tick_due[1] - time.monotonic()))
+        waits = [asyncio.ensure_future(stop.wait()),
+                 asyncio.ensure_future(self._state_changed.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        self._state_changed.clear()
 
     async def _deliver(self, data: bytes, on_state: StateCallback) -> None:
         account = decode_coordinator(data)
@@ -214,18 +253,24 @@ class SolanaBackend:
                 or after.progress.epoch != state.progress.epoch)
 
     async def _maybe_tick(self) -> None:
+        """Send the due tick after a random delay, unless the state advanced meanwhile:
+        then another client's tick landed, and the new state is judged afresh."""
         account = self.account
         if account is None or self.address is None:
             return
-        now = time.monotonic()
-        if now - self._last_tick < self.options.min_tick_interval_s:
-            return
         if not self.tick_would_change(account, int(time.time())):
+            self._tick_due = None
             return
-        clients = max(1, len(account.state.epoch_state.clients) if account.state else 1)
-        if self.options.rng.random() > min(1.0, 2 / clients):
+        now = time.monotonic()
+        if self._tick_due is None or self._tick_due[0] != account.nonce:
+            delay = self.options.rng.uniform(0.0, self.options.tick_backoff_s)
+            self._tick_due = (account.nonce, now + delay)
+            return
+        if now < self._tick_due[1] or now - self._last_tick < self.options.min_tick_interval_s:
             return
         self._last_tick = now
+        self._tick_due = None
+        self.ticks_sent += 1
         await self._transact([ix.tick(self.address)])
 
     # ---------------------------------------------------------------- messages

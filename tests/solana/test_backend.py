@@ -72,7 +72,7 @@ async def test_the_backend_joins_delivers_state_and_maps_messages(net):
 
     backend = SolanaBackend(SolanaBackendOptions(
         rpc=[net.url], wallet=wallet, run_id="open-run", p2p_address=f"{bytes(wallet.pubkey()).hex()}@127.0.0.1:1",
-        poll_interval_s=0.05))
+        ws_rpc=[net.ws_url], check_interval_s=0.05))
     task = asyncio.create_task(backend.run(on_state, errors.append, stop))
     for _ in range(200):
         if backend.account is not None and backend.account.pending == [wallet.pubkey()]:
@@ -105,7 +105,7 @@ async def test_a_corrupt_account_does_not_stop_the_watcher(net):
 
     stop = asyncio.Event()
     backend = SolanaBackend(SolanaBackendOptions(rpc=[net.url], wallet=wallet, run_id="corrupt-run",
-                                                 p2p_address="x", poll_interval_s=0.05))
+                                                 p2p_address="x", ws_rpc=[net.ws_url], check_interval_s=0.05))
     task = asyncio.create_task(backend.run(on_state, lambda e: None, stop))
     for _ in range(100):
         if states:
@@ -119,6 +119,7 @@ async def test_a_corrupt_account_does_not_stop_the_watcher(net):
         broken[16] ^= 0xFF  # and a new nonce, so the watcher reads it
         engine.set_account(run.address, Account(good.lamports, bytes(broken), good.owner,
                                                 good.executable, good.rent_epoch))
+        net.validator.written()  # subscribers are told, as after a transaction
     delivered = len(states)
     await asyncio.sleep(0.4)
     assert not task.done() and len(states) == delivered  # logged, skipped, still watching
@@ -127,6 +128,7 @@ async def test_a_corrupt_account_does_not_stop_the_watcher(net):
         repaired[16] ^= 0x0F
         engine.set_account(run.address, Account(good.lamports, bytes(repaired), good.owner,
                                                 good.executable, good.rent_epoch))
+        net.validator.written()
     for _ in range(100):
         if len(states) > delivered:
             break
