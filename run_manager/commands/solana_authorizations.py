@@ -11,6 +11,7 @@ from run_manager.commands.solana_common import (
     EXIT_BAD_ARGUMENT,
     EXIT_FAILED,
     LOCALNET_URL,
+    ProgramId,
     Rpc,
     Rpc2,
     RunId,
@@ -23,6 +24,7 @@ from run_manager.commands.solana_common import (
 
 
 def join_authorization_create(wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                              program_id: ProgramId = None,
                               authorizer: Annotated[str | None, typer.Option(
                                   help="The grantee key.")] = None,
                               permissionless: Annotated[bool, typer.Option(
@@ -57,13 +59,14 @@ def join_authorization_create(wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rp
                 raise already(True) from None
             raise
 
-    address = _run(rpc, rpc_2, work)
+    address = _run(rpc, rpc_2, program_id, work)
     typer.echo(f"authorization {address}: grantor {grantor.pubkey()} grantee {grantee}")
 
 
 def join_authorization_read(join_authority: Annotated[str, typer.Option(
                                 help="The grantor (the run's join authority).")],
                             rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                            program_id: ProgramId = None,
                             authorizer: Annotated[str | None, typer.Option(
                                 help="The grantee key (default: the permissionless "
                                      "one, 1111...1).")] = None) -> None:
@@ -75,7 +78,7 @@ def join_authorization_read(join_authority: Annotated[str, typer.Option(
 
     grantor = _pubkey(join_authority, "--join-authority")
     grantee = _pubkey(authorizer, "--authorizer") if authorizer else Pubkey.default()
-    found = _run(rpc, rpc_2, lambda c: read_authorization(c, grantor, grantee))
+    found = _run(rpc, rpc_2, program_id, lambda c: read_authorization(c, grantor, grantee))
     if found is None:
         raise _fail(f"no authorization from {grantor} for {grantee}")
     typer.echo(json.dumps({
@@ -89,6 +92,7 @@ def join_authorization_read(join_authority: Annotated[str, typer.Option(
 
 def join_authorization_delegate(join_authority: Annotated[str, typer.Option()],
                                 wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                                program_id: ProgramId = None,
                                 delegates_clear: Annotated[bool, typer.Option()] = False,
                                 delegates_added: Annotated[list[str] | None, typer.Option()] = None) -> None:
     """As a grantee, let other keys (e.g. each machine's) join on your authorization."""
@@ -102,7 +106,7 @@ def join_authorization_delegate(join_authority: Annotated[str, typer.Option()],
         await client.send_instructions([ix.authorization_grantee_update(
             grantee.pubkey(), address, delegates_clear, added)], grantee)
 
-    _run(rpc, rpc_2, work)
+    _run(rpc, rpc_2, program_id, work)
     typer.echo(f"authorization {address}: {len(added)} delegate(s) added"
                + (" after clearing" if delegates_clear else ""))
 
@@ -110,7 +114,8 @@ def join_authorization_delegate(join_authority: Annotated[str, typer.Option()],
 def join_authorization_delete(authorizer: Annotated[str, typer.Option(
                                   help="The grantee key (11111111111111111111111111111111 "
                                        "for a permissionless one).")],
-                              wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None) -> None:
+                              wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                              program_id: ProgramId = None) -> None:
     """Deactivate and close an authorization you granted (rent back to the wallet)."""
     from psyche_solana import instructions as ix
 
@@ -122,12 +127,13 @@ def join_authorization_delete(authorizer: Annotated[str, typer.Option(
             ix.authorization_grantor_update(grantor.pubkey(), address, False),
             ix.authorization_close(grantor.pubkey(), address, grantor.pubkey())], grantor)
 
-    _run(rpc, rpc_2, work)
+    _run(rpc, rpc_2, program_id, work)
     typer.echo(f"authorization {address} deleted")
 
 
 def can_join(run_id: RunId, address: Annotated[str, typer.Option()],
-             rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, authorizer: Annotated[str | None, typer.Option()] = None) -> None:
+             rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+             program_id: ProgramId = None, authorizer: Annotated[str | None, typer.Option()] = None) -> None:
     """Whether an address may join a run; exits 1 if not."""
     from psyche_solana.runs import can_join as check
     from psyche_solana.runs import find_run
@@ -138,7 +144,7 @@ def can_join(run_id: RunId, address: Annotated[str, typer.Option()],
     async def work(client: Any) -> tuple[bool, str]:
         return await check(client, await find_run(client, run_id), user, grantee)
 
-    allowed, reason = _run(rpc, rpc_2, work)
+    allowed, reason = _run(rpc, rpc_2, program_id, work)
     typer.echo(f"{'yes' if allowed else 'no'}: {reason}")
     if not allowed:
         raise typer.Exit(EXIT_FAILED)

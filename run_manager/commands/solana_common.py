@@ -18,9 +18,13 @@ EXIT_FAILED = 1
 EXIT_BAD_ARGUMENT = 2
 T = TypeVar("T")
 
+PROGRAM_ID_VARIABLE = "PSYCHE_COORDINATOR_PROGRAM_ID"
 LOCALNET_URL = "http://127.0.0.1:8899"  # psyche-localnet's default address
 Rpc = Annotated[str, typer.Option("--rpc", envvar="RPC", help="Solana JSON-RPC URL.")]
 Rpc2 = Annotated[str | None, typer.Option("--rpc-2", envvar="RPC_2", help="Fallback RPC URL.")]
+ProgramId = Annotated[str | None, typer.Option(
+    "--coordinator-program-id", envvar="PSYCHE_COORDINATOR_PROGRAM_ID",
+    help="The coordinator program (default: ours).")]
 RunId = Annotated[str, typer.Option("--run-id", "-r", envvar="RUN_ID", help="The run id.")]
 Wallet = Annotated[Path | None, typer.Option(
     "--wallet-private-key-path", "-w", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
@@ -66,17 +70,58 @@ def _pubkey(text: str, what: str) -> Any:
         raise _fail(f"{what} is not a base-58 public key: {text!r}", EXIT_BAD_ARGUMENT) from None
 
 
-def _run(rpc: str, rpc_2: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
-    """Run `work(SolanaRpc)`, turning every failure into a clear message."""
+def parse_amount(text: str, decimals: int, what: str) -> int:
+    """`text` in units with `decimals` decimal places (Psyche's UI amounts, e.g. 1.5 of a
+    6-decimal token) as the integer base units stored on chain; a bad value is a one-line
+    error (exit 2)."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise _fail(f"{what}: not a number: {text!r}", EXIT_BAD_ARGUMENT) from None
+    if not value.is_finite() or value < 0:
+        raise _fail(f"{what}: must be a finite number >= 0, got {text!r}", EXIT_BAD_ARGUMENT)
+    scaled = value.scaleb(decimals)
+    if scaled != scaled.to_integral_value():
+        unit = f"{decimals} decimal places" if decimals else "whole numbers"
+        raise _fail(f"{what}: {text} has more precision than the amount allows ({unit})",
+                    EXIT_BAD_ARGUMENT)
+    if scaled > 2**64 - 1:
+        raise _fail(f"{what}: {text} is too large (at most {Decimal(2**64 - 1).scaleb(-decimals)})",
+                    EXIT_BAD_ARGUMENT)
+    return int(scaled)
+
+
+def _run(rpc: str, rpc_2: str | None, program_id: str | None,
+         work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run `work(SolanaRpc)` against `program_id` (None: ours), turning every failure
+    into a clear message."""
     from psyche_solana.accounts import AccountDecodeError
+    from psyche_solana.ids import program_id as cached_program_id
     from psyche_solana.rpc import RpcError, SolanaRpc
     from psyche_solana.runs import RunNotFound
+
+    if program_id is not None:
+        _pubkey(program_id, "--coordinator-program-id")
 
     async def main() -> T:
         async with SolanaRpc([rpc, rpc_2]) as client:
             return await work(client)
 
+    # psyche_solana.ids reads the override from the environment and caches it; put both
+    # back afterwards so that one command never changes the program of the next (tests)
+    before = os.environ.get(PROGRAM_ID_VARIABLE)
+    if program_id is not None:
+        os.environ[PROGRAM_ID_VARIABLE] = program_id
+    cached_program_id.cache_clear()
     try:
         return asyncio.run(main())
     except (RpcError, RunNotFound, AccountDecodeError, ValueError) as error:
         raise _fail(str(error)) from None
+    finally:
+        if before is None:
+            os.environ.pop(PROGRAM_ID_VARIABLE, None)
+        else:
+            os.environ[PROGRAM_ID_VARIABLE] = before
+        cached_program_id.cache_clear()

@@ -11,6 +11,7 @@ import typer
 from run_manager.commands.solana_common import (
     EXIT_BAD_ARGUMENT,
     LOCALNET_URL,
+    ProgramId,
     Rpc,
     Rpc2,
     RunId,
@@ -23,6 +24,7 @@ from run_manager.commands.solana_common import (
 
 
 def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+              program_id: ProgramId = None,
               treasurer_index: TreasurerIndex = None) -> None:
     """Close a paused, finished or never started run; its rent goes back to the wallet."""
     from psyche_solana import instructions as ix
@@ -45,7 +47,7 @@ def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc
             run.address, authority.pubkey(), run_id, authority.pubkey())], authority)
         return await client.balance(authority.pubkey()) - before
 
-    refund = _run(rpc, rpc_2, work)
+    refund = _run(rpc, rpc_2, program_id, work)
     typer.echo(f"closed run {run_id!r}: {refund / 1e9:.9f} SOL of rent (less the fee) back "
                "to the wallet; the run id is free again")
 
@@ -55,6 +57,7 @@ def checkpoint(run_id: RunId,
                revision: Annotated[str | None, typer.Option(
                    help="Its revision (commit, branch or tag).")] = None,
                wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+               program_id: ProgramId = None,
                treasurer_index: TreasurerIndex = None) -> None:
     """As the authority, set the Hub checkpoint a paused run restarts from."""
     from coordinator.config import HubCheckpoint
@@ -85,5 +88,5 @@ def checkpoint(run_id: RunId,
         await admin(client, run, authority,
                     ix.update_model(run.address, _authority_of(run, authority), model)[:1])
 
-    _run(rpc, rpc_2, work)
+    _run(rpc, rpc_2, program_id, work)
     typer.echo(f"run {run_id!r} restarts from Hub {repo}" + (f" @ {revision}" if revision else ""))

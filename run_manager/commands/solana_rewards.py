@@ -8,6 +8,7 @@ import typer
 
 from run_manager.commands.solana_common import (
     LOCALNET_URL,
+    ProgramId,
     Rpc,
     Rpc2,
     RunId,
@@ -15,13 +16,16 @@ from run_manager.commands.solana_common import (
     Wallet,
     _keypair,
     _run,
+    parse_amount,
 )
 
 
 def treasurer_top_up_rewards(run_id: RunId,
-                             collateral_amount: Annotated[float, typer.Option(
-                                 help="In token units (scaled by the mint's decimals).")],
+                             collateral_amount: Annotated[str, typer.Option(
+                                 help="In token units, e.g. 1.5 (scaled by the mint's "
+                                      "decimals).")],
                              wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                             program_id: ProgramId = None,
                              treasurer_index: TreasurerIndex = None) -> None:
     """Add reward tokens to a treasurer run's vault."""
     from psyche_solana.runs import find_run, mint_decimals, top_up
@@ -33,13 +37,15 @@ def treasurer_top_up_rewards(run_id: RunId,
         if run.treasurer is None:
             raise ValueError(f"run {run_id!r} has no treasurer")
         decimals = await mint_decimals(client, run.treasurer.collateral_mint)
-        return await top_up(client, run, payer, round(collateral_amount * 10**decimals))
+        return await top_up(client, run, payer,
+                            parse_amount(collateral_amount, decimals, "--collateral-amount"))
 
-    amount = _run(rpc, rpc_2, work)
+    amount = _run(rpc, rpc_2, program_id, work)
     typer.echo(f"topped up {run_id!r} with {amount} base units")
 
 
 def treasurer_claim_rewards(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                            program_id: ProgramId = None,
                             treasurer_index: TreasurerIndex = None,
                             points: Annotated[int | None, typer.Option(
                                 help="Default: every unclaimed point.")] = None) -> None:
@@ -51,5 +57,5 @@ def treasurer_claim_rewards(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOC
     async def work(client: Any) -> int:
         return await claim(client, await find_run(client, run_id, treasurer_index), user, points)
 
-    amount = _run(rpc, rpc_2, work)
+    amount = _run(rpc, rpc_2, program_id, work)
     typer.echo(f"claimed {amount} points = {amount} base units")

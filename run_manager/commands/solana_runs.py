@@ -14,6 +14,7 @@ import typer
 from run_manager.commands.solana_common import (
     EXIT_BAD_ARGUMENT,
     LOCALNET_URL,
+    ProgramId,
     Rpc,
     Rpc2,
     RunId,
@@ -23,7 +24,13 @@ from run_manager.commands.solana_common import (
     _keypair,
     _pubkey,
     _run,
+    parse_amount,
 )
+
+# Psyche's RunMetadata flags: accepted by name, refused (our program has no metadata)
+_NO_METADATA = "Refused: our program stores no run metadata."
+MetadataText = Annotated[str | None, typer.Option(help=_NO_METADATA)]
+MetadataNumber = Annotated[int | None, typer.Option(help=_NO_METADATA)]
 
 
 def _find(run_id: str, index: int | None) -> Callable[[Any], Awaitable[Any]]:
@@ -36,7 +43,8 @@ def create_run(run_id: RunId,
                client_version: Annotated[str, typer.Option(
                    "--client-version", "-c",
                    help="The client image version run-managers start for this run.")],
-               wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None,
+               wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+               program_id: ProgramId = None, treasurer_index: TreasurerIndex = None,
                treasurer_collateral_mint: Annotated[str | None, typer.Option(
                    help="Reward token mint: creates the run through the treasurer.")] = None,
                join_authority: Annotated[str | None, typer.Option(
@@ -48,12 +56,13 @@ def create_run(run_id: RunId,
     mint = _pubkey(treasurer_collateral_mint, "--treasurer-collateral-mint") \
         if treasurer_collateral_mint else None
     join = _pubkey(join_authority, "--join-authority") if join_authority else None
-    address = _run(rpc, rpc_2, lambda c: create(c, payer, run_id, client_version, join,
+    address = _run(rpc, rpc_2, program_id, lambda c: create(c, payer, run_id, client_version, join,
                                                  treasurer_index, mint))
     typer.echo(f"created run {run_id!r}: coordinator account {address}")
 
 
 def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                  program_id: ProgramId = None,
                   treasurer_index: TreasurerIndex = None,
                   config_path: Annotated[Path | None, typer.Option(
                       help="TOML with [config] and [model.LLM] (a state.toml or Psyche's "
@@ -68,6 +77,8 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
                       envvar="SWITCH_TO_HUB",
                       help="A P2P or Dummy checkpoint becomes the Hub one of the same "
                            "repository: the next epoch loads the stored model.")] = False,
+                  name: MetadataText = None, description: MetadataText = None,
+                  num_parameters: MetadataNumber = None, vocab_size: MetadataNumber = None,
                   ) -> None:
     """Set a paused run's config and model (from a TOML file), client version, step
     (--restart-from-step) and checkpoint source (--switch-to-hub)."""
@@ -76,6 +87,11 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
     from psyche_solana.runs import admin, find_run
     from run_manager.commands.solana_config import load_run_config
 
+    metadata = {"--name": name, "--description": description,
+                "--num-parameters": num_parameters, "--vocab-size": vocab_size}
+    if given := [flag for flag, value in metadata.items() if value is not None]:
+        raise _fail(f"{', '.join(given)}: our coordinator program stores no run metadata "
+                    "(Psyche's RunMetadata): nothing was updated", EXIT_BAD_ARGUMENT)
     authority = _keypair(wallet)
     try:
         update = load_run_config(config_path, run_id, client_version) if config_path else None
@@ -118,7 +134,7 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
             instructions.append(ix.update_client_version(run.address, signer, client_version))
         await admin(client, run, authority, instructions)
 
-    _run(rpc, rpc_2, work)
+    _run(rpc, rpc_2, program_id, work)
     typer.echo(f"updated run {run_id!r}")
 
 
@@ -142,6 +158,7 @@ def _authority_of(run: Any, authority: Any) -> Any:
 
 
 def set_paused(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+               program_id: ProgramId = None,
                treasurer_index: TreasurerIndex = None,
                resume: Annotated[bool, typer.Option("--resume", help="Resume instead.")] = False) -> None:
     """Pause a run (after the current epoch if one is running), or resume it."""
@@ -155,41 +172,60 @@ def set_paused(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rp
         await admin(client, run, authority, [
             ix.set_paused(run.address, _authority_of(run, authority), not resume)])
 
-    _run(rpc, rpc_2, work)
+    _run(rpc, rpc_2, program_id, work)
     typer.echo(f"run {run_id!r} {'resumed' if resume else 'paused'}")
 
 
-def set_future_epoch_rates(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+def set_future_epoch_rates(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
+                           rpc_2: Rpc2 = None, program_id: ProgramId = None,
                            treasurer_index: TreasurerIndex = None,
-                           earning_rate_total_shared: Annotated[int | None, typer.Option()] = None,
-                           slashing_rate_per_client: Annotated[int | None, typer.Option()] = None) -> None:
+                           earning_rate_total_shared: Annotated[str | None, typer.Option(
+                               help="Shared by the epoch's clients: reward tokens (e.g. "
+                                    "1.5) on a treasurer run, else whole points.")] = None,
+                           slashing_rate_per_client: Annotated[str | None, typer.Option(
+                               help="Taken from each ejected client, same unit.")] = None,
+                           ) -> None:
     """Set the points shared per epoch (and slashing) from the next epoch on."""
     from psyche_solana import instructions as ix
-    from psyche_solana.runs import admin, find_run
+    from psyche_solana.runs import admin, find_run, mint_decimals
 
+    if earning_rate_total_shared is None and slashing_rate_per_client is None:
+        raise _fail("nothing to set: give --earning-rate-total-shared and/or "
+                    "--slashing-rate-per-client", EXIT_BAD_ARGUMENT)
     authority = _keypair(wallet)
 
-    async def work(client: Any) -> None:
+    async def work(client: Any) -> tuple[int | None, int | None]:
         run = await find_run(client, run_id, treasurer_index)
+        # 1 point pays 1 base unit of the reward token: amounts are in token units, as
+        # Psyche's, on a treasurer run; a run without one counts bare points
+        decimals = (await mint_decimals(client, run.treasurer.collateral_mint)
+                    if run.treasurer is not None else 0)
+        earning, slashing = (
+            None if text is None else parse_amount(text, decimals, flag)
+            for text, flag in ((earning_rate_total_shared, "--earning-rate-total-shared"),
+                               (slashing_rate_per_client, "--slashing-rate-per-client")))
         await admin(client, run, authority, [ix.set_future_epoch_rates(
-            run.address, _authority_of(run, authority), earning_rate_total_shared,
-            slashing_rate_per_client)])
+            run.address, _authority_of(run, authority), earning, slashing)])
+        return earning, slashing
 
-    _run(rpc, rpc_2, work)
-    typer.echo(f"future epoch rates of {run_id!r} set")
+    earning, slashing = _run(rpc, rpc_2, program_id, work)
+    typer.echo(f"future epoch rates of {run_id!r} set (points per epoch: earning {earning}, "
+               f"slashing {slashing})")
 
 
 def json_dump_run(run_id: RunId, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                  program_id: ProgramId = None,
                   treasurer_index: TreasurerIndex = None) -> None:
     """Print a run's on-chain state as JSON."""
     from psyche_solana.dump import run_json
 
-    run = _run(rpc, rpc_2, _find(run_id, treasurer_index))
+    run = _run(rpc, rpc_2, program_id, _find(run_id, treasurer_index))
     typer.echo(json.dumps(run_json(run), indent=2))
 
 
 def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
-                   rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None, treasurer_index: TreasurerIndex = None) -> None:
+                   rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+                   program_id: ProgramId = None, treasurer_index: TreasurerIndex = None) -> None:
     """Print one user's state in a run as JSON."""
     from psyche_solana import instructions as ix
     from psyche_solana.accounts import decode_participant
@@ -207,14 +243,15 @@ def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
             participant = decode_participant(data) if data else None
         return user_json(run, user, await client.balance(user), participant)
 
-    typer.echo(json.dumps(_run(rpc, rpc_2, work), indent=2))
+    typer.echo(json.dumps(_run(rpc, rpc_2, program_id, work), indent=2))
 
 
-def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None) -> None:
+def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+              program_id: ProgramId = None) -> None:
     """List the runs of the coordinator program."""
     from psyche_solana.runs import list_runs as runs
 
-    found = _run(rpc, rpc_2, runs)
+    found = _run(rpc, rpc_2, program_id, runs)
     for address, account in found:
         step = account.state.progress.step if account.state else "-"
         typer.echo(f"{account.run_id:<32} {account.run_state.name:<18} step {step:<6} "
@@ -224,6 +261,7 @@ def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None) -> None:
 
 
 def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
+         program_id: ProgramId = None,
          ms_interval: Annotated[int, typer.Option()] = 1000,
          count: Annotated[int | None, typer.Option(help="Default: until Ctrl+C.")] = None) -> None:
     """Tick a run's coordinator periodically (anyone may)."""
@@ -245,4 +283,4 @@ def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: R
             await asyncio.sleep(max(0.0, started + sent * ms_interval / 1000 - time.monotonic()))
         return sent
 
-    typer.echo(f"sent {_run(rpc, rpc_2, work)} ticks")
+    typer.echo(f"sent {_run(rpc, rpc_2, program_id, work)} ticks")

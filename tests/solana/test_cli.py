@@ -74,7 +74,7 @@ def test_a_treasurer_run_is_managed_from_the_command_line(localnet, tmp_path):
               "--treasurer-collateral-mint", str(mint))
     assert ok.exit_code == 0, ok.output
     for argv in (["update-config", "-r", "cli-run", "--config-path", str(STATE)],
-                 ["set-future-epoch-rates", "-r", "cli-run", "--earning-rate-total-shared", "900"],
+                 ["set-future-epoch-rates", "-r", "cli-run", "--earning-rate-total-shared", "0.0009"],
                  ["set-paused", "-r", "cli-run", "--resume"],
                  ["treasurer-top-up-rewards", "-r", "cli-run", "--collateral-amount", "1.5"]):
         result = _cli(localnet, owner_path, *argv)

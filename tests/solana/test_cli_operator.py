@@ -13,7 +13,8 @@ from solders.pubkey import Pubkey
 from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import SolanaRpc
-from tests.solana.test_cli import STATE, _cli, _wallet
+from run_manager.cli import app
+from tests.solana.test_cli import STATE, _cli, _mint, _wallet, runner
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +162,75 @@ def test_checkpoint_sets_a_paused_runs_hub_checkpoint(localnet, tmp_path):
     assert running.exit_code == 1 and "sets the checkpoint of a paused run" in running.output
     after = asyncio.run(state())
     assert after.model == before.model  # the rest of the model is untouched
+
+
+def test_epoch_rates_take_decimals_and_bad_values_are_one_line(localnet, tmp_path):
+    owner_path, owner = _wallet(tmp_path, "owner", localnet)
+    mint = _mint(localnet, owner, 10**6)
+    assert _cli(localnet, owner_path, "create-run", "-r", "rates-tr", "-c", "v1",
+                "--treasurer-collateral-mint", str(mint)).exit_code == 0
+    assert _cli(localnet, owner_path, "create-run", "-r", "rates-pts", "-c", "v1").exit_code == 0
+    for run_id in ("rates-tr", "rates-pts"):  # the rates are shown once a config is set
+        assert _cli(localnet, owner_path, "update-config", "-r", run_id, "--config-path",
+                    str(STATE)).exit_code == 0
+    tokens = _cli(localnet, owner_path, "set-future-epoch-rates", "-r", "rates-tr",
+                  "--earning-rate-total-shared", "1.5", "--slashing-rate-per-client", "0.25")
+    assert tokens.exit_code == 0, tokens.output
+    points = _cli(localnet, owner_path, "set-future-epoch-rates", "-r", "rates-pts",
+                  "--earning-rate-total-shared", "1200")
+    assert points.exit_code == 0, points.output
+
+    def future(run_id: str) -> dict:
+        dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", run_id).output)
+        return dump["coordinator_account"]["epoch"]["rates"]["future"]
+
+    assert future("rates-tr") == {"earning_rate_total_shared": 1_500_000,
+                                  "slashing_rate_per_client": 250_000}  # 6-decimal mint
+    assert future("rates-pts")["earning_rate_total_shared"] == 1200
+    for run_id, value, message in (
+            ("rates-tr", "0.0000001", "more precision than the amount allows (6 decimal places)"),
+            ("rates-pts", "2.5", "more precision than the amount allows (whole numbers)"),
+            ("rates-pts", "-3", "must be a finite number >= 0"),
+            ("rates-pts", "nan", "must be a finite number >= 0"),
+            ("rates-pts", "lots", "not a number: 'lots'"),
+            ("rates-pts", str(2**64), "is too large")):
+        bad = _cli(localnet, owner_path, "set-future-epoch-rates", "-r", run_id,
+                   "--earning-rate-total-shared", value)
+        assert bad.exit_code == 2 and message in bad.output, (value, bad.output)
+        assert len(bad.output.strip().splitlines()) == 1
+    assert future("rates-pts")["earning_rate_total_shared"] == 1200
+    nothing = _cli(localnet, owner_path, "set-future-epoch-rates", "-r", "rates-pts")
+    assert nothing.exit_code == 2 and "nothing to set" in nothing.output
+    unknown = _cli(localnet, owner_path, "set-future-epoch-rates", "-r", "no-such-run",
+                   "--earning-rate-total-shared", "1")
+    assert unknown.exit_code == 1 and "no run 'no-such-run'" in unknown.output
+
+
+def test_list_runs_takes_the_connection_options(localnet, tmp_path):
+    owner_path, _ = _wallet(tmp_path, "owner", localnet)
+    assert _cli(localnet, owner_path, "create-run", "-r", "listed", "-c", "v1").exit_code == 0
+    from psyche_solana.ids import coordinator_program
+
+    ours = str(coordinator_program())
+    listed = runner.invoke(app, ["list-runs", "--rpc", "http://127.0.0.1:9", "--rpc-2",
+                                 localnet.url, "--coordinator-program-id", ours])
+    assert listed.exit_code == 0 and "listed " in listed.output, listed.output
+    other = runner.invoke(app, ["list-runs", "--rpc", localnet.url,
+                                "--coordinator-program-id", str(Keypair().pubkey())])
+    assert other.exit_code == 0 and other.output.strip() == "no runs"
+    assert str(coordinator_program()) == ours  # the override lasted one command
+    bad = runner.invoke(app, ["list-runs", "--rpc", localnet.url,
+                              "--coordinator-program-id", "not-a-key"])
+    assert bad.exit_code == 2
+    assert "--coordinator-program-id is not a base-58 public key" in bad.output
+
+
+def test_update_config_refuses_the_metadata_flags_in_one_line(localnet, tmp_path):
+    owner_path, _ = _wallet(tmp_path, "owner", localnet)
+    assert _cli(localnet, owner_path, "create-run", "-r", "meta", "-c", "v1").exit_code == 0
+    refused = _cli(localnet, owner_path, "update-config", "-r", "meta", "--name", "Nice run",
+                   "--vocab-size", "32000", "--client-version", "v2")
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert "--name, --vocab-size: our coordinator program stores no run metadata" in refused.output
+    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "meta").output)
+    assert dump["coordinator_account"]["setup"]["client_version"] == "v1"  # nothing updated
