@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import typer
 
+from run_manager.commands import storage
 from run_manager.commands.solana_authorizations import (
     can_join,
     join_authorization_create,
@@ -56,3 +57,4 @@ SOLANA_COMMANDS = {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn
 def register(app: typer.Typer) -> None:
     for name, function in COMMANDS.items():
         app.command(name, rich_help_panel=SOLANA_PANEL)(function)
+    storage.register(app)
