@@ -25,7 +25,10 @@ Gossip
 Blobs
     ``node.blob_store.add(data, tag) -> hash``; ``remove_tag``,
     ``remove_steps_before(step)``; ``await node.blobs.download(hash, size,
-    providers) -> bytes`` (verified, retried across providers).
+    providers) -> bytes`` (verified, retried across providers);
+    ``await fetch_from_holders(node.blobs, hash, size, producer, others)`` fetches
+    a result from any node holding it (a holder that has uploaded it enough
+    redirects to others: ``HolderBook`` / ``HolderPolicy``).
 Model sharing
     ``node.model_sharing.share(state_dict, config_json, tokenizer_json)``;
     ``await node.model_sharing.fetch_model(sources, ModelFetchOptions(...))``.
@@ -57,6 +60,8 @@ from client_image.p2p.gossip import (
     SignedMessage,
     topic_for_run,
 )
+from client_image.p2p.holder_fetch import HolderFetchConfig, fetch_from_holders
+from client_image.p2p.holders import HolderBook, HolderPolicy, ServeStats
 from client_image.p2p.messages import (
     BatchId,
     BroadcastDecodeError,
@@ -99,6 +104,9 @@ __all__ = [
     "GossipMessage",
     "GossipStats",
     "GossipTopic",
+    "HolderBook",
+    "HolderFetchConfig",
+    "HolderPolicy",
     "Identity",
     "IdentityError",
     "ModelFetchOptions",
@@ -112,6 +120,7 @@ __all__ = [
     "PeerDiagnostics",
     "RateLimiter",
     "ResultAnnouncement",
+    "ServeStats",
     "SignedMessage",
     "TransportError",
     "apply_bulk_write_patch",
@@ -119,6 +128,7 @@ __all__ = [
     "bulk_write_patch_active",
     "decode_broadcast",
     "encode_broadcast",
+    "fetch_from_holders",
     "sign",
     "step_tag",
     "topic_for_run",

@@ -2,10 +2,14 @@
 
 Request (one bi-stream per request)::
 
-    hash (32) ‖ offset (u64 BE) ‖ length (u64 BE, 0 = to the end)
+    hash (32) ‖ offset (u64 BE) ‖ length (u64 BE, 0 = to the end) [‖ flags (u8)]
 
-Response: ``status (u8: 0 ok, 1 not found, 2 bad request) ‖ blob size (u64 BE)``
-then ``length`` raw bytes, then the stream is finished.
+The flags byte is optional (older askers send none, and older servers ignore
+it); bit 0, ``FLAG_MAY_REDIRECT``, says the asker accepts being sent to another
+holder. Response: ``status (u8: 0 ok, 1 not found, 2 bad request, 3 redirect,
+4 busy) ‖ u64 BE`` then, for ok, the blob size and ``length`` raw bytes; for
+redirect, a holder count and that many 32-byte node ids (see ``holders.py``
+for when a server redirects); then the stream is finished.
 
 A download hashes the bytes incrementally as they arrive (BLAKE3), never
 accepts more than the announced size, and on a failed or stalled provider
@@ -25,11 +29,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import blake3
 import iroh
 
 from client_image.p2p import framing
+from client_image.p2p.blob_segments import Segment, digest_of, split
 from client_image.p2p.blob_store import HASH_BYTES, BlobStore
+from client_image.p2p.holders import HolderBook
 from client_image.p2p.transport import Transport, TransportError
 
 logger = logging.getLogger(__name__)
@@ -37,7 +42,10 @@ logger = logging.getLogger(__name__)
 BLOBS_ALPN = b"psyche/blobs/0"
 REQUEST = struct.Struct(">32sQQ")
 RESPONSE_HEADER = struct.Struct(">BQ")
-STATUS_OK, STATUS_NOT_FOUND, STATUS_BAD_REQUEST = 0, 1, 2
+STATUS_OK, STATUS_NOT_FOUND, STATUS_BAD_REQUEST, STATUS_REDIRECT, STATUS_BUSY = 0, 1, 2, 3, 4
+FLAG_MAY_REDIRECT = 0x01
+MAX_REDIRECT_HOLDERS = 16
+MAX_REQUEST_EXTRA = 16  # bytes after the fixed request that a server reads (flags and future)
 SERVE_CHUNK = 1 << 20
 
 
@@ -47,6 +55,26 @@ class BlobDownloadError(RuntimeError):
 
 class BlobProtocolError(ConnectionError):
     """A provider answered something other than the blob we asked for."""
+
+
+class BlobRedirect(BlobProtocolError):
+    """The provider has the blob but points the asker to these other holders."""
+
+    def __init__(self, holders: list[bytes]) -> None:
+        super().__init__(f"redirected to {len(holders)} holders")
+        self.holders = holders
+
+
+class BlobBusy(BlobProtocolError):
+    """The provider has the blob but is uploading it to enough peers already."""
+
+
+class BlobFetchFailed(RuntimeError):
+    """One try from one provider failed (unreachable, protocol error, wrong bytes)."""
+
+    def __init__(self, message: str, *, wrong_bytes: bool = False) -> None:
+        super().__init__(message)
+        self.wrong_bytes = wrong_bytes
 
 
 @dataclass(frozen=True)
@@ -111,16 +139,18 @@ class BlobService:
         self.store = store
         self.config = config or DownloadConfig()
         self.stats = DownloadStats()
-        self._slots = asyncio.Semaphore(self.config.max_concurrent_downloads)
+        self.holders = HolderBook()
+        self.slots = asyncio.Semaphore(self.config.max_concurrent_downloads)
         transport.register_protocol(BLOBS_ALPN, self._handle_connection)
 
     # -- serving -------------------------------------------------------------------------
     async def _handle_connection(self, connection: iroh.Connection) -> None:
         requests: set[asyncio.Task[None]] = set()
         try:
+            requester = connection.remote_id().to_bytes()
             while True:
                 stream = await connection.accept_bi()
-                task = asyncio.create_task(self._serve(stream.send(), stream.recv()))
+                task = asyncio.create_task(self._serve(stream.send(), stream.recv(), requester))
                 requests.add(task)
                 task.add_done_callback(requests.discard)
         except iroh.IrohError:
@@ -129,20 +159,32 @@ class BlobService:
             for task in requests:
                 task.cancel()
 
-    async def _serve(self, send: iroh.SendStream, recv: iroh.RecvStream) -> None:
+    async def _serve(self, send: iroh.SendStream, recv: iroh.RecvStream, requester: bytes) -> None:
         try:
             raw = await asyncio.wait_for(framing.read_exact(recv, REQUEST.size), 10)
             digest, offset, length = REQUEST.unpack(raw)
+            extra = await asyncio.wait_for(recv.read(MAX_REQUEST_EXTRA), 10)
+            may_redirect = bool(extra) and bool(extra[0] & FLAG_MAY_REDIRECT)
             data = self.store.get(digest)
+            decision = self.holders.decide(digest, requester) if may_redirect and data else "serve"
             if data is None:
                 await send.write_all(RESPONSE_HEADER.pack(STATUS_NOT_FOUND, 0))
             elif offset > len(data):
                 await send.write_all(RESPONSE_HEADER.pack(STATUS_BAD_REQUEST, len(data)))
+            elif decision == "busy":
+                await send.write_all(RESPONSE_HEADER.pack(STATUS_BUSY, 0))
+            elif isinstance(decision, list):
+                ids = decision[:MAX_REDIRECT_HOLDERS]
+                await send.write_all(RESPONSE_HEADER.pack(STATUS_REDIRECT, len(ids)) + b"".join(ids))
             else:
                 end = len(data) if length == 0 else min(len(data), offset + length)
-                await send.write_all(RESPONSE_HEADER.pack(STATUS_OK, len(data)))
-                for start in range(offset, end, SERVE_CHUNK):
-                    await send.write_all(data[start : min(end, start + SERVE_CHUNK)])
+                with self.holders.uploading(digest):
+                    await send.write_all(RESPONSE_HEADER.pack(STATUS_OK, len(data)))
+                    for start in range(offset, end, SERVE_CHUNK):
+                        await send.write_all(data[start : min(end, start + SERVE_CHUNK)])
+                    await send.finish()
+                self.holders.served(digest, requester, end - offset, now_holds=may_redirect)
+                return
             await send.finish()
         except (TimeoutError, framing.StreamClosed, iroh.IrohError) as error:
             logger.debug("blob request failed: %s", error)
@@ -167,7 +209,7 @@ class BlobService:
         candidates = list(providers)
         if not in_order:
             random.shuffle(candidates)
-        async with self._slots:
+        async with self.slots:
             data, _ = await self.fetch(digest, size, candidates, rate_limiter)
         return data
 
@@ -182,12 +224,7 @@ class BlobService:
 
         Returns the data and the provider that completed it (None: it was local).
         """
-        if len(digest) != HASH_BYTES:
-            raise BlobDownloadError(f"blob hash must be {HASH_BYTES} bytes, got {len(digest)}")
-        if not 0 <= size <= self.config.max_blob_bytes:
-            raise BlobDownloadError(
-                f"blob size {size} exceeds the limit of {self.config.max_blob_bytes} bytes"
-            )
+        self.check_request(digest, size)
         local = self.store.get(digest)
         if local is not None:
             return local, None
@@ -210,12 +247,20 @@ class BlobService:
         self.stats.finished += 1
         return result
 
+    def check_request(self, digest: bytes, size: int) -> None:
+        if len(digest) != HASH_BYTES:
+            raise BlobDownloadError(f"blob hash must be {HASH_BYTES} bytes, got {len(digest)}")
+        if not 0 <= size <= self.config.max_blob_bytes:
+            raise BlobDownloadError(
+                f"blob size {size} exceeds the limit of {self.config.max_blob_bytes} bytes"
+            )
+
     async def _download(
         self, digest: bytes, size: int, providers: list[bytes], limiter: RateLimiter | None
     ) -> tuple[bytes, bytes]:
         """Attempt loop: every unfinished segment resumes where it stopped, segment i
         from provider (attempt + i) mod n, after a jittered backoff when one failed."""
-        segments = _split(size, self._segment_count(size))
+        segments = split(size, self._segment_count(size))
         errors: list[str] = []
         for attempt in range(self.config.max_attempts):
             failures = await asyncio.gather(
@@ -228,7 +273,7 @@ class BlobService:
             )
             errors.extend(f for f in failures if f)
             if not any(failures):
-                if _digest_of(segments) == digest:
+                if digest_of(segments) == digest:
                     return b"".join(seg.data for seg in segments), providers[
                         attempt % len(providers)
                     ]
@@ -236,7 +281,7 @@ class BlobService:
                     f"{providers[attempt % len(providers)].hex()[:8]}: content does not match the hash"
                 )
                 # cannot tell which provider lied: start over on one stream, one provider per attempt
-                segments = _split(size, 1)
+                segments = split(size, 1)
             self.stats.retries += 1
             if attempt + 1 < self.config.max_attempts:
                 await asyncio.sleep(backoff_delay(attempt, self.config))
@@ -244,6 +289,35 @@ class BlobService:
             f"blob {digest.hex()[:12]} ({size} bytes) failed after {self.config.max_attempts} attempts: "
             + "; ".join(list(dict.fromkeys(errors))[:4])  # distinct, the first (the cause) first
         )
+
+    async def fetch_once(
+        self, provider: bytes, digest: bytes, size: int, *, may_redirect: bool = True
+    ) -> bytes:
+        """One try of the whole blob from ``provider``, verified by its hash.
+
+        Raises ``BlobRedirect`` / ``BlobBusy`` (only with ``may_redirect``), or
+        ``BlobFetchFailed`` naming the provider and the cause (wrong bytes included).
+        """
+        segment = split(size, 1)[0]
+        flags = FLAG_MAY_REDIRECT if may_redirect else 0
+        try:
+            await self._fetch_range(provider, digest, size, segment, None, flags)
+        except (BlobRedirect, BlobBusy):
+            raise
+        except (
+            TimeoutError,
+            TransportError,
+            BlobProtocolError,
+            framing.StreamClosed,
+            iroh.IrohError,
+        ) as error:
+            self.transport.drop_connection(provider, BLOBS_ALPN)
+            raise BlobFetchFailed(f"{provider.hex()[:8]}: {type(error).__name__}: {error}") from None
+        if digest_of([segment]) != digest:
+            raise BlobFetchFailed(
+                f"{provider.hex()[:8]}: content does not match the hash", wrong_bytes=True
+            )
+        return bytes(segment.data)
 
     def _segment_count(self, size: int) -> int:
         if self.config.parallel_streams <= 1 or size < self.config.parallel_min_bytes:
@@ -255,7 +329,7 @@ class BlobService:
         provider: bytes,
         digest: bytes,
         size: int,
-        segment: _Segment,
+        segment: Segment,
         limiter: RateLimiter | None,
     ) -> str | None:
         """Fetch the rest of ``segment`` from ``provider``; returns an error line or None."""
@@ -279,8 +353,9 @@ class BlobService:
         provider: bytes,
         digest: bytes,
         size: int,
-        segment: _Segment,
+        segment: Segment,
         limiter: RateLimiter | None,
+        flags: int = 0,
     ) -> None:
         """Append the missing bytes of ``segment`` from ``provider``, hashing as they arrive."""
         timeout = self.config.read_timeout_s
@@ -288,12 +363,20 @@ class BlobService:
         stream = await asyncio.wait_for(connection.open_bi(), timeout)
         send, recv = stream.send(), stream.recv()
         try:
-            await send.write_all(REQUEST.pack(digest, segment.next_offset, segment.missing or 0))
+            request = REQUEST.pack(digest, segment.next_offset, segment.missing or 0)
+            await send.write_all(request + bytes([flags]) if flags else request)
             await send.finish()
             header = await asyncio.wait_for(framing.read_exact(recv, RESPONSE_HEADER.size), timeout)
             status, total = RESPONSE_HEADER.unpack(header)
             if status == STATUS_NOT_FOUND:
                 raise BlobProtocolError("provider does not have the blob")
+            if flags & FLAG_MAY_REDIRECT and status == STATUS_BUSY:
+                raise BlobBusy("provider is busy uploading this blob")
+            if flags & FLAG_MAY_REDIRECT and status == STATUS_REDIRECT:
+                if not 0 < total <= MAX_REDIRECT_HOLDERS:
+                    raise BlobProtocolError(f"provider redirected to {total} holders")
+                ids = await asyncio.wait_for(framing.read_exact(recv, 32 * total), timeout)
+                raise BlobRedirect([ids[i : i + 32] for i in range(0, len(ids), 32)])
             if status != STATUS_OK:
                 raise BlobProtocolError(f"provider answered status {status}")
             if total != size:
@@ -316,49 +399,3 @@ class BlobService:
         finally:
             with contextlib.suppress(Exception):
                 await recv.stop(0)
-
-
-@dataclass
-class _Segment:
-    """Bytes [start, end) of a blob; one segment per parallel stream."""
-
-    start: int
-    end: int
-    data: bytearray
-    hasher: blake3.blake3 | None  # incremental hash when the segment is the whole blob
-
-    @property
-    def next_offset(self) -> int:
-        return self.start + len(self.data)
-
-    @property
-    def missing(self) -> int:
-        return self.end - self.next_offset
-
-    @property
-    def complete(self) -> bool:
-        return self.missing == 0
-
-    def append(self, chunk: bytes) -> None:
-        self.data += chunk
-        if self.hasher is not None:
-            self.hasher.update(chunk)
-
-
-def _split(size: int, count: int) -> list[_Segment]:
-    bounds = [size * i // count for i in range(count + 1)]
-    whole = count == 1
-    return [
-        _Segment(bounds[i], bounds[i + 1], bytearray(), blake3.blake3() if whole else None)
-        for i in range(count)
-    ]
-
-
-def _digest_of(segments: list[_Segment]) -> bytes:
-    if len(segments) == 1 and segments[0].hasher is not None:
-        return segments[0].hasher.digest()
-    # parallel segments arrive out of order: hash the assembled blob (multithreaded BLAKE3)
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    for segment in segments:
-        hasher.update(segment.data)
-    return hasher.digest()

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,6 +18,7 @@ from client_image.p2p import (
     ModelSharingError,
     P2PNode,
     encode_broadcast,
+    fetch_from_holders,
     step_tag,
 )
 from client_image.runtime.ports import Broadcast, FetchedModel, ModelFetchFailed
@@ -40,17 +40,16 @@ class IrohPeers:
 
     async def download_result(self, blob_hash: bytes, size: int, sender: bytes, step: int,
                               also_from: Sequence[bytes] = ()) -> bytes:
-        # The producer first; then, spread at random, peers that may have fetched it (the
-        # attempt loop rotates through this order).
-        others = [peer for peer in also_from if peer != sender]
-        random.shuffle(others)
-        data = await self.node.blobs.download(blob_hash, size, [sender, *others], in_order=True)
-        # Serve it on: if the producer dies, the peers still missing it get it from us.
+        # From any holder: the producer redirects us once it has uploaded the result a
+        # couple of times (client_image/p2p/holder_fetch.py); verified by its hash.
+        data, _ = await fetch_from_holders(self.node.blobs, blob_hash, size, sender, also_from)
+        # Serve it on: the peers still missing it get it from us (and if the producer died).
         self.node.blob_store.add(data, tag=step_tag("downloaded-result", step))
         return data
 
     def forget_results_before(self, step: int) -> None:
         self.node.blob_store.remove_steps_before(step)
+        self.node.blobs.holders.retain(lambda digest: digest in self.node.blob_store)
 
     async def fetch_model(self, sources: Sequence[bytes], step: int) -> FetchedModel:
         try:
