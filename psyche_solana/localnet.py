@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Any
@@ -104,7 +105,9 @@ class CannotListen(Exception):
 
 
 def _listen_error(what: str, host: str, port: int, exc: OSError) -> CannotListen:
-    return CannotListen(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}")
+    # os.strerror: the errno's words alone (a socket error's own text may name the address)
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return CannotListen(f"cannot listen for {what} on {host}:{port}: {reason}")
 
 
 class Localnet:

@@ -57,11 +57,12 @@ def _solana_source(settings: RunManagerSettings) -> CoordinatorSource:
     # Imported here: solders and the account decoders are not needed by --help.
     from run_manager.sources.solana_coordinator import SolanaCoordinatorSource
 
-    return SolanaCoordinatorSource([settings.RPC, settings.RPC_2], settings.run_id)
+    return SolanaCoordinatorSource([settings.RPC, settings.RPC_2], settings.run_id,
+                                   ws_urls=[settings.WS_RPC, settings.WS_RPC_2])
 
 
 # Backends register how to build their coordinator source from the settings:
-# "tcp" (COORDINATOR_ADDRESS), "solana" (RPC, with RPC_2 as the fallback).
+# "tcp" (COORDINATOR_ADDRESS), "solana" (RPC and WS_RPC, with RPC_2 / WS_RPC_2 as fallbacks).
 COORDINATOR_SOURCES: dict[str, Callable[[RunManagerSettings], CoordinatorSource]] = {
     "tcp": _tcp_source,
     "solana": _solana_source,
