@@ -123,9 +123,14 @@ def train(
     ws_rpc: Annotated[
         str | None,
         typer.Option("--ws-rpc", envvar="WS_RPC",
-                     help="Accepted for compatibility; account changes are polled over RPC."),
+                     help="Solana run: PubSub WebSocket URL (account subscriptions) "
+                          "[default: --rpc as ws://, port + 1]."),
     ] = None,
-    ws_rpc_2: Annotated[str | None, typer.Option("--ws-rpc-2", envvar="WS_RPC_2")] = None,
+    ws_rpc_2: Annotated[
+        str | None,
+        typer.Option("--ws-rpc-2", envvar="WS_RPC_2",
+                     help="Fallback WebSocket URL [default: from --rpc-2]."),
+    ] = None,
     authorizer: Annotated[
         str | None,
         typer.Option("--authorizer", envvar="AUTHORIZER",
@@ -305,6 +310,8 @@ def train(
     """Join a run and train until it finishes: a TCP run (--server-addr) or a Solana one (--rpc).
 
     SIGINT, SIGTERM or SIGHUP stop it cleanly within seconds (exit 0); a second one at once.
+    Exit 10: the run wants another client version; 11: the coordinator refused this client
+    for good (not authorized, wrong run); 0: the run finished.
     """
     import asyncio
     import os
@@ -350,6 +357,10 @@ def train(
         typer.echo("error: give exactly one of --server-addr (TCP run) and --rpc (Solana run)",
                    err=True)
         raise typer.Exit(code=2)
+    for url, flag in ((ws_rpc, "--ws-rpc"), (ws_rpc_2, "--ws-rpc-2")):
+        if url is not None and not url.startswith(("ws://", "wss://")):
+            typer.echo(f"error: {flag} must be a ws:// or wss:// URL, got {url!r}", err=True)
+            raise typer.Exit(code=2)
     if server_addr is not None:
         try:
             parse_host_port(server_addr, "--server-addr")
@@ -393,6 +404,8 @@ def train(
         server_addr=server_addr,
         rpc=rpc,
         rpc_2=rpc_2,
+        ws_rpc=ws_rpc,
+        ws_rpc_2=ws_rpc_2,
         authorizer=authorizer,
         identity=identity,
         node_config=NodeConfig(
@@ -436,8 +449,11 @@ def train(
     try:
         code = asyncio.run(run())
     except BackendRejected as exc:
+        # A code of its own: the run-manager must not restart a client refused for good.
+        from psyche_common.exit_codes import CLIENT_EXIT_REFUSED
+
         typer.echo(f"error: the coordinator refused this client: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+        raise typer.Exit(code=CLIENT_EXIT_REFUSED) from None
     finally:
         # The loop gave the signals back: from here one more ends the process at once.
         exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")

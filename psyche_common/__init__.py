@@ -10,6 +10,7 @@
     tcp/            framing, the signed challenge/join handshake, Connection,
                     keep_connected (reconnect with backoff)
     ui/             RunView and the panels both TUIs show
+    exit_codes      the client's exit codes the run-manager acts on (refused, new version)
     stopping        StopSignals (SIGINT, SIGTERM, SIGHUP -> a clean stop), say, exit_on_signals
                     and exit_after (a stop's deadline): every program stops this way
 

@@ -35,7 +35,8 @@ app = typer.Typer(
     add_completion=False,
 )
 wallet_app = typer.Typer(**PROGRAM_SETTINGS,
-                         help="Wallets (solana-keygen keypair files): new, show, balance.")
+                         help="Wallets (solana-keygen keypair files): new, show, balance, "
+                              "airdrop.")
 app.add_typer(wallet_app, name="wallet")
 solana.register(app)
 
@@ -139,6 +140,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
         RunOptions,
         SourceUnavailable,
         make_coordinator_source,
+        make_join_check,
         run_headless,
         supervisor_config,
     )
@@ -161,6 +163,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
             typer.echo(f"run-manager: warning: {env_file}: {warning}", err=True)
         settings = _pick_run(settings, options.join_authority)
         coordinator = make_coordinator_source(settings, options.pinned_version)
+        join_check = make_join_check(settings, coordinator, options.pinned_version)
         config = supervisor_config(settings, options)  # GpuSelectionError: a "GPUS: ..." line
     except SettingsError as error:
         for problem in error.problems:
@@ -195,7 +198,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
     def make_supervisor(on_event: Callable[[SupervisorEvent], None]) -> Supervisor:
         if exporter is not None:
             on_event = exporter.wrap(on_event)  # counts starts, exits and restarts
-        return Supervisor(client, coordinator, config, on_event)
+        return Supervisor(client, coordinator, config, on_event, join_check)
 
     def make_monitor(on_change: Callable[[Part], None]) -> Monitor:
         return Monitor(dashboard, coordinator, metrics, on_change, rpc_url=settings.RPC)
@@ -209,7 +212,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
             try:
                 await run_tui(tui_app)
             finally:
-                await _close(coordinator, metrics)
+                await _close(coordinator, metrics, join_check)
 
         asyncio.run(with_tui())
         finished = tui_app.finished
@@ -222,14 +225,14 @@ def _run_client(env_file: Path, options: object, tui: bool,
             try:
                 return await run_headless(make_supervisor, make_monitor, dashboard)
             finally:
-                await _close(coordinator, metrics)
+                await _close(coordinator, metrics, join_check)
 
         finished = asyncio.run(headless())
         # The loop gave the signals back; the container is gone: a signal now ends it.
         exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")
     if exporter is not None:
         exporter.telemetry.shutdown()
-    if finished is not None and finished.reason in ("gave-up", "error"):
+    if finished is not None and finished.failed:
         typer.echo(f"run-manager: {finished.message}", err=True)
         return EXIT_RUN_FAILED
     return 0
@@ -312,32 +315,6 @@ def wallet_show(wallet: WalletOption) -> None:
         typer.echo(public_key(wallet))
     except WalletError as error:
         raise _fail(str(error), EXIT_RUN_FAILED) from None
-
-
-@wallet_app.command("balance")
-def wallet_balance(
-    rpc: Annotated[str, typer.Option("--rpc", envvar="RPC", help="Solana JSON-RPC URL.")],
-    wallet: Annotated[
-        Path | None,
-        typer.Option("--wallet", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"], help="Keypair file."),
-    ] = None,
-    address: Annotated[str | None, typer.Option("--address", help="Any public key.")] = None,
-) -> None:
-    """Print the SOL balance of the wallet (or --address), asked over RPC."""
-    from psyche_common.wallet import WalletError, format_sol, get_balance, public_key
-
-    if (wallet is None) == (address is None):
-        raise _fail("give exactly one of --wallet and --address", EXIT_CONFIG_ERROR)
-    try:
-        if address is not None:
-            target = address
-        else:
-            assert wallet is not None  # exactly one of --wallet and --address, checked above
-            target = public_key(wallet)
-        lamports = get_balance(rpc, target)
-    except WalletError as error:
-        raise _fail(str(error), EXIT_RUN_FAILED) from None
-    typer.echo(f"{target}: {format_sol(lamports)} ({lamports} lamports)")
 
 
 def split_container_args(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -1,15 +1,19 @@
 """Keeps the client container alive: the run-manager's main job.
 
 Loop (Psyche's run-manager, plus crash restarts as its train_entrypoint.sh does):
-  1. ask the coordinator which client version the run wants -> image `repo:version`
+  1. ask whether this client can join the run at all (run_manager.join_check: Psyche's
+     can-join; a run that has finished): if not, stop with the reason, nothing started;
+  2. ask the coordinator which client version the run wants -> image `repo:version`
      (`repo:version-cuda` when the container gets GPUs, run_manager.gpus);
-  2. use the local image or pull it (progress reported);
-  3. start the container, stream its logs, wait for it to exit;
-  4. exit 10 (the run wants another version): wait `version_change_delay_s`, go to 1;
-     exit 0: the client finished, stop; any other code: a crash, restart after
+  3. use the local image or pull it (progress reported); none to be had: stop, say so;
+  4. start the container, stream its logs, wait for it to exit;
+  5. exit 10 (the run wants another version): wait `version_change_delay_s`, go to 1;
+     exit 11 (the coordinator refused the client for good): stop with the client's
+     own "error: ..." line; exit 0: the client finished, stop;
+     any other code: a crash, restart after
      backoff_base_s * 2**(n-1) seconds (capped) up to `max_crash_restarts` times in a
      row (the count resets after `healthy_uptime_s` of uptime);
-  5. stop request (Ctrl+C, SIGTERM, SIGHUP, q): stop the container (SIGTERM, which the
+  6. stop request (Ctrl+C, SIGTERM, SIGHUP, q): stop the container (SIGTERM, which the
      client in it handles: an init, docker's tini, passes it on; SIGKILL after
      `stop_timeout_s`, or at once on `hurry()`), remove it, return.
 A container a killed run-manager left behind is found by its labels and removed first.
@@ -27,16 +31,23 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import docker
 from docker.models.containers import Container
 
+from psyche_common.exit_codes import (
+    CLIENT_EXIT_FINISHED,
+    CLIENT_EXIT_REFUSED,
+    CLIENT_EXIT_VERSION_MISMATCH,
+)
 from run_manager import engine
 from run_manager.gpus import GpuPlan, image_tag
+from run_manager.join_check import JoinCheck
 from run_manager.sources.coordinator import CoordinatorSource, CoordinatorUnavailable
 
-VERSION_MISMATCH_EXIT_CODE = 10
+VERSION_MISMATCH_EXIT_CODE = CLIENT_EXIT_VERSION_MISMATCH
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -97,10 +108,22 @@ class RestartScheduled:
     crash_restarts: int
 
 
+FinishReason = Literal[
+    "stopped", "client-finished", "run-finished",  # done: the run-manager exits 0
+    "not-authorized", "refused", "no-image",  # final: restarting cannot help
+    "gave-up", "error",
+]
+
+
 @dataclass(frozen=True)
 class SupervisorFinished:
-    reason: Literal["stopped", "client-finished", "gave-up", "error"]
+    reason: FinishReason
     message: str
+
+    @property
+    def failed(self) -> bool:
+        """The run-manager could not run the client as asked (it exits non-zero)."""
+        return self.reason not in ("stopped", "client-finished", "run-finished")
 
 
 SupervisorEvent = (
@@ -118,11 +141,14 @@ class Supervisor:
         coordinator: CoordinatorSource,
         config: SupervisorConfig,
         on_event: Callable[[SupervisorEvent], None],
+        join_check: JoinCheck | None = None,
     ) -> None:
         self._client = client
         self._coordinator = coordinator
         self._config = config
         self._on_event = on_event
+        self._join_check = join_check
+        self.last_error_line = ""  # the client's last "error: ..." line, why it refused
         self._stop = asyncio.Event()
         self._restart = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,6 +196,9 @@ class Supervisor:
         return finished
 
     async def _supervise(self) -> SupervisorFinished:
+        # Asked first: a client that cannot join gets no container, and no engine call.
+        if (refused := await self._refusal()) is not None:
+            return refused
         for stale in await asyncio.to_thread(
             engine.find_managed_containers, self._client, self._config.run_id
         ):
@@ -180,8 +209,13 @@ class Supervisor:
             if version is None:
                 break
             image = self.image(version)
-            await asyncio.to_thread(engine.ensure_image, self._client, image, self._report_pull,
-                                    pull=self._config.pull)
+            try:
+                await asyncio.to_thread(engine.ensure_image, self._client, image,
+                                        self._report_pull, pull=self._config.pull)
+            except engine.ImageUnavailableError as error:
+                return SupervisorFinished(
+                    "no-image", f"the run wants client version {version}, and its image "
+                    f"cannot be had: {error}")
             if self._stop.is_set():
                 break
             exit_code, uptime_s = await self._run_once(image, version)
@@ -192,9 +226,9 @@ class Supervisor:
                 self.restarts += 1
                 self._on_event(RestartScheduled("requested", 0.0, self.crash_restarts))
                 continue
-            if exit_code == 0:
-                return SupervisorFinished("client-finished", "the client exited normally (code 0)")
-            if exit_code == VERSION_MISMATCH_EXIT_CODE:
+            if (final := self._final_exit(exit_code)) is not None:
+                return final
+            if exit_code == CLIENT_EXIT_VERSION_MISMATCH:
                 delay = self._config.version_change_delay_s
                 self._on_event(RestartScheduled("version-change", delay, self.crash_restarts))
             else:
@@ -215,7 +249,26 @@ class Supervisor:
             self.restarts += 1
             if await self._sleep_unless_stopped(delay):
                 break
+            if (refused := await self._refusal()) is not None:
+                return refused  # e.g. the authorization was revoked, or the run finished
         return SupervisorFinished("stopped", "stopped on request; container removed")
+
+    async def _refusal(self) -> SupervisorFinished | None:
+        if self._join_check is None:
+            return None
+        refusal = await self._unless_stopped(self._join_check.refusal())
+        return None if refusal is None else SupervisorFinished(refusal.reason, refusal.message)
+
+    def _final_exit(self, exit_code: int) -> SupervisorFinished | None:
+        """The end an exit code means (the client finished, or was refused for good), or
+        None: the supervisor restarts the client."""
+        if exit_code == CLIENT_EXIT_FINISHED:
+            return SupervisorFinished("client-finished", "the client exited normally (code 0)")
+        if exit_code == CLIENT_EXIT_REFUSED:
+            why = self.last_error_line or "see the client's log"
+            return SupervisorFinished("refused", f"the coordinator refused this client for good "
+                                      f"(exit {exit_code}), so it is not restarted: {why}")
+        return None
 
     async def _run_once(self, image: str, version: str) -> tuple[int, float]:
         """Starts one container and waits for it to exit, a stop or a restart request."""
@@ -268,7 +321,7 @@ class Supervisor:
         engine.stop_container(container, self._config.stop_timeout_s)
         engine.remove_container(container)
 
-    async def _unless_stopped(self, waiting: Awaitable[str]) -> str | None:
+    async def _unless_stopped(self, waiting: Awaitable[T]) -> T | None:
         """`waiting`'s result, or None (and `waiting` cancelled) once a stop is requested:
         a coordinator that does not answer must not hold the stop."""
         task = asyncio.ensure_future(waiting)
@@ -295,6 +348,8 @@ class Supervisor:
         self._emit_threadsafe(ImagePull(progress))
 
     def _report_log_line(self, text: str) -> None:
+        if text.startswith("error:"):
+            self.last_error_line = text
         self._emit_threadsafe(LogLine(text))
 
     def _emit_threadsafe(self, event: SupervisorEvent) -> None:

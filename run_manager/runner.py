@@ -26,6 +26,7 @@ from run_manager.gpus import (
     default_data_parallelism,
     plan_gpus,
 )
+from run_manager.join_check import FinishedRunCheck, JoinCheck
 from run_manager.monitor import Monitor, Part
 from run_manager.settings import RunManagerSettings
 from run_manager.sources.coordinator import CoordinatorSource, PinnedVersionSource
@@ -81,6 +82,25 @@ def make_coordinator_source(
             "version; pass --client-version VERSION to run that image"
         )
     return factory(settings)
+
+
+def make_join_check(settings: RunManagerSettings, coordinator: CoordinatorSource,
+                    pinned_version: str | None) -> JoinCheck | None:
+    """What the supervisor asks before each start: on Solana, Psyche's can-join for the
+    wallet (through AUTHORIZER); on TCP, whether the run has finished (the coordinator
+    refuses a client at join, and the client exits 11). None: nothing to ask."""
+    if settings.backend == "solana":
+        wallet = settings.wallet_bytes()
+        if wallet is None:
+            return None  # the client will say it needs a wallet
+        from psyche_common.wallet import keypair_public_key
+        from run_manager.join_check import SolanaJoinCheck
+
+        return SolanaJoinCheck([settings.RPC, settings.RPC_2], settings.run_id,
+                               keypair_public_key(wallet), settings.AUTHORIZER)
+    if pinned_version is not None:
+        return None  # --client-version: no coordinator is asked anything
+    return FinishedRunCheck(coordinator, settings.run_id)
 
 
 @dataclass

@@ -52,6 +52,7 @@ from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator.checkpoint_reports import describe_location
 from coordinator.config import ServerDataLocation
 from coordinator_tcp.protocol import ErrorReply, Withdraw
+from psyche_common.exit_codes import CLIENT_EXIT_UNRUNNABLE, CLIENT_EXIT_VERSION_MISMATCH
 from psyche_common.identity import Identity
 from psyche_common.metrics_schema import ClientMetrics
 from psyche_common.tcp.connection import CONNECTION_ERRORS
@@ -60,8 +61,8 @@ if TYPE_CHECKING:
     from client_image.telemetry import ClientTelemetry
 
 log = logging.getLogger(__name__)
-EXIT_VERSION_MISMATCH = 10
-EXIT_UNRUNNABLE = 3  # this client cannot train the run as configured (the model won't fit)
+EXIT_VERSION_MISMATCH = CLIENT_EXIT_VERSION_MISMATCH
+EXIT_UNRUNNABLE = CLIENT_EXIT_UNRUNNABLE  # the model won't fit: the run as configured
 # A stop's bounds (the CLI's deadline, STOP_WITHIN_S, ends whatever is left after them):
 WITHDRAW_TIMEOUT_S = 1.0  # sending Withdraw to a connected coordinator
 STOP_WAIT_IDLE_S = 3.0  # the worker thread's call in progress (a checkpoint write) to end
@@ -96,6 +97,9 @@ class ClientOptions:
     # (RPC, then the fallback RPC_2) instead of a TCP server; the identity is the wallet.
     rpc: str | None = None
     rpc_2: str | None = None
+    # Their PubSub WebSockets (WS_RPC, WS_RPC_2): each derived from its RPC when unset.
+    ws_rpc: str | None = None
+    ws_rpc_2: str | None = None
     authorizer: str | None = None
     # Testing verification only: publish dishonest results of this kind
     # (verification/adversary.py); an honest client never sets it.
@@ -211,7 +215,8 @@ class PsycheClient:
             from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
 
             return SolanaBackend(SolanaBackendOptions(
-                rpc=[options.rpc, options.rpc_2], run_id=options.run_id,
+                rpc=[options.rpc, options.rpc_2], ws_rpc=[options.ws_rpc, options.ws_rpc_2],
+                run_id=options.run_id,
                 wallet=Keypair.from_seed(options.identity.secret_key), p2p_address=p2p_address,
                 client_version=options.client_version or "",
                 authorizer=Pubkey.from_string(options.authorizer) if options.authorizer else None))

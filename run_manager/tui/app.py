@@ -91,8 +91,10 @@ class RunManagerApp(App[None]):
         self._stop_polling.set()
         if self.finished.reason == "stopped":
             self.exit()
-        else:  # gave up or failed: leave the reason on screen until the operator quits
-            self.notify(self.finished.message, severity="error", timeout=30)
+        else:  # finished, refused, gave up or failed: the reason stays until the operator quits
+            self.notify(self.finished.message, title=self.finished.reason,
+                        severity="error" if self.finished.failed else "information",
+                        timeout=600)
 
     @work(exclusive=True, group="monitor")
     async def _poll(self, monitor: Monitor) -> None:
