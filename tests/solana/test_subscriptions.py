@@ -300,3 +300,12 @@ async def test_of_several_clients_about_one_sends_each_due_tick(net):
     # every move is at most one due tick (joins and ticks move it); with the random
     # backoff about one client sends each, where all four would without it
     assert ticks <= moves + 2, (ticks, moves, [b.ticks_sent for b in backends], phases)
+
+
+def test_the_clients_ws_rpc_must_be_a_websocket_url():
+    refused = subprocess.run([sys.executable, "-m", "client_image.cli", "train", "--run-id", "x",
+                              "--rpc", "http://127.0.0.1:1", "--ws-rpc", "http://127.0.0.1:2"],
+                             check=False, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == \
+        "error: --ws-rpc must be a ws:// or wss:// URL, got 'http://127.0.0.1:2'"
