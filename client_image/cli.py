@@ -310,6 +310,8 @@ def train(
     """Join a run and train until it finishes: a TCP run (--server-addr) or a Solana one (--rpc).
 
     SIGINT, SIGTERM or SIGHUP stop it cleanly within seconds (exit 0); a second one at once.
+    Exit 10: the run wants another client version; 11: the coordinator refused this client
+    for good (not authorized, wrong run); 0: the run finished.
     """
     import asyncio
     import os
@@ -447,8 +449,11 @@ def train(
     try:
         code = asyncio.run(run())
     except BackendRejected as exc:
+        # A code of its own: the run-manager must not restart a client refused for good.
+        from psyche_common.exit_codes import CLIENT_EXIT_REFUSED
+
         typer.echo(f"error: the coordinator refused this client: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+        raise typer.Exit(code=CLIENT_EXIT_REFUSED) from None
     finally:
         # The loop gave the signals back: from here one more ends the process at once.
         exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")

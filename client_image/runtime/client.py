@@ -52,6 +52,7 @@ from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator.checkpoint_reports import describe_location
 from coordinator.config import ServerDataLocation
 from coordinator_tcp.protocol import ErrorReply, Withdraw
+from psyche_common.exit_codes import CLIENT_EXIT_UNRUNNABLE, CLIENT_EXIT_VERSION_MISMATCH
 from psyche_common.identity import Identity
 from psyche_common.metrics_schema import ClientMetrics
 from psyche_common.tcp.connection import CONNECTION_ERRORS
@@ -60,8 +61,8 @@ if TYPE_CHECKING:
     from client_image.telemetry import ClientTelemetry
 
 log = logging.getLogger(__name__)
-EXIT_VERSION_MISMATCH = 10
-EXIT_UNRUNNABLE = 3  # this client cannot train the run as configured (the model won't fit)
+EXIT_VERSION_MISMATCH = CLIENT_EXIT_VERSION_MISMATCH
+EXIT_UNRUNNABLE = CLIENT_EXIT_UNRUNNABLE  # the model won't fit: the run as configured
 # A stop's bounds (the CLI's deadline, STOP_WITHIN_S, ends whatever is left after them):
 WITHDRAW_TIMEOUT_S = 1.0  # sending Withdraw to a connected coordinator
 STOP_WAIT_IDLE_S = 3.0  # the worker thread's call in progress (a checkpoint write) to end
