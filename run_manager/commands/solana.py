@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import typer
 
-from run_manager.commands import storage
+from run_manager.commands import storage, wallet_solana
 from run_manager.commands.solana_authorizations import (
     can_join,
     join_authorization_create,
@@ -58,3 +58,4 @@ def register(app: typer.Typer) -> None:
     for name, function in COMMANDS.items():
         app.command(name, rich_help_panel=SOLANA_PANEL)(function)
     storage.register(app)
+    wallet_solana.register(app)

@@ -27,7 +27,7 @@ ProgramId = Annotated[str | None, typer.Option(
     help="The coordinator program (default: ours).")]
 RunId = Annotated[str, typer.Option("--run-id", "-r", envvar="RUN_ID", help="The run id.")]
 Wallet = Annotated[Path | None, typer.Option(
-    "--wallet-private-key-path", "-w", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
+    "--wallet-private-key-path", "-w", "--wallet", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
     help="Keypair file (or set RAW_WALLET_PRIVATE_KEY, which wins, as in Psyche).")]
 TreasurerIndex = Annotated[int | None, typer.Option(
     "--treasurer-index", help="Treasurer run index (default: from the run id).")]
