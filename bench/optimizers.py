@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
@@ -64,6 +64,7 @@ class Outcome:
     payload_bytes_per_round: float  # per worker, 0 for AdamW
     tokens_per_round: int  # per worker
     wall_s: float
+    curve: list[tuple[int, float]]  # (steps trained, validation loss) every --eval-every
 
 
 def simulate(method: str, seed: int, args: argparse.Namespace) -> Outcome:
@@ -72,7 +73,7 @@ def simulate(method: str, seed: int, args: argparse.Namespace) -> Outcome:
     config = SimulationConfig(
         model=args.model, data=args.data, steps=args.steps, total_batch=args.total_batch,
         micro_batch=args.micro_batch, peers=args.peers, optimizer=optimizer,
-        seq_len=args.seq_len, seed=seed, max_epochs=args.max_epochs)
+        seq_len=args.seq_len, seed=seed, max_epochs=args.max_epochs, device=args.device)
     lr = args.adamw_lr
     if method == "distro":
         config.distro, lr = DISTRO_PSYCHE, args.distro_lr
@@ -92,18 +93,55 @@ def simulate(method: str, seed: int, args: argparse.Namespace) -> Outcome:
     simulation = Simulation(config)
     started = time.perf_counter()
     payload = 0.0
+    curve: list[tuple[int, float]] = []
+    steps_per_round = config.steps // config.rounds
     for report in simulation.run():
         payload += report.payload_bytes_per_peer
+        trained = (report.step + 1) * steps_per_round
+        # Mid-run points see the weights as a client does then: the last two rounds'
+        # results not applied yet (the final point is after the flush).
+        if args.eval_every and trained % args.eval_every == 0 and trained < config.steps:
+            curve.append((trained, round(validation_loss(
+                simulation.model, args.val_data, args.seq_len, samples=args.val_samples), 4)))
+            print(f"  {method} seed {seed} step {trained}: val loss {curve[-1][1]:.4f}",
+                  flush=True)
     wall = time.perf_counter() - started
     val = validation_loss(simulation.model, args.val_data, args.seq_len, samples=args.val_samples)
+    curve.append((config.steps, round(val, 4)))
     rounds = config.rounds
     tokens = config.round_batch // args.peers * args.seq_len
-    return Outcome(val, payload / rounds, tokens, wall)
+    return Outcome(val, payload / rounds, tokens, wall, curve)
 
 
 def bytes_ratio(outcome: Outcome, params: int, args: argparse.Namespace) -> float:
     dense_per_token = 4 * params / (args.total_batch // args.peers * args.seq_len)
     return dense_per_token / (outcome.payload_bytes_per_round / outcome.tokens_per_round)
+
+
+def read_outcomes(paths: list[Path]) -> list[dict[str, Any]]:
+    """The records --jsonl wrote, in file order."""
+    return [json.loads(line) for path in paths
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def figures_per_seed(outcomes: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """One dict per seed: every method's figures, and each method's ratio over AdamW's."""
+    by_seed: dict[int, dict[str, float]] = {}
+    for record in outcomes:
+        seed, method = int(record["seed"]), str(record["method"])
+        figures = by_seed.setdefault(seed, {"seed": seed})
+        figures[f"{method}_val_loss"] = record["val_loss"]
+        figures[f"{method}_wall_s"] = record["wall_s"]
+        if method != "adamw":
+            figures[f"{method}_bytes_per_round"] = record["bytes_per_round"]
+            figures[f"{method}_bytes_ratio"] = record["bytes_ratio"]
+    for figures in by_seed.values():
+        if "adamw_val_loss" in figures:
+            for method in METHODS[1:]:
+                if f"{method}_val_loss" in figures:
+                    figures[f"{method}_loss_ratio"] = round(
+                        figures[f"{method}_val_loss"] / figures["adamw_val_loss"], 4)
+    return [by_seed[seed] for seed in sorted(by_seed)]
 
 
 def main() -> None:
@@ -133,6 +171,14 @@ def main() -> None:
     parser.add_argument("--outer-lr", type=float, default=SPARSELOCO.outer_lr)
     parser.add_argument("--val-samples", type=int, default=256)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="also the validation loss every this many steps (a curve)")
+    parser.add_argument("--jsonl", type=Path,
+                        help="append each (seed, method) outcome to this file as it ends")
+    parser.add_argument("--from-jsonl", type=Path, nargs="+",
+                        help="train nothing: summarize the outcomes these files hold (runs "
+                             "split over processes, e.g. one per method and seed on a GPU)")
     args = parser.parse_args()
     if args.steps % args.inner_steps:
         parser.error(f"--steps {args.steps} must be a multiple of --inner-steps {args.inner_steps}")
@@ -143,33 +189,42 @@ def main() -> None:
 
     params = sum(p.numel() for p in Simulation(SimulationConfig(
         model=args.model, data=args.data, steps=1, optimizer="adamw")).model.parameters())
-    per_seed: list[dict[str, float]] = []
-    for seed in args.seeds:
-        figures: dict[str, float] = {"seed": seed}
-        for method in args.methods:
-            outcome = simulate(method, seed, args)
-            figures[f"{method}_val_loss"] = round(outcome.val_loss, 4)
-            figures[f"{method}_wall_s"] = round(outcome.wall_s, 1)
-            if method != "adamw":
-                figures[f"{method}_bytes_per_round"] = round(outcome.payload_bytes_per_round, 1)
-                figures[f"{method}_bytes_ratio"] = round(bytes_ratio(outcome, params, args), 1)
-            print(f"seed {seed} {method:13s} val loss {outcome.val_loss:.4f} "
-                  f"bytes/round {outcome.payload_bytes_per_round:9.1f} "
-                  f"({outcome.wall_s:.0f} s)", flush=True)
-        if "adamw" in args.methods:
+    outcomes = read_outcomes(args.from_jsonl) if args.from_jsonl else []
+    if not args.from_jsonl:
+        for seed in args.seeds:
             for method in args.methods:
-                if method != "adamw":
-                    figures[f"{method}_loss_ratio"] = round(
-                        figures[f"{method}_val_loss"] / figures["adamw_val_loss"], 4)
-        per_seed.append(figures)
+                outcome = simulate(method, seed, args)
+                record = {"seed": seed, "method": method, "steps": args.steps,
+                          "peers": args.peers, "total_batch": args.total_batch,
+                          "seq_len": args.seq_len,
+                          "val_loss": round(outcome.val_loss, 4),
+                          "wall_s": round(outcome.wall_s, 1),
+                          "bytes_per_round": round(outcome.payload_bytes_per_round, 1),
+                          "bytes_ratio": (round(bytes_ratio(outcome, params, args), 1)
+                                          if method != "adamw" else None),
+                          "curve": outcome.curve}
+                outcomes.append(record)
+                if args.jsonl:
+                    with args.jsonl.open("a") as out:
+                        out.write(json.dumps(record) + "\n")
+                print(f"seed {seed} {method:13s} val loss {outcome.val_loss:.4f} "
+                      f"bytes/round {outcome.payload_bytes_per_round:9.1f} "
+                      f"({outcome.wall_s:.0f} s)", flush=True)
+    per_seed = figures_per_seed(outcomes)
 
     summary: dict[str, object] = {}
     for key in sorted({k for figures in per_seed for k in figures} - {"seed"}):
         if key.endswith(("_val_loss", "_loss_ratio", "_bytes_ratio")):
-            summary[key] = round(statistics.fmean(f[key] for f in per_seed), 4)
-    summary.update({"params": params, "steps": args.steps, "peers": args.peers,
-                    "total_batch": args.total_batch, "seq_len": args.seq_len,
-                    "seeds": args.seeds, "per_seed": per_seed})
+            summary[key] = round(statistics.fmean(f[key] for f in per_seed if key in f), 4)
+    shape = {"steps": args.steps, "peers": args.peers, "total_batch": args.total_batch,
+             "seq_len": args.seq_len}
+    for key, default in list(shape.items()):  # the runs' own, when summarizing files
+        values = {r.get(key, default) for r in outcomes}
+        if len(values) > 1:
+            parser.error(f"the outcomes differ in {key}: {sorted(values)}")
+        shape[key] = values.pop() if values else default
+    summary.update({"params": params, **shape, "seeds": [int(f["seed"]) for f in per_seed],
+                    "per_seed": per_seed})
     for key, value in summary.items():
         if key != "per_seed":
             print(f"{key:28s} {value}")
