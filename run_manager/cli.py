@@ -140,6 +140,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
         RunOptions,
         SourceUnavailable,
         make_coordinator_source,
+        make_join_check,
         run_headless,
         supervisor_config,
     )
@@ -162,6 +163,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
             typer.echo(f"run-manager: warning: {env_file}: {warning}", err=True)
         settings = _pick_run(settings, options.join_authority)
         coordinator = make_coordinator_source(settings, options.pinned_version)
+        join_check = make_join_check(settings, coordinator, options.pinned_version)
         config = supervisor_config(settings, options)  # GpuSelectionError: a "GPUS: ..." line
     except SettingsError as error:
         for problem in error.problems:
@@ -196,7 +198,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
     def make_supervisor(on_event: Callable[[SupervisorEvent], None]) -> Supervisor:
         if exporter is not None:
             on_event = exporter.wrap(on_event)  # counts starts, exits and restarts
-        return Supervisor(client, coordinator, config, on_event)
+        return Supervisor(client, coordinator, config, on_event, join_check)
 
     def make_monitor(on_change: Callable[[Part], None]) -> Monitor:
         return Monitor(dashboard, coordinator, metrics, on_change, rpc_url=settings.RPC)
@@ -210,7 +212,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
             try:
                 await run_tui(tui_app)
             finally:
-                await _close(coordinator, metrics)
+                await _close(coordinator, metrics, join_check)
 
         asyncio.run(with_tui())
         finished = tui_app.finished
@@ -223,14 +225,14 @@ def _run_client(env_file: Path, options: object, tui: bool,
             try:
                 return await run_headless(make_supervisor, make_monitor, dashboard)
             finally:
-                await _close(coordinator, metrics)
+                await _close(coordinator, metrics, join_check)
 
         finished = asyncio.run(headless())
         # The loop gave the signals back; the container is gone: a signal now ends it.
         exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")
     if exporter is not None:
         exporter.telemetry.shutdown()
-    if finished is not None and finished.reason in ("gave-up", "error"):
+    if finished is not None and finished.failed:
         typer.echo(f"run-manager: {finished.message}", err=True)
         return EXIT_RUN_FAILED
     return 0
