@@ -120,7 +120,8 @@ async def test_two_clients_train_an_epoch_on_the_local_validator_and_claim_rewar
 
         def backend_factory(server_addr, identity, run_id, p2p_address, client_version=""):
             return SolanaBackend(SolanaBackendOptions(
-                rpc=[net.url], wallet=wallets[identity.public_key], run_id=run_id,
+                rpc=[net.url], ws_rpc=[net.ws_url], wallet=wallets[identity.public_key],
+                run_id=run_id,
                 p2p_address=p2p_address, client_version=client_version,
                 authorizer=grantee.pubkey()))
 
