@@ -2,14 +2,16 @@
 instruction builders, account decoders and an RPC client.
 
     python -m psyche_solana.build            # clang + our linker -> build/programs/*.so
-    psyche-localnet                          # LiteSVM behind JSON-RPC on 127.0.0.1:8899
+    psyche-localnet                          # LiteSVM: JSON-RPC on :8899, PubSub WebSocket on :8900
 
 Modules (the public surface):
     instructions  builders for the coordinator, authorizer and treasurer programs
     accounts      decoders: decode_coordinator(data).state is a coordinator.CoordinatorState
-    rpc           SolanaRpc (httpx, fallback endpoint, retries), ProgramError, AccountWatcher
+    rpc           SolanaRpc (httpx, fallback endpoint, retries), ProgramError
+    subscription  AccountSubscription: accountSubscribe over WS_RPC / WS_RPC_2, polling fallback
     runs          run administration over RPC (what run-manager's subcommands do)
-    localnet      Localnet / LocalValidator / main (psyche-localnet)
+    localnet      Localnet / LocalValidator / main (psyche-localnet); validator: its JSON-RPC
+                  methods; pubsub: its WebSocket (accountSubscribe / accountNotification)
     svm, scenario our programs in an in-process LiteSVM (tests, benchmarks)
     linker, build, deploy   the toolchain: .o -> SBPFv0 .so, build, upgradeable-loader deploy
     errors        custom error codes as words

@@ -5,7 +5,7 @@ failures (custom program error codes mapped to words by psyche_solana.errors).
     rpc = SolanaRpc(["http://127.0.0.1:8899", os.environ.get("RPC_2")])
     signature = await rpc.send_instructions([ix.tick(run)], payer, [])
     data = await rpc.account_data(address)           # None if the account does not exist
-    watcher = AccountWatcher(rpc, address)           # polls the nonce, yields new data
+    # account changes: psyche_solana.subscription.AccountSubscription (accountSubscribe)
 
 Transport errors (connection refused, timeouts, HTTP 5xx/429) are retried on every
 endpoint in turn; JSON-RPC errors are raised as `RpcError` at once, except
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,25 +218,6 @@ class SolanaRpc:
             if asyncio.get_running_loop().time() > deadline:
                 raise RpcError(f"transaction {signature} not confirmed in {timeout_s:.0f} s")
             await asyncio.sleep(0.4)
-
-
-class AccountWatcher:
-    """Account-change notifications by polling: read the account's nonce (8 bytes at
-    offset 16) every `interval_s`, and yield the whole data when it changed."""
-
-    def __init__(self, rpc: SolanaRpc, address: Pubkey, interval_s: float = 0.25):
-        self.rpc, self.address, self.interval_s = rpc, address, interval_s
-
-    async def changes(self) -> AsyncIterator[bytes]:
-        last_nonce: bytes | None = None
-        while True:
-            nonce = await self.rpc.account_data(self.address, NONCE_SLICE)
-            if nonce is not None and nonce != last_nonce:
-                data = await self.rpc.account_data(self.address)
-                if data is not None:
-                    last_nonce = data[16:24]
-                    yield data
-            await asyncio.sleep(self.interval_s)
 
 
 async def multiple_account_data(rpc: SolanaRpc, addresses: Sequence[Pubkey]) -> list[bytes | None]:
