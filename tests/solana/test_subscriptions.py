@@ -309,3 +309,42 @@ def test_the_clients_ws_rpc_must_be_a_websocket_url():
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip() == \
         "error: --ws-rpc must be a ws:// or wss:// URL, got 'http://127.0.0.1:2'"
+
+
+async def test_the_subscription_polls_while_the_websocket_is_down_and_reconnects(net):
+    from psyche_solana.pubsub import PubSubServer
+
+    run = await _open_run(net, "restart-run")
+    port = int(net.ws_url.rsplit(":", 1)[1])
+    async with SolanaRpc([net.url]) as rpc:
+        payer = Keypair()
+        await rpc.airdrop(payer.pubkey(), 10**9)
+        subscription = AccountSubscription(rpc, [net.ws_url], run, fallback_poll_s=0.1,
+                                           backoff_s=0.5, max_backoff_s=0.5)
+        seen: list[bytes] = []
+
+        async def follow() -> None:
+            async for data in subscription.changes():
+                seen.append(data)  # noqa: PERF401 (endless: each item must land now)
+
+        task = asyncio.create_task(follow())
+        replacement = None
+        try:
+            await asyncio.wait_for(subscription.connected.wait(), 10)
+            await asyncio.to_thread(net.pubsub.stop)  # closes the socket: 1001 going away
+            await _wait_for(lambda: not subscription.connected.is_set())
+            await rpc.send_instructions([ix.tick(run)], payer)
+            down = await rpc.account_data(run)
+            await _wait_for(lambda: seen and seen[-1] == down)  # seen by polling
+            replacement = PubSubServer(net.validator, "127.0.0.1", port).start()
+            await asyncio.wait_for(subscription.connected.wait(), 10)
+            pushed = subscription.notifications
+            await rpc.send_instructions([ix.tick(run)], payer)
+            up = await rpc.account_data(run)
+            await _wait_for(lambda: seen[-1] == up)
+            assert subscription.notifications == pushed + 1  # pushed again, not polled
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if replacement is not None:
+                net.pubsub = replacement  # the fixture's teardown stops this one
