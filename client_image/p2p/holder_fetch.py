@@ -3,11 +3,11 @@
     data, provider = await fetch_from_holders(node.blobs, blob_hash, size, producer, others)
 
 Order of asking: holders this node already knows for the hash (fastest first,
-with jitter), then the producer, then the other clients (in random order:
-they may have fetched it; the ones that have not answer "not found" at once).
-A holder that has uploaded the blob enough times redirects us to holders it
-knows, which go to the front of the queue; a busy one is asked again after a
-short jittered pause, behind the others. Every answer is verified by its
+with jitter), then the producer. A holder that has uploaded the blob enough
+times redirects us to holders it knows, which go to the front of the queue; a
+busy one is asked again after a short jittered pause, behind the others. Only
+when nobody is left to ask (the producer is gone) are the other clients asked,
+one at a time in random order: they may have fetched it. Every answer is verified by its
 BLAKE3 hash; a holder that serves wrong bytes (or fails) is skipped for this
 blob and forgotten as its holder. The number of asks is bounded; when they
 are spent, the old path asks the producer and the others without accepting a
@@ -60,16 +60,17 @@ async def fetch_from_holders(
     me, book = service.transport.node_id, service.holders
     rest = [p for p in others if p != producer]
     random.shuffle(rest)
-    queue = list(dict.fromkeys([*book.by_speed(book.holders_of(digest)), producer, *rest]))
-    queue = [p for p in queue if p != me]
+    queue = [p for p in dict.fromkeys([*book.by_speed(book.holders_of(digest)), producer])
+             if p != me]
+    reserve = [p for p in rest if p not in queue and p != me]
     skipped: set[bytes] = {me}  # asked and failed: not again in this loop
     liars: set[bytes] = set()  # served wrong bytes: not even in the last resort
     busy_answers: dict[bytes, int] = {}
     errors: list[str] = []
     deadline = time.monotonic() + service.config.total_timeout_s
     asks = 0
-    while queue and asks < config.max_asks and time.monotonic() < deadline:
-        provider = queue.pop(0)
+    while (queue or reserve) and asks < config.max_asks and time.monotonic() < deadline:
+        provider = queue.pop(0) if queue else reserve.pop(0)
         asks += 1
         started = time.monotonic()
         try:
@@ -81,6 +82,7 @@ async def fetch_from_holders(
             fresh = book.by_speed(fresh)
             # the redirecting holder stays a last resort: it does have the blob
             queue = [*fresh, *(p for p in queue if p not in fresh), provider]
+            reserve = [p for p in reserve if p not in queue]
             continue
         except BlobBusy:
             busy_answers[provider] = busy_answers.get(provider, 0) + 1

@@ -3,15 +3,16 @@
 A training result is content-addressed, so any node that has downloaded and
 verified it can serve it. Each node keeps a small book per blob hash:
 
-- the nodes it served the whole blob to (they hold it now, verified by them),
-- the holders other nodes redirected it to (learned while downloading),
-- how many uploads of the blob are running and how many completed.
+- the nodes it served the whole blob to (its downstream: they hold it now),
+- the holders other nodes redirected it to (hints for its own download),
+- how many uploads of the blob were started and how many are running.
 
 Serving policy (only for askers that accept a redirect): serve while fewer
 than ``serve_budget`` uploads of that blob were started; after that, redirect
-the asker to a few known holders (the ones redirected to least, so load
-spreads); with no holder to point to, serve if fewer than ``max_active``
-uploads run, else answer busy. A producer therefore uploads each result about
+the asker to a few of its downstream (the ones redirected to least, so load
+spreads: each has its own budget, unlike the nodes that sent us here); with
+no downstream to point to yet, serve if fewer than ``max_active`` uploads
+run, else answer busy. A producer therefore uploads each result about
 ``serve_budget`` times whatever the swarm size, and the blob spreads as a tree
 whose every node uploads it at most ``serve_budget`` times.
 
@@ -49,10 +50,12 @@ class HolderPolicy:
 
 @dataclass
 class _BlobEntry:
-    # holder -> how often we redirected someone to it (insertion order: oldest first)
-    holders: dict[bytes, int] = field(default_factory=dict)
+    # served by us -> how often we redirected someone to it
+    downstream: dict[bytes, int] = field(default_factory=dict)
+    hints: dict[bytes, None] = field(default_factory=dict)  # holders others pointed us to
     started: int = 0
     active: int = 0
+    bytes_sent: int = 0
 
 
 @dataclass
@@ -86,18 +89,24 @@ class HolderBook:
     def learn(self, digest: bytes, holders: Iterable[bytes]) -> None:
         entry = self._entry(digest)
         for holder in holders:
-            if holder not in entry.holders and len(entry.holders) < self.policy.max_holders:
-                entry.holders[holder] = 0
+            if len(entry.hints) < self.policy.max_holders:
+                entry.hints[holder] = None
 
     def forget_holder(self, digest: bytes, holder: bytes) -> None:
         """``holder`` failed us for ``digest`` (wrong bytes, gone): never point anyone to it."""
         entry = self._blobs.get(digest)
         if entry is not None:
-            entry.holders.pop(holder, None)
+            entry.hints.pop(holder, None)
+            entry.downstream.pop(holder, None)
 
     def holders_of(self, digest: bytes) -> list[bytes]:
         entry = self._blobs.get(digest)
-        return list(entry.holders) if entry else []
+        return list(dict.fromkeys([*entry.hints, *entry.downstream])) if entry else []
+
+    def bytes_sent(self, digest: bytes) -> int:
+        """Bytes of ``digest`` this node has uploaded (while the book remembers it)."""
+        entry = self._blobs.get(digest)
+        return entry.bytes_sent if entry else 0
 
     def retain(self, keep: Callable[[bytes], bool]) -> None:
         for digest in [d for d in self._blobs if not keep(d)]:
@@ -128,13 +137,13 @@ class HolderBook:
         entry = self._entry(digest)
         if entry.started < self.policy.serve_budget:
             return "serve"
-        candidates = [h for h in entry.holders if h != requester]
+        candidates = [h for h in entry.downstream if h != requester]
         if candidates:
             random.shuffle(candidates)  # ties between equally used holders go at random
-            chosen = sorted(candidates, key=lambda h: entry.holders[h])
+            chosen = sorted(candidates, key=lambda h: entry.downstream[h])
             chosen = chosen[: self.policy.redirect_fanout]
             for holder in chosen:
-                entry.holders[holder] += 1
+                entry.downstream[holder] += 1
             self.stats.redirects += 1
             return chosen
         if entry.active < self.policy.max_active:
@@ -157,5 +166,7 @@ class HolderBook:
         whole blob to an asker that serves results on (a redirectable request)."""
         self.stats.uploads += 1
         self.stats.bytes_sent += size
-        if now_holds:
-            self.learn(digest, [requester])
+        entry = self._entry(digest)
+        entry.bytes_sent += size
+        if now_holds and len(entry.downstream) < self.policy.max_holders:
+            entry.downstream.setdefault(requester, 0)
