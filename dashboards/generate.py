@@ -205,6 +205,10 @@ def clients() -> dict[str, Any]:
                "{{service_instance_id}} downloaded", "C")]), 12)
     lay.add(timeseries("Witnesses sent", [target(
         f"psyche_witnesses_sent_total{{{CLIENTS}}}", "{{service_instance_id}} {{type}}")]), 12)
+    lay.add(timeseries("Taken out of an epoch, by reason", [target(
+        f"psyche_client_removed_total{{{CLIENTS}}}", "{{service_instance_id}} {{reason}}")],
+        description="late-witness, training-over-time, health-check, paused or withdrawn, "
+                    "as the client infers it (client_image/runtime/removal.py)"), 12)
     lay.row("Optimizer")
     lay.add(timeseries("Learning rate", [target(f"psyche_learning_rate{{{CLIENTS}}}",
                                                 "{{service_instance_id}}")], "sci"), 8)

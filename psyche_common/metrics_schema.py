@@ -9,7 +9,7 @@ nothing but pydantic.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,23 @@ class SelectedPath(_Strict):
 class ConnectedPeer(_Strict):
     endpoint_id: str
     selected_path: SelectedPath | None = None
+
+
+RemovalReason = Literal["late-witness", "training-over-time", "health-check", "paused",
+                        "withdrawn"]
+"""Why the coordinator took a client out of an epoch, as the client infers it
+(client_image/runtime/removal.py)."""
+REMOVAL_REASONS: tuple[RemovalReason, ...] = get_args(RemovalReason)
+
+
+class Removal(_Strict):
+    """The coordinator took this client out of an epoch."""
+
+    epoch: int = Field(ge=0)
+    step: int = Field(ge=0)
+    reason: RemovalReason
+    detail: str
+    """The reason in words, e.g. "a health check dropped it: ..."."""
 
 
 class ClientMetrics(_Strict):
@@ -101,6 +118,12 @@ class ClientMetrics(_Strict):
     """The epoch of the last ejection (None: never ejected)."""
     ejected_by: list[str] = Field(default_factory=list)
     """The followers (node ids, hex) whose reports ejected this client."""
+
+    # Removals (client_image/runtime/removal.py): why the coordinator took it out.
+    removals: dict[str, int] = Field(default_factory=dict)
+    """Reason -> times this client was taken out of an epoch for it."""
+    removal: Removal | None = None
+    """The last removal (None: never removed)."""
 
     # Evals (docs/evals.md): the last score of each task, scored between epochs.
     evals: dict[str, dict[str, float]] = Field(default_factory=dict)

@@ -179,9 +179,9 @@ class LogLinePrinter:
             untimed = None if d.run is None else d.run.model_copy(update={"phase_elapsed_s": 0.0})
             self._show("run", describe_run(d.run), key=describe_run(untimed))
             self._show("witnesses", describe_witnesses(d.run))
-        elif part == "training":
-            self._show("training", describe_training(d.metrics, d.metrics_error))
-        else:
+        if part in ("run", "training"):  # the run's end is the training's too
+            self._show("training", describe_training(d.metrics, d.metrics_error, d.run))
+        if part == "wallet":
             self._show("wallet", describe_wallet(d.wallet))
         if part in ("run", "training"):
             self._show("verification", describe_verification(d.run, d.metrics))

@@ -44,6 +44,7 @@ from client_image.runtime.events import (
 from client_image.runtime.model_keeper import REFUSED, CheckpointOptions, hub_repo_problem
 from client_image.runtime.observability import Counters, EventLog, MetricsServer, snapshot
 from client_image.runtime.peers import IrohPeers
+from client_image.runtime.removal import RemovalWatch
 from client_image.runtime.round_runner import RoundRunner, RunnerOptions
 from client_image.runtime.tasks import GuardedTasks
 from client_image.runtime.worker import TrainingWorker
@@ -136,6 +137,7 @@ class PsycheClient:
         self.counters = Counters()
         # what the runtime tells only by event (following, ejected) reaches the metrics
         events.listeners.append(self.counters.observe)
+        self.removals = RemovalWatch(self.me, events)  # tells why it was taken out
         self.state: CoordinatorState | None = None
         self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)
         self.addresses: dict[str, str] = {}
@@ -281,6 +283,7 @@ class PsycheClient:
             return
         if previous is None:
             self._check_hub_repo(state)
+        self.removals.notice(state)
         self.counters.phase, self.counters.epoch = state.run_state.name, state.progress.epoch
         self.counters.step = state.progress.step
         changed = (previous is None or previous.run_state != state.run_state

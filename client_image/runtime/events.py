@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from psyche_common.metrics_schema import RemovalReason
+
 
 @dataclass(frozen=True)
 class RuntimeEvent:
@@ -181,6 +183,19 @@ class Ejected(RuntimeEvent):
     NAME: ClassVar[str] = "ejected"
     epoch: int
     reporters: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Removed(RuntimeEvent):
+    """The coordinator took this client out of the epoch; `reason` is inferred by the
+    client (runtime/removal.py): late-witness, training-over-time, health-check, paused,
+    withdrawn."""
+
+    NAME: ClassVar[str] = "removed"
+    epoch: int
+    step: int
+    reason: RemovalReason
+    detail: str
 
 
 @dataclass(frozen=True)

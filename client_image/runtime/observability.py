@@ -18,8 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from client_image.runtime.events import Ejected, EvalScored, Following, RuntimeEvent
-from psyche_common.metrics_schema import ClientMetrics, ConnectedPeer, RoundTripTime, SelectedPath
+from client_image.runtime.events import Ejected, EvalScored, Following, Removed, RuntimeEvent
+from psyche_common.metrics_schema import (
+    ClientMetrics,
+    ConnectedPeer,
+    Removal,
+    RoundTripTime,
+    SelectedPath,
+)
 
 LogMode = Literal["tui", "console", "json", "none"]
 log = logging.getLogger(__name__)
@@ -103,6 +109,8 @@ class Counters:
     ejected_epoch: int | None = None  # the epoch of the last ejection of this client
     ejected_by: tuple[str, ...] = ()  # the followers (hex) whose reports ejected it
     evals: dict[str, dict[str, float]] = field(default_factory=dict)  # task -> metric -> last
+    removals: dict[str, int] = field(default_factory=dict)  # reason -> times (runtime/removal.py)
+    last_removal: Removed | None = None
 
     def observe(self, event: RuntimeEvent) -> None:
         """An `EventLog` listener for what the runtime tells only by event: the trainers
@@ -116,6 +124,10 @@ class Counters:
                 self.verification_following = 0
             case EvalScored(task=task):
                 self.evals = self.evals | {task: event.metrics()}
+            case Removed(reason=reason):
+                # Each Removed is emitted once (RemovalWatch), so counting it is safe here.
+                self.removals = self.removals | {reason: self.removals.get(reason, 0) + 1}
+                self.last_removal = event
             case _:
                 pass
 
@@ -159,7 +171,9 @@ def snapshot(counters: Counters, client_version: str, node: Any | None,
         verifications_failed=counters.verifications_failed,
         verification_reports_sent=counters.verification_reports_sent,
         ejected=counters.ejected_epoch is not None, ejected_epoch=counters.ejected_epoch,
-        ejected_by=list(counters.ejected_by), evals=counters.evals)
+        ejected_by=list(counters.ejected_by), evals=counters.evals,
+        removals=counters.removals, removal=None if (gone := counters.last_removal) is None
+        else Removal(epoch=gone.epoch, step=gone.step, reason=gone.reason, detail=gone.detail))
 
 
 class MetricsServer:

@@ -5,7 +5,9 @@ stream and its library log; the client runs as a worker on the app's event loop,
 stops it cleanly (the app's exit code is the client's). While the run verifies
 (docs/verification.md) a line above the panels shows the trainers this client follows,
 its replays' verdicts and the reports it sent; an `Ejected` event turns it into a notice
-(and a notification) naming the followers whose reports ejected this client.
+(and a notification) naming the followers whose reports ejected this client. A `Removed`
+event (the coordinator took this client out of an epoch, runtime/removal.py) is a
+notification, and a line of the Training panel says why.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from textual.containers import Grid
 from textual.widgets import Footer, Header, RichLog, Static
 
 from client_image.runtime.client import PsycheClient
-from client_image.runtime.events import Ejected, Following, RuntimeEvent
+from client_image.runtime.events import Ejected, Following, Removed, RuntimeEvent
 from client_image.runtime.observability import Counters
 from psyche_common.run_view import ObservedState, build_snapshot
 from psyche_common.ui.run_panel import RunPanel
@@ -106,6 +108,12 @@ class ClientApp(App[int]):
                     self.notify(ejected_notice(event), title="ejected", severity="error",
                                 timeout=600)
                     self.refresh_verification()
+            case Removed():
+                # Also a line of the Training panel (from the metrics); the notice says it now.
+                if self.is_running:
+                    self.notify(f"epoch {event.epoch}, step {event.step}: {event.detail}",
+                                title=f"taken out of the epoch ({event.reason})",
+                                severity="warning", timeout=600)
             case _:
                 pass
 

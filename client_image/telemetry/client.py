@@ -27,6 +27,7 @@ from client_image.runtime.events import (
     EvalScored,
     Following,
     ModelLoaded,
+    Removed,
     RuntimeEvent,
     StateChanged,
     TaskFailed,
@@ -198,6 +199,8 @@ class ClientTelemetry:
             case Ejected():
                 t.gauge("psyche_verification_following").set(0)
                 t.gauge("psyche_ejected").set(1)
+            case Removed(reason=reason):
+                t.counter("psyche_client_removed").add(1, {"reason": reason})
             case EvalScored(task=task):
                 for metric, value in event.metrics().items():
                     t.gauge("psyche_eval_metrics").set(value, {"task": task, "metric": metric})

@@ -144,6 +144,10 @@ CLIENT_METRICS: tuple[MetricSpec, ...] = (
             "verification reports this client sent to the coordinator"),
     _client("psyche_ejected", "gauge",
             "1 once the coordinator ejected this client (its followers reported it)"),
+    _client("psyche_client_removed", "counter",
+            "times the coordinator took this client out of an epoch, by the reason the "
+            "client infers (late-witness, training-over-time, health-check, paused, withdrawn)",
+            labels=("reason",)),
     # --- blob downloads (results and model parameters)
     _client("psyche_downloads_started", "observable_counter", "blob downloads started"),
     _client("psyche_downloads_finished", "observable_counter", "blob downloads finished"),

@@ -1,4 +1,5 @@
-"""Training: the loss plot, tokens/s and the sizes of the last results."""
+"""Training: the loss plot, tokens/s, the sizes of the last results, why the client was
+taken out of an epoch, and the run's end once it has finished."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class TrainingPanel(Vertical):
         self._draw([])
 
     def show(self, dashboard: RunView) -> None:
-        self.summary.update("\n".join(describe_training(dashboard.metrics, dashboard.metrics_error)))
+        self.summary.update("\n".join(describe_training(
+            dashboard.metrics, dashboard.metrics_error, dashboard.run)))
         self._draw(list(dashboard.losses))
 
     def _draw(self, losses: list[tuple[int, float]]) -> None:

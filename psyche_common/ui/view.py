@@ -110,7 +110,15 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
-def describe_training(metrics: ClientMetrics | None, error: str = "") -> list[str]:
+def describe_training(metrics: ClientMetrics | None, error: str = "",
+                      run: RunSnapshot | None = None) -> list[str]:
+    """The client's training; once the run has finished, its end (the client has exited,
+    so its last metrics are the final ones, not a client gone quiet)."""
+    if run is not None and run.phase == "Finished":
+        final = "" if metrics is None or metrics.loss is None else \
+            f", final loss {metrics.loss:.4f}"
+        return [f"training: finished: the run ended at step {run.step}{final}",
+                *([] if metrics is None else describe_evals(metrics.evals))]
     if metrics is None:
         return [f"training: no client metrics{' (' + error + ')' if error else ''}"]
     loss = "—" if metrics.loss is None else f"{metrics.loss:.4f}"
@@ -122,8 +130,19 @@ def describe_training(metrics: ClientMetrics | None, error: str = "") -> list[st
         f"role {metrics.role}",
         f"loss {loss}  {metrics.tokens_per_sec:,.0f} tok/s  peers {len(metrics.connected_peers)}",
         f"last results: {sizes}",
+        *describe_removal(metrics),
         *describe_evals(metrics.evals),
     ]
+
+
+def describe_removal(metrics: ClientMetrics) -> list[str]:
+    """"taken out in epoch 2 at step 17 (health-check): a health check dropped it: ...",
+    while the client is still in (or just past) the epoch it was taken out of."""
+    removal = metrics.removal
+    if removal is None or metrics.epoch > removal.epoch + 1:
+        return []
+    return [f"taken out in epoch {removal.epoch} at step {removal.step} ({removal.reason}): "
+            f"{removal.detail}"]
 
 
 def describe_evals(evals: dict[str, dict[str, float]]) -> list[str]:

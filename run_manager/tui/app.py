@@ -25,6 +25,7 @@ from textual.containers import Grid
 from textual.driver import Driver
 from textual.widgets import Footer, Header
 
+from psyche_common.metrics_schema import Removal
 from psyche_common.stopping import StopSignals, hangup_safe_driver
 from psyche_common.ui.run_panel import RunPanel
 from psyche_common.ui.training_panel import TrainingPanel
@@ -63,6 +64,7 @@ class RunManagerApp(App[None]):
         self.finished: SupervisorFinished | None = None
         self._stop_polling = asyncio.Event()
         self.stop_requests = 0  # q / ctrl+c / signals so far
+        self.told_removal: Removal | None = None  # the last removal notified
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -119,6 +121,19 @@ class RunManagerApp(App[None]):
     @on(DashboardChanged)
     def _apply_dashboard_change(self, message: DashboardChanged) -> None:
         self.refresh_panels(message.part)
+        self._alert_removal()
+
+    def _alert_removal(self) -> None:
+        """A notification, once per removal, when the client says the coordinator took it
+        out of an epoch (the Training panel keeps the line)."""
+        metrics = self.dashboard.metrics
+        removal = None if metrics is None else metrics.removal
+        if removal is None or removal == self.told_removal:
+            return
+        self.told_removal = removal
+        self.notify(f"epoch {removal.epoch}, step {removal.step}: {removal.detail}",
+                    title=f"client taken out of the epoch ({removal.reason})",
+                    severity="warning", timeout=600)
 
     @on(ClientEjected)
     def _alert_ejection(self, message: ClientEjected) -> None:
@@ -129,7 +144,7 @@ class RunManagerApp(App[None]):
         if part in (None, "run"):
             self.query_one(RunPanel).show(self.dashboard)
             self.query_one(WitnessPanel).show(self.dashboard)
-        if part in (None, "training"):
+        if part in (None, "run", "training"):  # the run's end is the training's too
             self.query_one(TrainingPanel).show(self.dashboard)
         if part in (None, "run", "training"):
             self.query_one(VerificationPanel).show(self.dashboard)
