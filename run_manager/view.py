@@ -9,6 +9,7 @@ why). No Textual here: `--no-tui` must not import it.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,6 +28,14 @@ from run_manager.docker_supervisor import (
 )
 
 LOG_TAIL_LINES = 500
+# httpx's request lines ("HTTP Request: POST http://... "HTTP/1.1 200 OK""), as a client
+# logs them in any of its log formats; older clients log one per RPC poll.
+HTTP_REQUEST_LINE = re.compile(r'HTTP Request: [A-Z]+ \S+ \\?"HTTP/')
+
+
+def is_http_request_line(text: str) -> bool:
+    """A client's HTTP request line: kept in the full log, left out of the event pane."""
+    return HTTP_REQUEST_LINE.search(text) is not None
 
 
 @dataclass

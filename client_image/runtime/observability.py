@@ -73,6 +73,10 @@ def configure_logging(mode: LogMode, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level if mode != "none" else logging.WARNING)
+    # httpx logs every request at INFO ("HTTP Request: POST ... 200 OK"): a Solana client
+    # polls its RPC every second, and those lines would bury the events people read.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
 
 
 @dataclass

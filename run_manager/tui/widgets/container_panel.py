@@ -1,4 +1,5 @@
-"""The client container: image, state, restarts and a live tail of its log."""
+"""The client container: image, state, restarts and a live tail of its log (its events;
+the HTTP request lines only in the full-screen log)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import RichLog, Static
 
-from run_manager.view import Dashboard, describe_container
+from run_manager.view import Dashboard, describe_container, is_http_request_line
 
 TAIL_LINES = 200
 
@@ -25,8 +26,10 @@ class ContainerPanel(Vertical):
 
     def replay(self, lines: list[str]) -> None:
         """Fills the tail with lines logged before the panel existed."""
-        for line in lines[-TAIL_LINES:]:
+        for line in [line for line in lines if not is_http_request_line(line)][-TAIL_LINES:]:
             self.tail.write(line)
 
     def append_log(self, text: str) -> None:
-        self.tail.write(text)
+        # The client's HTTP request lines stay in the full-screen log (l), not here.
+        if not is_http_request_line(text):
+            self.tail.write(text)
