@@ -1,6 +1,6 @@
 """A local swarm of N clients exchanging training results over real iroh endpoints.
 
-    .venv/bin/python bench/swarm.py [--sizes 4,16,64] [--rounds 2] [--result-bytes 6338]
+    .venv/bin/python bench/swarm.py [--sizes 4,16,64] [--rounds 2] [--result-bytes 3406]
 
 Each simulated client is a real ``P2PNode`` (iroh endpoint on 127.0.0.1, blob
 server with the holder policy), all in this process; no training and no
@@ -8,9 +8,11 @@ coordinator. Each round every client publishes one result of
 ``--result-bytes`` random bytes, then downloads every other client's result
 with the client's own fetch (``fetch_from_holders``, as
 ``IrohPeers.download_result`` does: from any holder, redirected by busy ones)
-and serves what it downloaded on. The default size, 6338 bytes, is the
-tiny-llama DisTrO result (1-bit signs of the top-k DCT coefficients) that the
-P2P tests use; results are random bytes of that size.
+and serves what it downloaded on. The default size, 3406 bytes, is the real
+wire payload of one tiny-llama DisTrO result (Psyche's defaults: top-8 of
+64-wide DCT chunks, 1-bit signs), as ``bench/distro.py --steps 2 --peers 2``
+measures it (``payload_bytes_per_peer_step``); results here are random bytes
+of that size.
 
 Printed per N: bytes up and down per client per round, the producer's upload
 per result in result sizes, the download overhead (the worst client's payload
@@ -49,7 +51,7 @@ from client_image.p2p import (  # noqa: E402
     step_tag,
 )
 
-TINY_LLAMA_RESULT_BYTES = 6338
+TINY_LLAMA_RESULT_BYTES = 3406  # measured, see the docstring
 
 
 @dataclass

@@ -11,11 +11,10 @@ holder. Response: ``status (u8: 0 ok, 1 not found, 2 bad request, 3 redirect,
 redirect, a holder count and that many 32-byte node ids (see ``holders.py``
 for when a server redirects); then the stream is finished.
 
-A download hashes the bytes incrementally as they arrive (BLAKE3), never
-accepts more than the announced size, and on a failed or stalled provider
-resumes at the same offset from the next provider after a jittered,
-exponentially growing pause. A hash mismatch at the end discards everything
-and blames the providers that contributed.
+A download hashes the bytes as they arrive (BLAKE3), never accepts more than
+the announced size, and on a failed or stalled provider resumes at the same
+offset from the next one after a jittered, growing pause. A hash mismatch at
+the end discards everything and blames the providers that contributed.
 """
 
 from __future__ import annotations
@@ -67,6 +66,16 @@ class BlobRedirect(BlobProtocolError):
 
 class BlobBusy(BlobProtocolError):
     """The provider has the blob but is uploading it to enough peers already."""
+
+
+class BlobNotFound(BlobProtocolError):
+    """The provider does not have the blob (a holder we were sent to may get it soon)."""
+
+
+# What one provider can do wrong; the download moves on to the next provider.
+PROVIDER_FAILURES = (
+    TimeoutError, TransportError, BlobProtocolError, framing.StreamClosed, iroh.IrohError
+)
 
 
 class BlobFetchFailed(RuntimeError):
@@ -295,22 +304,16 @@ class BlobService:
     ) -> bytes:
         """One try of the whole blob from ``provider``, verified by its hash.
 
-        Raises ``BlobRedirect`` / ``BlobBusy`` (only with ``may_redirect``), or
-        ``BlobFetchFailed`` naming the provider and the cause (wrong bytes included).
+        Raises ``BlobRedirect`` / ``BlobBusy`` (only with ``may_redirect``), ``BlobNotFound``,
+        or ``BlobFetchFailed`` naming the provider and the cause (wrong bytes included).
         """
         segment = split(size, 1)[0]
         flags = FLAG_MAY_REDIRECT if may_redirect else 0
         try:
             await self._fetch_range(provider, digest, size, segment, None, flags)
-        except (BlobRedirect, BlobBusy):
-            raise
-        except (
-            TimeoutError,
-            TransportError,
-            BlobProtocolError,
-            framing.StreamClosed,
-            iroh.IrohError,
-        ) as error:
+        except (BlobRedirect, BlobBusy, BlobNotFound):
+            raise  # answers, not failures: the connection stays
+        except PROVIDER_FAILURES as error:
             self.transport.drop_connection(provider, BLOBS_ALPN)
             raise BlobFetchFailed(f"{provider.hex()[:8]}: {type(error).__name__}: {error}") from None
         if digest_of([segment]) != digest:
@@ -338,13 +341,7 @@ class BlobService:
         try:
             await self._fetch_range(provider, digest, size, segment, limiter)
             return None
-        except (
-            TimeoutError,
-            TransportError,
-            BlobProtocolError,
-            framing.StreamClosed,
-            iroh.IrohError,
-        ) as error:
+        except PROVIDER_FAILURES as error:
             self.transport.drop_connection(provider, BLOBS_ALPN)
             return f"{provider.hex()[:8]}: {type(error).__name__}: {error}"
 
@@ -369,7 +366,7 @@ class BlobService:
             header = await asyncio.wait_for(framing.read_exact(recv, RESPONSE_HEADER.size), timeout)
             status, total = RESPONSE_HEADER.unpack(header)
             if status == STATUS_NOT_FOUND:
-                raise BlobProtocolError("provider does not have the blob")
+                raise BlobNotFound("provider does not have the blob")
             if flags & FLAG_MAY_REDIRECT and status == STATUS_BUSY:
                 raise BlobBusy("provider is busy uploading this blob")
             if flags & FLAG_MAY_REDIRECT and status == STATUS_REDIRECT:

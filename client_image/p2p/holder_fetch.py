@@ -28,6 +28,7 @@ from client_image.p2p.blobs import (
     BlobBusy,
     BlobDownloadError,
     BlobFetchFailed,
+    BlobNotFound,
     BlobRedirect,
     BlobService,
 )
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class HolderFetchConfig:
     max_asks: int = 64
+    # a holder we were pointed to may not have stored the blob yet: ask it again this often
+    not_found_retries: int = 2
     busy_pause_s: float = 0.02  # first pause after a busy answer; grows with repeats, capped
     busy_pause_max_s: float = 0.5
 
@@ -65,7 +68,8 @@ async def fetch_from_holders(
     reserve = [p for p in rest if p not in queue and p != me]
     skipped: set[bytes] = {me}  # asked and failed: not again in this loop
     liars: set[bytes] = set()  # served wrong bytes: not even in the last resort
-    busy_answers: dict[bytes, int] = {}
+    busy_answers: dict[bytes, int] = {}  # busy, or not found at a holder we were sent to
+    pointed_to = set(queue) - {producer}
     errors: list[str] = []
     deadline = time.monotonic() + service.config.total_timeout_s
     asks = 0
@@ -80,12 +84,19 @@ async def fetch_from_holders(
             fresh = [h for h in redirect.holders if h not in skipped]
             book.learn(digest, fresh)
             fresh = book.by_speed(fresh)
+            pointed_to.update(fresh)
             # the redirecting holder stays a last resort: it does have the blob
             queue = [*fresh, *(p for p in queue if p not in fresh), provider]
             reserve = [p for p in reserve if p not in queue]
             continue
-        except BlobBusy:
+        except (BlobBusy, BlobNotFound) as answer:
             busy_answers[provider] = busy_answers.get(provider, 0) + 1
+            if isinstance(answer, BlobNotFound) and (
+                provider not in pointed_to or busy_answers[provider] > config.not_found_retries
+            ):
+                skipped.add(provider)
+                errors.append(f"{provider.hex()[:8]}: {answer}")
+                continue
             queue.append(provider)
             if all(p in busy_answers for p in queue):  # nobody left that has not said busy
                 pause = config.busy_pause_s * 2 ** min(busy_answers[provider] - 1, 5)
