@@ -9,7 +9,8 @@ busy one is asked again after a short jittered pause, behind the others. Only
 when nobody is left to ask (the producer is gone) are the other clients asked,
 one at a time in random order: they may have fetched it. Every answer is verified by its
 BLAKE3 hash; a holder that serves wrong bytes (or fails) is skipped for this
-blob and forgotten as its holder. The number of asks is bounded; when they
+blob and forgotten as its holder; a redirect is followed only to peers whose
+address this node knows (the run's clients). The number of asks is bounded; when they
 are spent, the old path asks the producer and the others without accepting a
 redirect (``BlobService.fetch``: retries with backoff), so a result that
 exists somewhere is never lost to the redirect logic.
@@ -81,7 +82,10 @@ async def fetch_from_holders(
             async with service.slots:  # a slot only while bytes may flow, not while waiting
                 data = await service.fetch_once(provider, digest, size)
         except BlobRedirect as redirect:
-            fresh = [h for h in redirect.holders if h not in skipped]
+            # only run members (peers whose address we were given): a liar cannot send
+            # us dialling made-up ids
+            fresh = [h for h in redirect.holders
+                     if h not in skipped and service.transport.known_address(h) is not None]
             book.learn(digest, fresh)
             fresh = book.by_speed(fresh)
             pointed_to.update(fresh)

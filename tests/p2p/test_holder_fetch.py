@@ -120,11 +120,17 @@ async def test_a_swarm_fetches_one_result_uploading_it_about_twice_from_its_prod
         assert max(n.blobs.holders.stats.uploads for n in nodes) <= 2
 
 
-async def test_a_malformed_redirect_is_skipped_and_the_producer_serves() -> None:
+MADE_UP_IDS = os.urandom(64)
+
+
+@pytest.mark.parametrize("answer", [
+    RESPONSE_HEADER.pack(STATUS_REDIRECT, 99),  # more holders than allowed: a protocol error
+    RESPONSE_HEADER.pack(STATUS_REDIRECT, 2) + MADE_UP_IDS,  # ids of no run member: not dialled
+], ids=["too-many-holders", "unknown-holders"])
+async def test_a_bad_redirect_is_skipped_and_the_producer_serves(answer: bytes) -> None:
     payload = os.urandom(RESULT_BYTES)
-    bad_redirect = RESPONSE_HEADER.pack(STATUS_REDIRECT, 99)  # more holders than allowed
     async with (
-        fake_provider(lambda d, o: bad_redirect) as bogus,
+        fake_provider(lambda d, o: answer) as bogus,
         started_nodes(2) as (producer, downloader),
     ):
         downloader.add_peer_addresses([bogus.address, producer.address])
@@ -133,4 +139,7 @@ async def test_a_malformed_redirect_is_skipped_and_the_producer_serves() -> None
         data, provider = await fetch_from_holders(
             downloader.blobs, digest, RESULT_BYTES, producer.node_id)
         assert data == payload and provider == producer.node_id
-        assert bogus.node_id not in downloader.blobs.holders.holders_of(digest)
+        learned = downloader.blobs.holders.holders_of(digest)
+        assert MADE_UP_IDS[:32] not in learned and MADE_UP_IDS[32:] not in learned
+        if len(answer) == RESPONSE_HEADER.size:  # count 99: the bogus peer is forgotten
+            assert bogus.node_id not in learned
