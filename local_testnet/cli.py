@@ -3,7 +3,8 @@
     psyche-testnet --num-clients 3 --config-path config/local-testnet --headless
 
 `--no-tui` (the default; `--headless` is its older name) waits for Finished (or `--timeout`)
-and prints ONE JSON line; `--tui` shows the server and each client's metrics instead.
+and prints ONE JSON line; `--tui` shows the server, each client's metrics and witness
+state, the loss and the logs instead, and on exit prints that result in words.
 
 SIGINT (ctrl+c), SIGTERM and SIGHUP (the terminal closed) stop it: "stopping…" on stderr,
 every process it started stopped (whole process groups: SIGTERM, SIGKILL after 10 s, at
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -95,6 +97,11 @@ def testnet(
 
         asyncio.run(run_testnet_tui(net))
         say("stopped: nothing left running")
+        if net.stop_signal is not signal.SIGHUP:  # a closed terminal has no one to read it
+            from local_testnet.summary_words import describe_summary
+
+            for line in describe_summary(net.summary()):
+                say(line)
         _exit_after_signal(net)
         return
     result = asyncio.run(run_headless(net))

@@ -5,7 +5,10 @@ The server part comes from the testnet's observer connection: the phase with its
 connected", "warming up: 1 of 2 ready"), the clients and witnesses. Each client row comes
 from its metrics endpoint (http://127.0.0.1:6269+i, `run_manager.sources.ClientMetrics`),
 polled every second, with the process status and the last log line in words when the
-endpoint is down.
+endpoint is down, and its part in the round's witnessing (local_testnet/witness_state.py).
+Below: the run's loss by step (the clients' mean) and the processes' new log lines in
+words (local_testnet/widgets). When the TUI exits, the testnet's result (the headless
+JSON line) is printed in words (local_testnet/summary_words.py).
 `q` (or ctrl+q) stops the testnet, every process it started; ctrl+c, SIGINT, SIGTERM and
 SIGHUP (the terminal closed) too: the screen says "stopping…", the app exits and the
 processes are stopped (`Testnet.stop`), saying so on stderr; a second signal kills them
@@ -22,12 +25,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
 from textual.driver import Driver
 from textual.widgets import DataTable, Footer, Header, Static
 
 from coordinator_tcp.stopping import StopSignals, hangup_safe_driver, run_app_until_stopped
 from coordinator_tcp.summary import summarize
-from local_testnet.client_log import describe_line
+from local_testnet.client_log import describe_line, log_path
+from local_testnet.testnet import client_key
+from local_testnet.widgets import LogPane, LogTail, LossPlot, mean_losses
+from local_testnet.witness_state import witness_states
 from psyche_common.metrics_source import HttpClientMetricsSource
 
 if TYPE_CHECKING:
@@ -41,13 +48,23 @@ class TestnetApp(App[None]):
 
     TITLE = "psyche testnet"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "stop the testnet")]
-    CSS = "#server { height: auto; padding: 0 1; border: round $accent; }"
+    CSS = """
+    #server { height: auto; padding: 0 1; border: round $accent; }
+    #clients { height: auto; max-height: 12; }
+    #below { height: 1fr; min-height: 10; }
+    #loss, #logs { width: 1fr; border: round $primary; border-title-color: $accent; }
+    """
 
     def __init__(self, testnet: Testnet):
         super().__init__()
         self.testnet = testnet
         self._sources: dict[int, HttpClientMetricsSource] = {}
         self.stopping: str | None = None  # why, once stopping
+        # From each log's size now: a reused work dir's old lines are not this run's.
+        work_dir = testnet.options.work_dir
+        files = {"coordinator": work_dir / "server.log",
+                 **{f"client {i}": log_path(work_dir, i) for i in testnet.clients}}
+        self._tails = {name: LogTail(path, LogTail.size_of(path)) for name, path in files.items()}
 
     def get_driver_class(self) -> type[Driver]:
         return hangup_safe_driver(super().get_driver_class())
@@ -71,11 +88,15 @@ class TestnetApp(App[None]):
         yield Header()
         yield Static("waiting for the coordinator…", id="server")
         yield DataTable(id="clients")
+        with Horizontal(id="below"):
+            yield LossPlot(id="loss")
+            yield LogPane(self._tails, id="logs")
         yield Footer()
 
     async def on_mount(self) -> None:
         self.query_one("#clients", DataTable).add_columns(
-            "client", "process", "phase", "epoch", "step", "loss", "tok/s", "peers", "status")
+            "client", "process", "phase", "epoch", "step", "loss", "tok/s", "peers", "witness",
+            "status")
         base = self.testnet.options.metrics_base_port
         self._sources = {i: HttpClientMetricsSource(base + i, timeout_s=0.5)
                          for i in self.testnet.clients}
@@ -116,20 +137,24 @@ class TestnetApp(App[None]):
         self.query_one("#server", Static).update(self.server_text())
         results = await asyncio.gather(*(source.fetch() for source in self._sources.values()),
                                        return_exceptions=True)
+        net = self.testnet
+        witness = witness_states(net.state, {i: client_key(i) for i in net.clients})
         table = self.query_one("#clients", DataTable)
         table.clear()
-        for (i, client), metrics in zip(self.testnet.clients.items(), results, strict=True):
+        for (i, client), metrics in zip(net.clients.items(), results, strict=True):
             process = client.process
             alive = "running" if process is not None and process.returncode is None else (
                 f"exit {process.returncode}" if process is not None else "not started")
             if isinstance(metrics, BaseException):
-                table.add_row(str(i), alive, "", "", "", "", "", "",
+                table.add_row(str(i), alive, "", "", "", "", "", "", witness[i],
                               _clip(describe_line(client.last_line), STATUS_WIDTH))
                 continue
             loss = "" if metrics.loss is None else f"{metrics.loss:.3f}"
             table.add_row(str(i), alive, metrics.phase, str(metrics.epoch), str(metrics.step),
                           loss, f"{metrics.tokens_per_sec:.0f}",
-                          str(len(metrics.connected_peers)), "metrics ok")
+                          str(len(metrics.connected_peers)), witness[i], "metrics ok")
+        self.query_one(LossPlot).show(mean_losses(c.losses for c in net.clients.values()))
+        self.query_one(LogPane).poll()
 
 
 def _clip(text: str, width: int) -> str:
