@@ -174,3 +174,45 @@ def test_snapshot_testnet_tui(snap_compare: Any, tmp_path: Path) -> None:
         await pilot.pause()
 
     assert snap_compare(app, run_before=refreshed, terminal_size=(140, 40))
+
+
+def test_q_in_the_real_tui_prints_the_result_in_words(tmp_path: Path) -> None:
+    """`psyche-testnet --tui` on a terminal, a real coordinator and client: q stops them,
+    exit 0, and the result is printed in words after the screen is given back."""
+    import os
+    import signal
+    import time
+
+    from tests.local_testnet.test_testnet_stops import (
+        Ports,
+        Terminal,
+        psyche_testnet_args,
+        serving,
+        started,
+        wait_stopped,
+        wait_until,
+    )
+
+    ports = Ports()
+    terminal = Terminal()
+    process = terminal.spawn(psyche_testnet_args(tmp_path, ports, "--tui"))
+    try:
+        with started(process) as tree:
+            wait_until(lambda: serving(ports) and b"psyche testnet" in terminal.output,
+                       "the testnet TUI", tree)
+            os.write(terminal.master, b"q")
+            assert process.wait(timeout=30) == 0
+            wait_stopped(tree, 5.0)
+            deadline = time.monotonic() + 5
+            while b"clients killed 0, rejoined 0" not in terminal.output:
+                assert time.monotonic() < deadline, terminal.output[-2000:]
+                time.sleep(0.1)
+        text = terminal.output.decode(errors="replace")
+        after = text[text.rindex("stopped: nothing left running"):]
+        assert "run stopped before the end (phase " in after
+        assert "loss" in after and "{" not in after
+        ports.assert_free()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+        terminal.close()
