@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import docker
 import pytest
@@ -94,11 +94,18 @@ async def test_an_unauthorized_wallet_gets_no_container_and_the_reason(localnet:
     out = io.StringIO()
     dashboard = Dashboard()
     metrics = HttpClientMetricsSource(free_port())  # no client: nothing listens there
+
+    def supervisor(on_event: Callable[[SupervisorEvent], None]) -> Supervisor:
+        def recorded(event: SupervisorEvent) -> None:
+            events.append(event)
+            on_event(event)
+
+        return Supervisor(engine_that_is_not_there(), PinnedVersionSource("1"), config,
+                          recorded, join)
+
     try:
         finished = await asyncio.wait_for(run_headless(
-            lambda on_event: Supervisor(engine_that_is_not_there(), PinnedVersionSource("1"),
-                                        config, lambda e: (events.append(e), on_event(e))[1],
-                                        join),
+            supervisor,
             lambda on_change: Monitor(dashboard, PinnedVersionSource("1"), metrics, on_change),
             dashboard, out), timeout=60)
     finally:
