@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import io
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import docker
 import pytest
@@ -206,3 +207,28 @@ def test_the_client_refused_for_good_exits_11_with_its_reason(localnet: Localnet
     assert result.returncode == CLIENT_EXIT_REFUSED, result.stderr[-2000:]
     assert "error: the coordinator refused this client: NotAuthorized" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_run_manager_cli_stops_an_unauthorized_wallet_before_any_container(
+        localnet: Localnet, tmp_path: Path, docker_client: docker.DockerClient,
+        client_image: str, run_id: str, no_leftover_containers: None) -> None:
+    """`run-manager --env-file run.env --no-tui` with a real engine and a real validator:
+    the check comes first, the reason is the last line, exit 1, nothing was started."""
+    import subprocess
+    import sys
+
+    from run_manager import engine
+
+    env = tmp_path / "run.env"
+    env.write_text(f"RPC={localnet.url}\nWS_RPC=ws://127.0.0.1:1\nRUN_ID=closed\n"
+                   f"RAW_WALLET_PRIVATE_KEY={STRANGER}\n")
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("run-manager")), "--env-file", str(env), "--no-tui",
+         "--local", "--client-version", client_image.rpartition(":")[2]],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "[container] container —: not-authorized" in result.stdout
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "run-manager: not authorized to join run 'closed': no active join authorization")
+    assert "Traceback" not in result.stderr
+    assert engine.find_managed_containers(docker_client, "closed") == []

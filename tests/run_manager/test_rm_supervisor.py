@@ -90,6 +90,23 @@ async def test_crashes_restart_with_backoff_then_give_up(
     assert sum(1 for e in events if e == LogLine("boom")) == 3
 
 
+async def test_a_client_refused_for_good_is_not_restarted(
+    docker_client: docker.DockerClient, client_image: str, run_id: str
+) -> None:
+    """Exit 11 (the coordinator refused the client: not authorized, wrong run) is final:
+    one container, no restart, and the client's own error line is the reason given."""
+    events: list[SupervisorEvent] = []
+    script = ("import sys; print('error: the coordinator refused this client: NotAuthorized:"
+              " no active join authorization', file=sys.stderr, flush=True); sys.exit(11)")
+    supervisor = Supervisor(docker_client, PinnedVersionSource(version_of(client_image)),
+                            config(run_id, script), events.append)
+    finished = await asyncio.wait_for(supervisor.run(), timeout=120)
+    assert finished.reason == "refused" and finished.failed
+    assert finished.message.endswith("NotAuthorized: no active join authorization")
+    assert [e.exit_code for e in events if isinstance(e, ContainerExited)] == [11]
+    assert not any(isinstance(e, RestartScheduled) for e in events)
+
+
 async def test_stop_request_stops_and_removes_a_running_container(
     docker_client: docker.DockerClient, client_image: str, run_id: str
 ) -> None:
