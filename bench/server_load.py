@@ -2,11 +2,11 @@
 `psyche-coordinator run`. Prints its figures, then ONE JSON line.
 
     .venv/bin/python bench/server_load.py [--counts 100,1000] [--duration 10]
-                                          [--witnesses 8]
+                                          [--witnesses 8] [--client-processes 1]
 
-For each N in --counts: N simulated clients in this process (asyncio, no training),
-each on its own loopback source address (127.0.x.y, as clients on their own hosts
-would be), all handshake at once (Challenge / signed Join), join the run and play it:
+For each N in --counts: N simulated clients (asyncio, no training, spread over
+--client-processes processes), each on its own loopback source address (127.0.x.y, as
+clients on their own hosts would be), all handshake at once (Challenge / signed Join), join the run and play it:
 the elected client sends the warm-up witness and every round's elected witnesses send
 their witness, so the coordinator keeps moving RoundTrain -> RoundWitness -> RoundTrain
 and broadcasting (one broadcast per witness, as in a real run). The epoch takes the
@@ -29,8 +29,9 @@ whole_states_N
     states received whole while measuring (a client that missed a patch asks for the
     whole state): 0 when every patch follows
 
-The clients share this 2-core machine with the server, so the latencies are an upper
-bound for a server with its own cores.
+With the clients on the same cores as the server (one process on this 2-core machine),
+the latencies are an upper bound for a server with its own cores: a client process reads
+its share of the N frames of each broadcast one after the other.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import re
 import socket
@@ -243,8 +245,57 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def measure_count(clients: int, duration_s: float, witnesses: int) -> dict[str, Any]:
+class Shared:
+    """What the client processes and the measuring process share."""
+
+    def __init__(self, context: Any) -> None:
+        self.measuring = context.Event()
+        self.done = context.Event()
+        self.joined = context.Value("i", 0)
+        self.active = context.Value("i", 0)  # some client saw the run training
+        self.results = context.Queue()
+
+
+def client_process(indices: range, port: int, shared: Shared) -> None:
+    """One process's share of the simulated clients (as many processes as --client-processes:
+    spread over cores, the clients measure the server rather than one Python process)."""
+    asyncio.run(_client_process(indices, port, shared))
+
+
+async def _client_process(indices: range, port: int, shared: Shared) -> None:
+    cache, measure = StateCache(), Measure()
+    tasks = [asyncio.create_task(simulated_client(i, port, cache, measure)) for i in indices]
+    counted = 0
+    error = None
+    while not shared.done.is_set() and error is None:
+        if shared.measuring.is_set() != measure.measuring.is_set():
+            (measure.measuring.set if shared.measuring.is_set() else measure.measuring.clear)()
+        if measure.joined != counted:
+            with shared.joined.get_lock():
+                shared.joined.value += measure.joined - counted
+            counted = measure.joined
+        latest = cache.by_seq[max(cache.by_seq)] if cache.by_seq else None
+        if latest is not None and latest.run_state.active:
+            shared.active.value = 1
+        failed = [task.exception() for task in tasks if task.done() and task.exception()]
+        error = f"a simulated client failed: {failed[0]}" if failed else None
+        await asyncio.sleep(0.01)
+    measure.done.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    shared.results.put({"error": error, "latencies": measure.latencies,
+                        "bytes": measure.bytes_received, "broadcasts": sorted(measure.broadcasts),
+                        "busy": measure.busy, "whole_states": measure.whole_states})
+
+
+async def measure_count(clients: int, duration_s: float, witnesses: int,
+                        processes: int = 1) -> dict[str, Any]:
     port = free_port()
+    context = multiprocessing.get_context("spawn")
+    shared = Shared(context)
+    share = -(-clients // processes)
+    workers = [context.Process(target=client_process, daemon=True,
+                               args=(range(i, min(clients, i + share)), port, shared))
+               for i in range(0, clients, share)]
     with tempfile.TemporaryDirectory() as tmp:
         state_path = Path(tmp) / "state.toml"
         bench_state_toml(clients, witnesses, state_path)
@@ -252,8 +303,7 @@ async def measure_count(clients: int, duration_s: float, witnesses: int) -> dict
             [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state_path),
              "--server-port", str(port), "--bind-host", "127.0.0.1", "--tick-interval", "0.1"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cache, measure = StateCache(), Measure()
-        tasks: list[asyncio.Task[None]] = []
+        rows: list[dict[str, Any]] = []
         try:
             for _ in range(100):  # the server's port opens
                 with contextlib.suppress(OSError):
@@ -262,53 +312,65 @@ async def measure_count(clients: int, duration_s: float, witnesses: int) -> dict
                     break
                 await asyncio.sleep(0.1)
             began = time.monotonic()
-            tasks = [asyncio.create_task(simulated_client(i, port, cache, measure))
-                     for i in range(clients)]
+            for worker in workers:
+                worker.start()
             deadline = began + 180
             join_s = None
             while time.monotonic() < deadline:
-                if join_s is None and measure.joined == clients:
+                if join_s is None and shared.joined.value == clients:
                     join_s = time.monotonic() - began
-                latest = cache.by_seq[max(cache.by_seq)] if cache.by_seq else None
-                if join_s is not None and latest is not None and latest.run_state.active:
+                if join_s is not None and shared.active.value:
                     break
-                failed = [task.exception() for task in tasks if task.done() and task.exception()]
-                if failed:
-                    raise RuntimeError(f"a simulated client failed: {failed[0]}")
+                if any(not worker.is_alive() for worker in workers) or not shared.results.empty():
+                    raise RuntimeError(f"a client process ended early: {_first_error(shared)}")
                 await asyncio.sleep(0.1)
             else:
                 raise RuntimeError(f"{clients} clients: the run never started "
-                                   f"({measure.joined} joined)")
+                                   f"({shared.joined.value} joined)")
             cpu_before = _cpu_seconds(server.pid)
-            measure.measuring.set()
+            shared.measuring.set()
             await asyncio.sleep(duration_s)
-            measure.measuring.clear()
+            shared.measuring.clear()
             cpu = _cpu_seconds(server.pid) - cpu_before
             rss = _rss_mb(server.pid)
-            measure.done.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            shared.done.set()
+            rows = [await asyncio.to_thread(shared.results.get, True, 60) for _ in workers]
         finally:
-            measure.done.set()
-            for task in tasks:
-                task.cancel()
+            shared.done.set()
+            for worker in workers:
+                worker.join(10)
+                if worker.is_alive():
+                    worker.kill()
             server.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 server.wait(10)
             if server.poll() is None:
                 server.kill()
-    if not measure.latencies or not measure.broadcasts:
+    errors = [row["error"] for row in rows if row["error"]]
+    if errors:
+        raise RuntimeError(errors[0])
+    ordered = sorted(latency for row in rows for latency in row["latencies"])
+    broadcasts = len({seq for row in rows for seq in row["broadcasts"]})
+    if not ordered or not broadcasts:
         raise RuntimeError(f"{clients} clients: no broadcasts measured")
-    ordered = sorted(measure.latencies)
-    broadcasts = len(measure.broadcasts)
     return {
-        "clients": clients, "samples": len(ordered), "broadcasts": broadcasts,
+        "clients": clients, "client_processes": len(workers), "samples": len(ordered),
+        "broadcasts": broadcasts,
         "p50_ms": round(statistics.median(ordered) * 1000, 2),
         "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 2),
-        "bytes_per_client_per_tick": round(measure.bytes_received / clients / broadcasts, 1),
+        "bytes_per_client_per_tick": round(
+            sum(row["bytes"] for row in rows) / clients / broadcasts, 1),
         "server_cpu_ms_per_broadcast": round(cpu * 1000 / broadcasts, 2),
         "server_rss_mb": round(rss, 1), "join_s": round(join_s or 0.0, 2),
-        "busy_refusals": measure.busy, "whole_states": measure.whole_states,
+        "busy_refusals": sum(row["busy"] for row in rows),
+        "whole_states": sum(row["whole_states"] for row in rows),
     }
+
+
+def _first_error(shared: Shared) -> str:
+    with contextlib.suppress(Exception):
+        return str(shared.results.get(timeout=1)["error"])
+    return "no report"
 
 
 def main() -> None:
@@ -316,18 +378,24 @@ def main() -> None:
     parser.add_argument("--counts", default="100,1000")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--witnesses", type=int, default=8)
+    parser.add_argument("--client-processes", type=int, default=1,
+                        help="processes the simulated clients are spread over (one per "
+                             "spare core measures the server, not the clients)")
     args = parser.parse_args()
+    if args.client_processes < 1:
+        parser.error("--client-processes must be at least 1")
     counts = [int(c) for c in args.counts.split(",") if c]
     print(f"coordinator server load, simulated clients ({os.cpu_count()} CPUs):", flush=True)
     figures: dict[str, Any] = {}
     for count in counts:
-        row = asyncio.run(measure_count(count, args.duration, args.witnesses))
+        row = asyncio.run(measure_count(count, args.duration, args.witnesses,
+                                        args.client_processes))
         print(f"  {count:4d} clients: {row['broadcasts']} broadcasts, p50 {row['p50_ms']} ms, "
               f"p99 {row['p99_ms']} ms, {row['bytes_per_client_per_tick']} B/client/tick, "
               f"server {row['server_cpu_ms_per_broadcast']} ms CPU/broadcast, "
               f"{row['server_rss_mb']} MB RSS, joined in {row['join_s']} s "
               f"({row['busy_refusals']} Busy), {row['whole_states']} whole states received "
-              "while measuring", flush=True)
+              f"while measuring; clients in {row['client_processes']} processes", flush=True)
         figures |= {f"server_p50_ms_{count}": row["p50_ms"],
                     f"server_p99_ms_{count}": row["p99_ms"],
                     f"bytes_per_client_per_tick_{count}": row["bytes_per_client_per_tick"],
@@ -335,7 +403,8 @@ def main() -> None:
                     f"server_rss_mb_{count}": row["server_rss_mb"],
                     f"join_s_{count}": row["join_s"],
                     f"busy_refusals_{count}": row["busy_refusals"],
-                    f"whole_states_{count}": row["whole_states"]}
+                    f"whole_states_{count}": row["whole_states"],
+                    f"client_processes_{count}": row["client_processes"]}
     print(json.dumps(figures))
 
 
