@@ -2,8 +2,9 @@
 # From a fresh machine to a working checkout. Idempotent: run it again any time.
 #   ./install.sh                 .venv with the runtime + Debian's clang/lld (on-chain programs)
 #   ./install.sh --dev           + test and lint tools, Prometheus (telemetry tests)
-#   ./install.sh --dev --docker  + Docker engine started, base and client images built
-#                                  (the run-manager's container tests need them)
+#   ./install.sh --dev --docker  + Docker engine started, base and client images built,
+#                                  Debian's docker-registry (the run-manager's container
+#                                  tests need them)
 # System packages are installed with apt-get when running as root; otherwise a missing
 # one is reported with the command that installs it.
 set -euo pipefail
@@ -25,6 +26,8 @@ log() { echo "install.sh: $*"; }
 # ------------------------------------------------------------------ Debian packages
 apt_packages=(clang lld llvm)
 [ "$DEV" = 1 ] && apt_packages+=(prometheus)
+# The image registry the run-manager's pull tests publish to and pull from (on loopback).
+[ "$DOCKER" = 1 ] && apt_packages+=(docker-registry)
 missing=()
 for package in "${apt_packages[@]}"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

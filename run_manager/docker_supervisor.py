@@ -5,7 +5,9 @@ Loop (Psyche's run-manager, plus crash restarts as its train_entrypoint.sh does)
      can-join; a run that has finished): if not, stop with the reason, nothing started;
   2. ask the coordinator which client version the run wants -> image `repo:version`
      (`repo:version-cuda` when the container gets GPUs, run_manager.gpus);
-  3. use the local image or pull it (progress reported); none to be had: stop, say so;
+  3. use the local image or pull it (progress reported, the digest checked:
+     run_manager.image_pull); none to be had (no such tag, the registry down): stop,
+     say so, nothing started;
   4. start the container, stream its logs, wait for it to exit;
   5. exit 10 (the run wants another version): wait `version_change_delay_s`, go to 1;
      exit 11 (the coordinator refused the client for good): stop with the client's
@@ -43,6 +45,7 @@ from psyche_common.exit_codes import (
 )
 from run_manager import engine
 from run_manager.gpus import GpuPlan, image_tag
+from run_manager.image_pull import PullProgress
 from run_manager.join_check import JoinCheck
 from run_manager.sources.coordinator import CoordinatorSource, CoordinatorUnavailable
 
@@ -79,7 +82,15 @@ class StaleContainerRemoved:
 
 @dataclass(frozen=True)
 class ImagePull:
-    progress: engine.PullProgress
+    progress: PullProgress
+
+
+@dataclass(frozen=True)
+class ImagePulled:
+    """The pull finished: the image now tagged `image` is the one `digest` names."""
+
+    image: str
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,7 @@ class SupervisorFinished:
 
 
 SupervisorEvent = (
-    StaleContainerRemoved | ImagePull | ContainerStarted | LogLine | ContainerExited
+    StaleContainerRemoved | ImagePull | ImagePulled | ContainerStarted | LogLine | ContainerExited
     | RestartScheduled | SupervisorFinished
 )  # fmt: skip
 
@@ -210,12 +221,14 @@ class Supervisor:
                 break
             image = self.image(version)
             try:
-                await asyncio.to_thread(engine.ensure_image, self._client, image,
-                                        self._report_pull, pull=self._config.pull)
+                digest = await asyncio.to_thread(engine.ensure_image, self._client, image,
+                                                 self._report_pull, pull=self._config.pull)
             except engine.ImageUnavailableError as error:
                 return SupervisorFinished(
                     "no-image", f"the run wants client version {version}, and its image "
                     f"cannot be had: {error}")
+            if digest is not None:
+                self._on_event(ImagePulled(image, digest))
             if self._stop.is_set():
                 break
             exit_code, uptime_s = await self._run_once(image, version)
@@ -344,7 +357,7 @@ class Supervisor:
         self._restart.clear()  # a restart asked during the wait is this restart
         return self._stop.is_set()
 
-    def _report_pull(self, progress: engine.PullProgress) -> None:
+    def _report_pull(self, progress: PullProgress) -> None:
         self._emit_threadsafe(ImagePull(progress))
 
     def _report_log_line(self, text: str) -> None:

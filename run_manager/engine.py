@@ -21,6 +21,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, Mount
 
 from run_manager.gpus import CUDA_TAG_SUFFIX
+from run_manager.image_pull import PullProgress, PullTracker, why_unpullable
 
 MANAGED_BY_LABEL = "io.psyche.managed-by"
 MANAGED_BY_VALUE = "run-manager"
@@ -47,16 +48,6 @@ class ImageUnavailableError(EngineError):
 
 class GpuUnavailableError(EngineError):
     pass
-
-
-@dataclass(frozen=True)
-class PullProgress:
-    """Progress of one `docker pull`, summed over the layers seen so far."""
-
-    image: str
-    status: str
-    current_bytes: int
-    total_bytes: int
 
 
 @dataclass(frozen=True)
@@ -102,12 +93,13 @@ def ensure_image(
     on_progress: Callable[[PullProgress], None] | None = None,
     *,
     pull: bool = True,
-) -> None:
-    """Uses the local image when there is one; pulls it otherwise (unless `pull` is
-    False, Psyche's --local), reporting progress."""
+) -> str | None:
+    """Uses the local image when there is one (returns None); pulls it otherwise (unless
+    `pull` is False, Psyche's --local), reporting progress, and returns the digest the
+    registry served once the pulled image is checked to carry it."""
     try:
         client.images.get(image)
-        return
+        return None
     except docker.errors.ImageNotFound:
         pass
     except docker.errors.APIError as error:
@@ -117,27 +109,44 @@ def ensure_image(
             f"image {image} is not on this machine and --local forbids pulling it: build it "
             f"({_build_command(image)}) or drop --local{_cpu_hint(image)}")
     repository, tag = split_image(image)
-    layers: dict[str, tuple[int, int]] = {}
+    tracker = PullTracker(image)
     try:
         # The low-level API streams progress; the generator must be consumed to the end
         # or the engine cancels the pull.
         stream: Iterator[dict[str, Any]] = client.api.pull(repository, tag=tag, stream=True, decode=True)
         for event in stream:
             if "error" in event:
-                raise ImageUnavailableError(_unavailable(image, str(event["error"])))
-            detail = event.get("progressDetail") or {}
-            if "id" in event and detail.get("total"):
-                layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
+                raise ImageUnavailableError(_unpullable(image, str(event["error"])))
+            progress = tracker.feed(event)
             if on_progress is not None:
-                current = sum(c for c, _ in layers.values())
-                total = sum(t for _, t in layers.values())
-                on_progress(PullProgress(image, str(event.get("status", "")), current, total))
+                on_progress(progress)
     except docker.errors.APIError as error:
-        raise ImageUnavailableError(_unavailable(image, str(error.explanation or error))) from None
+        raise ImageUnavailableError(_unpullable(image, str(error.explanation or error))) from None
+    return _verified_digest(client, image, repository, tracker.digest)
+
+
+def _verified_digest(client: docker.DockerClient, image: str, repository: str,
+                     digest: str | None) -> str:
+    """The digest the registry announced, once the image now tagged `image` is checked
+    to be the one it names (its RepoDigests); the engine checked each layer's content."""
     try:
-        client.images.get(image)
+        pulled = client.images.get(image)
     except docker.errors.ImageNotFound:
         raise ImageUnavailableError(_unavailable(image, "the pull finished without it")) from None
+    if digest is None:
+        raise ImageUnavailableError(_unavailable(image, "the registry named no digest"))
+    repo_digests = pulled.attrs.get("RepoDigests") or []
+    if f"{repository}@{digest}" not in repo_digests:
+        raise ImageUnavailableError(
+            f"image {image}: the registry served digest {digest}, but the image now tagged "
+            f"{image} has {', '.join(repo_digests) or 'none'}; not running it")
+    return digest
+
+
+def _unpullable(image: str, reason: str) -> str:
+    repository, tag = split_image(image)
+    return (f"image {image} is not on this machine and cannot be pulled: "
+            f"{why_unpullable(repository, tag, reason)}{_cpu_hint(image)}")
 
 
 def _unavailable(image: str, reason: str) -> str:
