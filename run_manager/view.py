@@ -20,6 +20,7 @@ from run_manager.docker_supervisor import (
     ContainerExited,
     ContainerStarted,
     ImagePull,
+    ImagePulled,
     LogLine,
     RestartScheduled,
     StaleContainerRemoved,
@@ -82,6 +83,8 @@ class Dashboard(RunView):
                 view.image, view.state = progress.image, "pulling"
                 view.pull_current_bytes = progress.current_bytes
                 view.pull_total_bytes = progress.total_bytes
+            case ImagePulled(image=image, digest=digest):
+                view.message = f"pulled {image}: digest {digest} verified"
             case ContainerStarted(image=image, restarts=restarts):
                 view.image, view.state, view.restarts = image, "running", restarts
                 view.message = ""
