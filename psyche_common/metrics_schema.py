@@ -39,6 +39,9 @@ class SelectedPath(_Strict):
 class ConnectedPeer(_Strict):
     endpoint_id: str
     selected_path: SelectedPath | None = None
+    connection_type: Literal["direct", "relay"] | None = None
+    """The selected path: straight to the peer, or through a relay server (ours; None
+    while no path is selected, and from clients that do not say)."""
 
 
 RemovalReason = Literal["late-witness", "training-over-time", "health-check", "paused",
@@ -88,6 +91,11 @@ class ClientMetrics(_Strict):
     downloads_failed: int = Field(default=0, ge=0)
     downloads_perma_failed: int = Field(default=0, ge=0)
     downloads_bytes: int = Field(default=0, ge=0)
+
+    # P2P traffic (ours): UDP bytes on the current peer connections, for the P2P panel's
+    # rates (they go down when connections close).
+    p2p_bytes_sent: int = Field(default=0, ge=0)
+    p2p_bytes_received: int = Field(default=0, ge=0)
 
     # What the run-manager's training panel shows.
     client_version: str = ""

@@ -78,7 +78,11 @@ def program_error(data: Any, instructions: Sequence[Instruction]) -> ProgramErro
             code = int(detail["Custom"])
             # the budget instruction is not ours: index is relative to the message
             program = instructions[index].program_id if 0 <= index < len(instructions) else None
-            if program == TOKEN_PROGRAM_ID:
+            # A token transfer our program invokes fails with the token program's code
+            # (1: insufficient funds), passed up unchanged: the first "failed" log names it.
+            raised_by = next((line.split()[1] for line in logs
+                              if line.startswith("Program ") and " failed: " in line), None)
+            if program == TOKEN_PROGRAM_ID or raised_by == str(TOKEN_PROGRAM_ID):
                 name = TOKEN_ERRORS.get(code, f"TokenError{code}")
                 return ProgramError(f"token program error {code}: {name}", code, name, logs)
             return ProgramError(f"program error {code}: {describe(code)}", code,

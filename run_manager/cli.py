@@ -184,6 +184,14 @@ def _run_client(env_file: Path, options: object, tui: bool,
     wallet = settings.wallet_bytes()
     if wallet is not None:
         dashboard.wallet.address = keypair_public_key(wallet)
+    rewards = None  # the Wallet panel's rewards and its claim: Solana runs with a wallet
+    if settings.RPC is not None and wallet is not None and settings.RUN_ID is not None:
+        from solders.keypair import Keypair
+
+        from run_manager.rewards import SolanaRewards
+
+        rewards = SolanaRewards([settings.RPC, settings.RPC_2], settings.RUN_ID,
+                                Keypair.from_bytes(wallet))
     if config.gpus is not None:
         typer.echo(f"run-manager: {describe_gpus(config.gpus, settings.CLIENT_IMAGE, config.environment)}",
                    err=True)
@@ -201,18 +209,19 @@ def _run_client(env_file: Path, options: object, tui: bool,
         return Supervisor(client, coordinator, config, on_event, join_check)
 
     def make_monitor(on_change: Callable[[Part], None]) -> Monitor:
-        return Monitor(dashboard, coordinator, metrics, on_change, rpc_url=settings.RPC)
+        return Monitor(dashboard, coordinator, metrics, on_change, rpc_url=settings.RPC,
+                       rewards=rewards)
 
     if tui:
         from run_manager.tui.app import RunManagerApp, run_tui
 
-        tui_app = RunManagerApp(dashboard, make_supervisor, make_monitor)
+        tui_app = RunManagerApp(dashboard, make_supervisor, make_monitor, rewards)
 
         async def with_tui() -> None:
             try:
                 await run_tui(tui_app)
             finally:
-                await _close(coordinator, metrics, join_check)
+                await _close(coordinator, metrics, join_check, rewards)
 
         asyncio.run(with_tui())
         finished = tui_app.finished
@@ -225,7 +234,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
             try:
                 return await run_headless(make_supervisor, make_monitor, dashboard)
             finally:
-                await _close(coordinator, metrics, join_check)
+                await _close(coordinator, metrics, join_check, rewards)
 
         finished = asyncio.run(headless())
         # The loop gave the signals back; the container is gone: a signal now ends it.

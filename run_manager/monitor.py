@@ -1,4 +1,5 @@
-"""Polls the run's data sources into the Dashboard: coordinator, client metrics, wallet."""
+"""Polls the run's data sources into the Dashboard: coordinator, client metrics, wallet
+(its SOL balance and, in a Solana run, its rewards: `rewards`)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from psyche_common.metrics_schema import ClientMetrics
 from run_manager.sources.coordinator import CoordinatorSource
 from run_manager.view import Dashboard
+
+if TYPE_CHECKING:  # solders loads only for Solana runs
+    from run_manager.rewards import SolanaRewards
 
 Part = Literal["run", "training", "wallet"]
 
@@ -33,6 +37,7 @@ class Monitor:
         rpc_url: str | None = None,
         interval_s: float = 1.0,
         balance_interval_s: float = 30.0,
+        rewards: SolanaRewards | None = None,
     ) -> None:
         self.dashboard = dashboard
         self._coordinator = coordinator
@@ -42,6 +47,7 @@ class Monitor:
         self._interval_s = interval_s
         self._balance_interval_s = balance_interval_s
         self._balance_checked_at = float("-inf")
+        self._rewards = rewards
 
     async def poll_once(self) -> None:
         try:
@@ -81,6 +87,13 @@ class Monitor:
             return
         self.dashboard.wallet.balance_lamports = lamports
         self.dashboard.wallet.error = ""
+        if self._rewards is not None:
+            from run_manager.rewards import RewardsUnavailable
+
+            try:
+                self.dashboard.wallet.apply_rewards(await self._rewards.status())
+            except RewardsUnavailable as error:
+                self.dashboard.wallet.error = str(error)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -1,10 +1,15 @@
 """What the operator sees, as plain text: shared by the TUI panels and `--no-tui` log lines.
 
 `Dashboard` extends the shared `RunView` (run snapshot, client metrics, loss history;
-psyche_common.ui.view) with the container state and log tail and the wallet;
-`describe_container`, `describe_wallet` and `describe_verification` turn those into short
-lines (`ejection_alert`: the line saying that this operator's client was ejected, and
-why). No Textual here: `--no-tui` must not import it.
+psyche_common.ui.view) with the container state and log tail, the wallet and its rewards,
+and the client's P2P traffic (run_manager.p2p_view); `describe_container`,
+`describe_wallet` and `describe_verification` turn those into short lines
+(`ejection_alert`: the line saying that this operator's client was ejected, and why). No
+Textual here: `--no-tui` must not import it.
+
+This operator's client is the run's client whose key is the wallet's: on Solana a
+client's identity on chain is its wallet's public key, which the coordinator lists as
+hex (the wallet is base58), so the two are compared as bytes (`same_key`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from psyche_common.metrics_schema import ClientMetrics
 from psyche_common.run_view import RunReport, RunSnapshot
@@ -27,6 +33,10 @@ from run_manager.docker_supervisor import (
     SupervisorEvent,
     SupervisorFinished,
 )
+from run_manager.p2p_view import P2PView
+
+if TYPE_CHECKING:  # solders loads only for Solana runs
+    from psyche_solana.rewards import RewardStatus
 
 LOG_TAIL_LINES = 500
 # httpx's request lines ("HTTP Request: POST http://... "HTTP/1.1 200 OK""), as a client
@@ -54,9 +64,24 @@ class ContainerView:
 @dataclass
 class WalletView:
     address: str | None = None
+    """The wallet's public key, base58."""
     balance_lamports: int | None = None
     points: int | None = None
+    """Points earned, from the run's client list or the chain's reward entries."""
+    rewards: RewardStatus | None = None
+    """Claimed, claimable and the reward token balance (Solana runs with a wallet)."""
+    last_claim: str = ""
+    """The outcome of the last claim from the TUI: what it paid, or why it failed."""
     error: str = ""
+
+    @property
+    def can_claim(self) -> bool:
+        """A treasurer run: its reward token can be claimed from here."""
+        return self.rewards is not None and self.rewards.mint is not None
+
+    def apply_rewards(self, status: RewardStatus) -> None:
+        self.rewards = status
+        self.points = status.earned
 
 
 @dataclass
@@ -65,14 +90,29 @@ class Dashboard(RunView):
 
     container: ContainerView = field(default_factory=ContainerView)
     wallet: WalletView = field(default_factory=WalletView)
+    p2p: P2PView = field(default_factory=P2PView)
     log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
 
     def apply_run(self, snapshot: RunSnapshot | None) -> None:
         super().apply_run(snapshot)
-        if snapshot is not None and self.wallet.address is not None:
+        if snapshot is not None:
             for client in snapshot.clients:
-                if client.id == self.wallet.address and client.points is not None:
+                if self.is_own_client(client.id) and client.points is not None:
                     self.wallet.points = client.points
+
+    def apply_metrics(self, metrics: ClientMetrics, now: float | None = None) -> None:
+        super().apply_metrics(metrics)
+        self.p2p.sample(metrics, now)
+
+    def is_own_client(self, client_id: str) -> bool:
+        return self.wallet.address is not None and same_key(client_id, self.wallet.address)
+
+    def client_label(self, client_id: str) -> str:
+        """The client list's name for a client; this operator's also by its wallet."""
+        label = super().client_label(client_id)
+        if self.wallet.address is not None and self.is_own_client(client_id):
+            label += f" (you: {_short(self.wallet.address)})"
+        return label
 
     def apply_event(self, event: SupervisorEvent) -> None:
         view = self.container
@@ -113,12 +153,51 @@ def describe_container(view: ContainerView) -> list[str]:
 
 
 def describe_wallet(view: WalletView) -> list[str]:
+    """The wallet line, then (once the chain has been read) its rewards in the run:
+
+        wallet 7xKX…  balance 1.500000000 SOL  points 120
+        rewards: 120 earned · 20 claimed · 100 claimable · reward token 0.00002 (20 base units)
+    """
     from psyche_common.wallet import format_sol
 
     balance = "—" if view.balance_lamports is None else format_sol(view.balance_lamports)
     points = "—" if view.points is None else str(view.points)
     line = f"wallet {view.address or '—'}  balance {balance}  points {points}"
-    return [line + (f" ({view.error})" if view.error else "")]
+    lines = [line + (f" ({view.error})" if view.error else "")]
+    rewards = view.rewards
+    if rewards is not None:
+        from psyche_solana.rewards import format_units
+
+        text = f"rewards: {rewards.earned} earned · {rewards.claimed} claimed"
+        if rewards.mint is None:
+            text += " · no reward token (the run has no treasurer)"
+        else:
+            text += (f" · {rewards.claimable} claimable · reward token "
+                     f"{format_units(rewards.held, rewards.decimals)} ({rewards.held} base units)")
+        lines.append(text)
+    if view.last_claim:
+        lines.append(view.last_claim)
+    return lines
+
+
+def same_key(client_id: str, wallet_address: str) -> bool:
+    """Whether a client id (hex as the coordinator lists it, or base58) is this wallet."""
+    wallet = _key_bytes(wallet_address)
+    return wallet is not None and _key_bytes(client_id) == wallet
+
+
+def _key_bytes(text: str) -> bytes | None:
+    if len(text) == 64:
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            pass
+    from solders.pubkey import Pubkey
+
+    try:
+        return bytes(Pubkey.from_string(text))
+    except ValueError:
+        return None
 
 
 def describe_verification(run: RunSnapshot | None, metrics: ClientMetrics | None) -> list[str]:

@@ -139,13 +139,17 @@ class Counters:
 def snapshot(counters: Counters, client_version: str, node: Any | None,
              topic: Any | None = None) -> ClientMetrics:
     peers, neighbours, downloads = [], [], None
+    sent = received = 0
     if node is not None:
         for diag in node.diagnostics():
             path = None
             if diag.remote_address and diag.rtt_ms is not None:
                 path = SelectedPath(addr=diag.remote_address, rtt=RoundTripTime(
                     secs=diag.rtt_ms // 1000, nanos=(diag.rtt_ms % 1000) * 1_000_000))
-            peers.append(ConnectedPeer(endpoint_id=diag.peer_hex, selected_path=path))
+            kind = diag.connection_type if diag.connection_type != "none" else None
+            peers.append(ConnectedPeer(endpoint_id=diag.peer_hex, selected_path=path,
+                                       connection_type=kind))
+            sent, received = sent + diag.bytes_sent, received + diag.bytes_received
         downloads = node.blobs.stats
     if topic is not None:
         neighbours = [peer.hex() for peer in topic.neighbours()]
@@ -167,6 +171,7 @@ def snapshot(counters: Counters, client_version: str, node: Any | None,
         downloads_retry=downloads.retries if downloads else 0,
         downloads_failed=downloads.failed if downloads else 0,
         downloads_bytes=downloads.bytes_received if downloads else 0,
+        p2p_bytes_sent=sent, p2p_bytes_received=received,
         client_version=client_version, phase=counters.phase, epoch=counters.epoch,
         step=counters.step, loss=counters.loss, tokens_per_sec=counters.tokens_per_sec,
         last_result_sizes=counters.last_result_sizes,

@@ -1,4 +1,5 @@
-"""The run: phase with its timer, epoch, step, and the clients with their states."""
+"""The run: phase with its timer, epoch, step, and the clients with their states (each
+named by `RunView.client_label`)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,5 @@ class RunPanel(Vertical):
         self.clients.clear()
         for client in (run.clients if run is not None else [])[:MAX_CLIENT_ROWS]:
             points = "—" if client.points is None else str(client.points)
-            self.clients.add_row(_short(client.id), client.state, points, key=client.id)
-
-
-def _short(identity: str) -> str:
-    return identity if len(identity) <= 16 else f"{identity[:6]}…{identity[-6:]}"
+            self.clients.add_row(dashboard.client_label(client.id), client.state, points,
+                                 key=client.id)

@@ -34,6 +34,15 @@ class RunView:
     def apply_run(self, snapshot: RunSnapshot | None) -> None:
         self.run = snapshot
 
+    def client_label(self, client_id: str) -> str:
+        """How the client list names a client (a program may add what it knows of it)."""
+        return short_id(client_id)
+
+
+def short_id(identity: str) -> str:
+    """A key short enough for a table cell: its first and last six characters."""
+    return identity if len(identity) <= 16 else f"{identity[:6]}…{identity[-6:]}"
+
 
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))

@@ -54,11 +54,6 @@ def _sol(lamports: int) -> str:
     return f"{lamports / 10**LAMPORTS_DECIMALS:.9f} SOL"
 
 
-def _units(amount: int, decimals: int) -> str:
-    text = f"{amount / 10**decimals:.{decimals}f}" if decimals else str(amount)
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
 def airdrop(amount: Annotated[str, typer.Argument(help="SOL to request.")] = "1",
             wallet: AnyWallet = None, address: Address = None, rpc: Rpc = LOCALNET_URL,
             rpc_2: Rpc2 = None) -> None:
@@ -83,8 +78,8 @@ def balance(wallet: AnyWallet = None, address: Address = None, rpc: Rpc = LOCALN
                 help="Also the run's reward token and points.")] = None,
             program_id: ProgramId = None, treasurer_index: TreasurerIndex = None) -> None:
     """Print the SOL balance (and with -r the run's reward token and points)."""
-    from psyche_solana import instructions as ix
-    from psyche_solana.runs import claimable, find_run, mint_decimals
+    from psyche_solana.rewards import format_units, reward_status
+    from psyche_solana.runs import find_run
 
     target = _target(wallet, address)
 
@@ -93,18 +88,17 @@ def balance(wallet: AnyWallet = None, address: Address = None, rpc: Rpc = LOCALN
         lines = [f"{target}: {_sol(lamports)} ({lamports} lamports)"]
         if run_id is None:
             return lines
-        run = await find_run(client, run_id, treasurer_index)
-        earned, claimed = await claimable(client, run, target)
-        if run.treasurer is None:
-            lines.append(f"run {run_id!r}: {earned} points earned (the run has no reward token)")
+        status = await reward_status(client, await find_run(client, run_id, treasurer_index),
+                                     target)
+        if status.mint is None:
+            lines.append(f"run {run_id!r}: {status.earned} points earned "
+                         "(the run has no reward token)")
             return lines
-        mint = run.treasurer.collateral_mint
-        decimals = await mint_decimals(client, mint)
-        data = await client.account_data(ix.associated_token_address(target, mint))
-        held = ix.token_amount(data) if data else 0
-        lines += [f"reward token {mint}: {_units(held, decimals)} ({held} base units)",
-                  f"run {run_id!r}: {earned} points earned, {claimed} claimed, "
-                  f"{earned - claimed} claimable (1 point = 1 base unit)"]
+        held = status.held
+        lines += [f"reward token {status.mint}: {format_units(held, status.decimals)} "
+                  f"({held} base units)",
+                  f"run {run_id!r}: {status.earned} points earned, {status.claimed} claimed, "
+                  f"{status.claimable} claimable (1 point = 1 base unit)"]
         return lines
 
     for line in _run(rpc, rpc_2, program_id, work):

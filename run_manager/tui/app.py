@@ -1,11 +1,12 @@
-"""The run-manager's TUI: run, witnesses, training, container, verification and wallet
-panels (verification only while the run verifies; this client's ejection is also a
+"""The run-manager's TUI: run, witnesses, training, container, verification, wallet and
+P2P panels (verification only while the run verifies; this client's ejection is also a
 notification).
 
 The supervisor and the monitor run as async workers on the app's event loop; their
 events update the shared Dashboard and the panels redraw from it. Keys: q (or ctrl+c)
 stops the client gracefully and quits, r restarts the client, l shows the full-screen
-logs. SIGINT, SIGTERM and SIGHUP (`run_tui`) stop as q does; a second stop kills the
+logs, c claims this wallet's reward tokens after a confirmation (offered only in a
+Solana run with a treasurer, once the chain has been read: `rewards`). SIGINT, SIGTERM and SIGHUP (`run_tui`) stop as q does; a second stop kills the
 container at once. The app exits once the container is gone, leaving the terminal as
 it found it.
 """
@@ -16,12 +17,12 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Grid
+from textual.containers import Grid, Horizontal
 from textual.driver import Driver
 from textual.widgets import Footer, Header
 
@@ -33,9 +34,18 @@ from psyche_common.ui.witness_panel import WitnessPanel
 from run_manager.docker_supervisor import LogLine, Supervisor, SupervisorEvent, SupervisorFinished
 from run_manager.monitor import Monitor, Part
 from run_manager.tui.messages import ClientEjected, DashboardChanged, SupervisorEventPosted
-from run_manager.tui.widgets import ContainerPanel, VerificationPanel, WalletPanel
+from run_manager.tui.widgets import (
+    ClaimScreen,
+    ContainerPanel,
+    P2PPanel,
+    VerificationPanel,
+    WalletPanel,
+)
 from run_manager.tui.widgets.log_screen import LogScreen
 from run_manager.view import Dashboard
+
+if TYPE_CHECKING:  # solders loads only for Solana runs
+    from run_manager.rewards import SolanaRewards
 
 SupervisorFactory = Callable[[Callable[[SupervisorEvent], None]], Supervisor]
 MonitorFactory = Callable[[Callable[[Part], None]], Monitor]
@@ -48,6 +58,7 @@ class RunManagerApp(App[None]):
         Binding("q", "stop", "Stop & quit"),
         Binding("r", "restart_client", "Restart client"),
         Binding("l", "show_logs", "Logs"),
+        Binding("c", "claim", "Claim rewards"),
     ]
 
     def __init__(
@@ -55,9 +66,11 @@ class RunManagerApp(App[None]):
         dashboard: Dashboard,
         supervisor_factory: SupervisorFactory | None = None,
         monitor_factory: MonitorFactory | None = None,
+        rewards: SolanaRewards | None = None,
     ) -> None:
         super().__init__()
         self.dashboard = dashboard
+        self.rewards = rewards
         self._supervisor_factory = supervisor_factory
         self._monitor_factory = monitor_factory
         self.supervisor: Supervisor | None = None
@@ -74,7 +87,9 @@ class RunManagerApp(App[None]):
             yield TrainingPanel(id="training")
             yield ContainerPanel(id="container")
         yield VerificationPanel(id="verification")
-        yield WalletPanel(id="wallet")
+        with Horizontal(id="bottom"):
+            yield WalletPanel(id="wallet")
+            yield P2PPanel(id="p2p")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -148,8 +163,10 @@ class RunManagerApp(App[None]):
             self.query_one(TrainingPanel).show(self.dashboard)
         if part in (None, "run", "training"):
             self.query_one(VerificationPanel).show(self.dashboard)
+            self.query_one(P2PPanel).show(self.dashboard)
         if part in (None, "wallet", "run"):
             self.query_one(WalletPanel).show(self.dashboard)
+            self.refresh_bindings()  # c is offered once the run's treasurer is known
         if part is None:
             self.query_one(ContainerPanel).show(self.dashboard)
 
@@ -191,6 +208,52 @@ class RunManagerApp(App[None]):
     def action_show_logs(self) -> None:
         if not isinstance(self.screen, LogScreen):
             self.push_screen(LogScreen(self.dashboard.log_tail))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # No claim on TCP runs, runs without a treasurer, or before the chain was read.
+        if action == "claim":
+            return self.rewards is not None and self.dashboard.wallet.can_claim
+        return True
+
+    def action_claim(self) -> None:
+        wallet, status = self.dashboard.wallet, self.dashboard.wallet.rewards
+        if self.rewards is None or status is None or status.mint is None:
+            return  # not offered (check_action); a key press from before the refresh
+        if status.claimable <= 0:
+            self.notify(f"nothing to claim: {status.earned} points earned, "
+                        f"{status.claimed} claimed", severity="warning")
+            return
+        from psyche_solana.rewards import format_units
+
+        question = (f"Claim {status.claimable} points = "
+                    f"{format_units(status.claimable, status.decimals)} reward tokens "
+                    f"({status.mint})\nto wallet {wallet.address}?\n\n"
+                    "This sends a transaction signed by the wallet.")
+        self.push_screen(ClaimScreen(question), self._claim_answered)
+
+    def _claim_answered(self, confirmed: bool | None) -> None:
+        if confirmed:
+            self.notify("claiming… (the transaction is on its way)")
+            self._send_claim()
+
+    @work(exclusive=True, group="claim")
+    async def _send_claim(self) -> None:
+        from psyche_solana.rewards import format_units
+        from run_manager.rewards import RewardsUnavailable
+
+        assert self.rewards is not None  # only after the dialog, which needs it
+        wallet = self.dashboard.wallet
+        try:
+            amount, status = await self.rewards.claim()
+        except RewardsUnavailable as error:
+            wallet.last_claim = f"claim failed: {error}"
+            self.notify(str(error), title="claim failed", severity="error", timeout=30)
+        else:
+            wallet.apply_rewards(status)
+            wallet.last_claim = (f"claimed {amount} points: reward token balance now "
+                                 f"{format_units(status.held, status.decimals)}")
+            self.notify(wallet.last_claim, title="rewards claimed", timeout=30)
+        self.refresh_panels("wallet")
 
 
 async def run_tui(app: RunManagerApp) -> None:

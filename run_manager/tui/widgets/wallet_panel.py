@@ -1,4 +1,5 @@
-"""The wallet: address, balance and reward points."""
+"""The wallet: address, SOL balance and, in a Solana run, its rewards (points earned,
+claimed and claimable, the reward token balance). Key c claims (run_manager.tui.app)."""
 
 from __future__ import annotations
 
