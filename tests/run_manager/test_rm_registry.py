@@ -32,6 +32,9 @@ from run_manager.docker_supervisor import (
     SupervisorEvent,
 )
 from run_manager.sources import PinnedVersionSource
+from run_manager.tui.app import RunManagerApp
+from run_manager.tui.widgets import ContainerPanel
+from run_manager.view import Dashboard
 from tests.run_manager.local_registry import (
     REGISTRY_BINARY,
     TINY_BASE,
@@ -200,3 +203,27 @@ def test_a_registry_that_is_down_is_one_line_naming_it(run_id: str, tmp_path: Pa
     assert f"the registry {down} does not answer" in error
     assert ": running" not in result.stdout  # no container started (no_leftover_containers)
 
+
+async def test_the_tui_shows_the_pull_as_a_progress_bar(
+    docker_client: docker.DockerClient, registry: LocalRegistry, publish: Publish, run_id: str,
+) -> None:  # fmt: skip
+    version = f"1.0.0-{run_id}"
+    publish(version, 0)
+    app = RunManagerApp(Dashboard(), lambda on_event: Supervisor(
+        docker_client, PinnedVersionSource(version), config(registry.address, run_id), on_event))
+    bar_states: list[tuple[float, float | None, bool]] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        bar = app.query_one(ContainerPanel).pull
+        app.watch(bar, "progress", lambda progress: bar_states.append(
+            (progress, bar.total, bar.display)), init=False)
+        for _ in range(600):  # 60 s at most
+            if app.finished is not None:
+                break
+            await pilot.pause(0.1)
+        assert app.finished is not None and app.finished.reason == "client-finished"
+        assert not bar.display  # shown only while pulling
+        await pilot.press("q")
+    assert bar_states, "the bar never moved"
+    assert any(0 < p < (t or 0) for p, t, _ in bar_states), bar_states
+    assert all(shown for _, _, shown in bar_states)
+    assert bar_states[-1][0] == bar_states[-1][1]  # it reached its end
