@@ -120,6 +120,7 @@ class StateCache:
         self.mirror = StateMirror()
         self.by_seq: dict[int, CoordinatorState] = {}
         self._proofs: dict[int, dict[int, WitnessProof]] = {}
+        self._indices: dict[int, dict[bytes, int]] = {}
 
     def state(self, seq: int, frame: bytes) -> tuple[CoordinatorState | None, bool]:
         """(the state broadcast `seq`, or None; True when the copy has a gap and the
@@ -146,6 +147,16 @@ class StateCache:
             self._proofs = {seq: {i: selection.witness_of(i)
                                   for i in selection.witness_indices()}}
         return self._proofs[seq].get(index)
+
+    def index_of(self, seq: int, state: CoordinatorState, key: bytes) -> int | None:
+        """A client's index in broadcast `seq`'s epoch (one table per state for all the
+        clients of this process, as each real client looks up only itself)."""
+        if seq not in self.by_seq:  # an older broadcast read late
+            return next((i for i, c in enumerate(state.epoch_state.clients)
+                         if c.id.key == key), None)
+        if seq not in self._indices:
+            self._indices = {seq: {c.id.key: i for i, c in enumerate(state.epoch_state.clients)}}
+        return self._indices[seq].get(key)
 
     def resyncs_asked(self) -> int:
         return self.mirror.gaps
@@ -188,8 +199,9 @@ async def simulated_client(i: int, port: int, cache: StateCache, measure: Measur
     acted: set[tuple[str, int]] = set()
     try:
         while not measure.done.is_set():
-            try:
-                frame = await asyncio.wait_for(read_frame(connection.reader, 1 << 26), 1.0)
+            try:  # asyncio.timeout: no task per frame, as wait_for would make
+                async with asyncio.timeout(1.0):
+                    frame = await read_frame(connection.reader, 1 << 26)
             except TimeoutError:
                 continue
             received = time.time()
@@ -207,7 +219,7 @@ async def simulated_client(i: int, port: int, cache: StateCache, measure: Measur
                 await connection.send(ResyncAddresses())
             if state is None:
                 continue
-            index = _index(state, identity.public_key)
+            index = cache.index_of(number, state, identity.public_key)
             if index is None:
                 continue
             key = (state.run_state.name, state.progress.step)
@@ -224,13 +236,6 @@ async def simulated_client(i: int, port: int, cache: StateCache, measure: Measur
                     await connection.send(WitnessSubmit(witness=WitnessModel.of(Witness(proof))))
     finally:
         await connection.close()
-
-
-def _index(state: CoordinatorState, key: bytes) -> int | None:
-    for index, client in enumerate(state.epoch_state.clients):
-        if client.id.key == key:
-            return index
-    return None
 
 
 def _cpu_seconds(pid: int) -> float:
