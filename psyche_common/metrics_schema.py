@@ -96,6 +96,10 @@ class ClientMetrics(_Strict):
     # rates (they go down when connections close).
     p2p_bytes_sent: int = Field(default=0, ge=0)
     p2p_bytes_received: int = Field(default=0, ge=0)
+    # The model fetched from peers at warm-up (ours): parameters in hand of those asked,
+    # for the run-manager's progress bar; 0 / 0 before any fetch.
+    model_params_downloaded: int = Field(default=0, ge=0)
+    model_params_total: int = Field(default=0, ge=0)
 
     # What the run-manager's training panel shows.
     client_version: str = ""

@@ -26,6 +26,9 @@ class P2PView:
     """Connected peers, including those whose path is not known yet."""
     seen: bool = False
     """Metrics arrived at least once."""
+    model_downloaded: int = 0
+    model_total: int = 0
+    """The client's last model fetch from peers: parameters in hand, of this many."""
     _last: tuple[float, int, int] | None = None  # (time, sent, received) of the last sample
 
     def sample(self, metrics: ClientMetrics, now: float | None = None) -> None:
@@ -34,6 +37,8 @@ class P2PView:
         self.peers = len(metrics.connected_peers)
         self.direct = sum(1 for p in metrics.connected_peers if p.connection_type == "direct")
         self.relayed = sum(1 for p in metrics.connected_peers if p.connection_type == "relay")
+        self.model_downloaded = metrics.model_params_downloaded
+        self.model_total = metrics.model_params_total
         sent, received = metrics.p2p_bytes_sent, metrics.p2p_bytes_received
         last, self._last = self._last, (now, sent, received)
         if last is None or now <= last[0]:
@@ -56,5 +61,14 @@ def describe_p2p(view: P2PView) -> list[str]:
 
     unknown = view.peers - view.direct - view.relayed
     peers = f"peers {view.peers}: {view.direct} direct, {view.relayed} relayed"
-    return [f"↑ {rate(view.up_bytes_per_s)}  ↓ {rate(view.down_bytes_per_s)}",
-            peers + (f", {unknown} path unknown" if unknown else "")]
+    lines = [f"↑ {rate(view.up_bytes_per_s)}  ↓ {rate(view.down_bytes_per_s)}",
+             peers + (f", {unknown} path unknown" if unknown else "")]
+    if model_fetching(view):
+        lines.append(f"model from peers: {view.model_downloaded / view.model_total:.0%} "
+                     f"of {view.model_total} parameters")
+    return lines
+
+
+def model_fetching(view: P2PView) -> bool:
+    """A model fetch from peers is under way (its bar is shown)."""
+    return view.model_total > 0 and view.model_downloaded < view.model_total

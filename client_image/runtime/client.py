@@ -229,9 +229,17 @@ class PsycheClient:
 
     def _make_runner(self, backend: CoordinatorBackend, topic: GossipTopic) -> RoundRunner:
         telemetry = self.telemetry
+
+        def model_progress(downloaded: int, total: int) -> None:
+            # The metrics endpoint's (the run-manager's progress bar) and the telemetry's.
+            self.counters.model_params_downloaded = downloaded
+            self.counters.model_params_total = total
+            if telemetry is not None:
+                telemetry.model_progress(downloaded, total)
+
         peers = IrohPeers(self.node, topic, ModelFetchOptions(
             max_concurrent_parameter_requests=self.options.max_concurrent_parameter_requests),
-            progress=telemetry.model_progress if telemetry else None)
+            progress=model_progress)
         return RoundRunner(self.me, backend=backend, peers=peers, worker=self.worker,
                            open_data=self._open_data, events=self.events,
                            counters=self.counters, options=self.options.runner_options(),

@@ -104,6 +104,8 @@ class Counters:
     downloaded_current: int = 0
     downloaded_previous: int = 0
     result_bytes_received: int = 0  # verified peers' results (telemetry)
+    model_params_downloaded: int = 0  # the last model fetch from peers: done of total
+    model_params_total: int = 0
     # verification (runtime/verifying.py): replays that matched / did not, reports sent
     verifications_passed: int = 0
     verifications_failed: int = 0
@@ -172,6 +174,8 @@ def snapshot(counters: Counters, client_version: str, node: Any | None,
         downloads_failed=downloads.failed if downloads else 0,
         downloads_bytes=downloads.bytes_received if downloads else 0,
         p2p_bytes_sent=sent, p2p_bytes_received=received,
+        model_params_downloaded=counters.model_params_downloaded,
+        model_params_total=counters.model_params_total,
         client_version=client_version, phase=counters.phase, epoch=counters.epoch,
         step=counters.step, loss=counters.loss, tokens_per_sec=counters.tokens_per_sec,
         last_result_sizes=counters.last_result_sizes,

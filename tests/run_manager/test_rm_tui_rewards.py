@@ -91,7 +91,7 @@ async def test_p2p_panel_shows_rates_and_direct_and_relayed_peers() -> None:
     app = RunManagerApp(dashboard)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        assert text_of(app, "#p2p").splitlines() == ["↑ 1.0 KiB/s  ↓ 2.0 MiB/s",
+        assert text_of(app, "#p2p-summary").splitlines() == ["↑ 1.0 KiB/s  ↓ 2.0 MiB/s",
                                                      "peers 3: 2 direct, 1 relayed"]
         # Connections closed: the counters go down; no negative rate, the next one is fresh.
         dashboard.apply_metrics(ClientMetrics(p2p_bytes_sent=0, p2p_bytes_received=0), now=13.0)
@@ -99,12 +99,34 @@ async def test_p2p_panel_shows_rates_and_direct_and_relayed_peers() -> None:
                                               p2p_bytes_sent=512, p2p_bytes_received=0), now=14.0)
         app.post_message(DashboardChanged("training"))
         await pilot.pause()
-        assert text_of(app, "#p2p").splitlines() == ["↑ 512 B/s  ↓ 0 B/s",
+        assert text_of(app, "#p2p-summary").splitlines() == ["↑ 512 B/s  ↓ 0 B/s",
                                                      "peers 1: 0 direct, 0 relayed, 1 path unknown"]
     empty = RunManagerApp(Dashboard())
     async with empty.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        assert text_of(empty, "#p2p") == "p2p: no client metrics"
+        assert text_of(empty, "#p2p-summary") == "p2p: no client metrics"
+
+
+async def test_the_model_fetch_from_peers_shows_a_progress_bar_until_it_is_done() -> None:
+    dashboard = rewards_dashboard()
+    app = RunManagerApp(dashboard)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        bar = app.query_one("#p2p-model", ProgressBar)
+        assert not bar.display  # no fetch yet
+        dashboard.apply_metrics(ClientMetrics(model_params_downloaded=300_000,
+                                              model_params_total=1_200_000), now=20.0)
+        app.post_message(DashboardChanged("training"))
+        await pilot.pause()
+        assert bar.display and (bar.progress, bar.total) == (300_000, 1_200_000)
+        assert text_of(app, "#p2p-summary").splitlines()[-1] == (
+            "model from peers: 25% of 1200000 parameters")
+        dashboard.apply_metrics(ClientMetrics(model_params_downloaded=1_200_000,
+                                              model_params_total=1_200_000), now=21.0)
+        app.post_message(DashboardChanged("training"))
+        await pilot.pause()
+        assert not bar.display
+        assert "model from peers" not in text_of(app, "#p2p-summary")
 
 
 async def test_the_image_pull_shows_a_progress_bar_until_the_container_starts() -> None:
