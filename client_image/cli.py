@@ -10,21 +10,15 @@ Import-light on purpose: heavy modules (torch, iroh) load inside commands.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, cast
+from typing import Annotated, cast
 
 import typer
 
-from client_image import identity_cli, plan_cli, predownload_cli, sidecar_cli
+from client_image import identity_cli, plan_cli, predownload_cli, sidecar_cli, train_support
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 from psyche_common.stopping import exit_on_signals
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
-
-if TYPE_CHECKING:
-    from client_image.runtime.client import PsycheClient
-    from client_image.training.rank_group import RankSetup
-    from psyche_common.telemetry import Telemetry
 
 app = typer.Typer(
     **PROGRAM_SETTINGS,
@@ -32,33 +26,6 @@ app = typer.Typer(
     help="Psyche client: train with a run, share results over iroh.",
     no_args_is_help=True,
 )
-
-
-def _rank_setup(dp: int, tp: int, local_ranks: int | None, main_port: int,
-                device: str) -> RankSetup | None:
-    """The D x T ranks of this client, checked against this host now (not at warm-up)."""
-    from client_image.training.parallel import ParallelDims, ParallelismError
-    from client_image.training.rank_group import DEFAULT_MAIN_PORT, RankSetup
-
-    dims = ParallelDims(dp, tp)
-    if not dims.enabled:
-        return None
-    here = dims.world_size if local_ranks is None else local_ranks
-    if device.startswith("cuda"):
-        import torch
-
-        if device != "cuda":
-            raise typer.BadParameter("with several ranks each uses its own GPU: use --device "
-                                     "cuda, not one device", param_hint="--device")
-        if here > torch.cuda.device_count():
-            raise typer.BadParameter(
-                f"{here} ranks on this host, but it has {torch.cuda.device_count()} CUDA "
-                "device(s)", param_hint="--data-parallelism/--tensor-parallelism/--local-ranks")
-    port = main_port or (DEFAULT_MAIN_PORT if here < dims.world_size else 0)
-    try:
-        return RankSetup(dims, main_port=port, local_ranks=local_ranks)
-    except ParallelismError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--local-ranks") from None
 
 
 @app.callback()
@@ -70,39 +37,6 @@ identity_cli.register(app)  # show-identity, show-static-p2p-identity, create-st
 plan_cli.register(app)  # plan: bytes per device, and whether the run fits
 predownload_cli.register(app)  # predownload: the run's model and data, before joining
 sidecar_cli.register(app)  # more ranks of a client, on another host
-
-
-def _gcs_upload_problem(hub_repo: str | None, gcs_bucket: str | None, gcs_prefix: str | None,
-                        checkpoint_dir: Path | None) -> str | None:
-    """Why the GCS upload flags cannot be used together as given (None: they can)."""
-    if gcs_prefix and not gcs_bucket:
-        return "--gcs-prefix names the prefix in --gcs-bucket: give the bucket too"
-    if gcs_bucket and hub_repo:
-        return "--gcs-bucket and --hub-repo both upload checkpoints: give one of them"
-    if gcs_bucket and checkpoint_dir is None:
-        return "--gcs-bucket uploads the checkpoints of --checkpoint-dir: give both"
-    return None
-
-
-# Psyche's own relays, its client's default (`--iroh-relay psyche`).
-PSYCHE_RELAYS = ("https://use1-1.relay.nousresearch.psyche.iroh.link",
-                 "https://usw1-1.relay.nousresearch.psyche.iroh.link")
-
-
-def _relay(value: str) -> tuple[Literal["disabled", "default", "custom"], tuple[str, ...]]:
-    """Psyche's values (psyche, n0, disabled), `default` (iroh's, as n0) or relay URLs."""
-    if value == "disabled":
-        return "disabled", ()
-    if value in ("default", "n0"):
-        return "default", ()
-    if value == "psyche":
-        return "custom", PSYCHE_RELAYS
-    if value.startswith(("http://", "https://")):
-        return "custom", tuple(v for v in value.split(",") if v)
-    raise typer.BadParameter(
-        "use psyche, n0 (or default), disabled, or relay URLs (https://...)",
-        param_hint="--iroh-relay"
-    )
 
 
 @app.command("train")
@@ -327,7 +261,7 @@ def train(
         raise typer.BadParameter("use tui, console, json or none", param_hint="--logs")
     if iroh_discovery not in ("local", "n0"):
         raise typer.BadParameter("use local or n0", param_hint="--iroh-discovery")
-    relay_mode, relay_urls = _relay(iroh_relay)
+    relay_mode, relay_urls = train_support.relay_choice(iroh_relay)
     from client_image.verification.adversary import LIVE_ATTACKS
     if test_adversary is not None and test_adversary not in LIVE_ATTACKS:
         raise typer.BadParameter(f"use one of {', '.join(LIVE_ATTACKS)}",
@@ -369,7 +303,7 @@ def train(
     try:
         if rpc is not None:
             # On Solana the wallet signs transactions and names the node: one key.
-            identity = Identity(_wallet_secret(wallet_private_key_path))
+            identity = Identity(train_support.wallet_secret(wallet_private_key_path))
         else:
             identity = Identity.load(identity_secret_key_path)
     except (IdentityError, ValueError) as error:
@@ -385,7 +319,8 @@ def train(
         resolve_compute_dtype(dtype, device)
     except PrecisionError as exc:
         raise typer.BadParameter(str(exc), param_hint="--dtype") from None
-    ranks = _rank_setup(data_parallelism, tensor_parallelism, local_ranks, main_port, device)
+    ranks = train_support.rank_setup(data_parallelism, tensor_parallelism, local_ranks,
+                                     main_port, device)
     mode = cast(LogMode, logs)  # checked against the four log modes at the top
     configure_logging("none" if mode == "tui" else mode)
     if torch_threads:
@@ -396,7 +331,8 @@ def train(
         typer.echo("error: --hub-repo uploads the checkpoints of --checkpoint-dir: give both",
                    err=True)
         raise typer.Exit(code=2)
-    if upload_problem := _gcs_upload_problem(hub_repo, gcs_bucket, gcs_prefix, checkpoint_dir):
+    if upload_problem := train_support.gcs_upload_problem(hub_repo, gcs_bucket, gcs_prefix,
+                                                          checkpoint_dir):
         typer.echo(f"error: {upload_problem}", err=True)
         raise typer.Exit(code=2)
     options = ClientOptions(
@@ -436,10 +372,10 @@ def train(
         evals=evals,
     )
     client = PsycheClient(options, EventLog(mode))
-    exporter = _start_telemetry(telemetry, client, identity.node_id, run_id)
+    exporter = train_support.start_telemetry(telemetry, client, identity.node_id, run_id)
 
     async def run() -> int:
-        _stop_on_signals(client, mode)
+        train_support.stop_on_signals(client, mode)
         if mode != "tui":
             return await client.run()
         from client_image.runtime.tui import ClientApp
@@ -458,107 +394,8 @@ def train(
         # The loop gave the signals back: from here one more ends the process at once.
         exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")
         if exporter is not None:
-            _shutdown_telemetry(exporter, stopping=client.stop_event.is_set())
+            train_support.shutdown_telemetry(exporter, stopping=client.stop_event.is_set())
     raise typer.Exit(code=code)
-
-
-# From the first SIGINT, SIGTERM or SIGHUP to the process's end: the client's own bounds
-# (client_image/runtime/client.py) fit in it; whatever is still running then is left
-# (a checkpoint write is abandoned whole: it is written under a staging name, then renamed).
-STOP_WITHIN_S = 8.0
-TELEMETRY_FLUSH_S = 2.0  # a stopping client's last export, to an endpoint that may be gone
-
-
-def _stop_on_signals(client: PsycheClient, mode: str) -> None:
-    """On the running loop: the first signal says "stopping… (SIGTERM)" and stops the
-    client (it withdraws from the run, stops its ranks and P2P node; exit 0), within
-    STOP_WITHIN_S at most; a second one ends the process at once."""
-    import logging
-
-    from psyche_common.stopping import StopSignals, exit_after, exit_now, say
-
-    signals = StopSignals()
-
-    def on_signal(sig: signal.Signals) -> None:
-        if signals.count > 1:
-            client.worker.kill_ranks()
-            exit_now(0, f"stopping now ({sig.name} again)")
-        if mode != "tui":  # a TUI shows the log line
-            say(f"stopping… ({sig.name})")
-        logging.getLogger("client_image.cli").info("stopping… (%s)", sig.name)
-        client.stop(0, withdraw=True)
-        exit_after(STOP_WITHIN_S, 0, f"stopping now: the client did not stop within "
-                   f"{STOP_WITHIN_S:.0f} s", before=client.worker.kill_ranks)
-
-    signals.on_signal(on_signal)
-    signals.install()
-
-
-def _shutdown_telemetry(exporter: Telemetry, stopping: bool) -> None:
-    """Flush and stop the exporters; a stopping client waits TELEMETRY_FLUSH_S at most
-    (the endpoint may be as gone as the coordinator)."""
-    if not stopping:
-        exporter.shutdown()
-        return
-    import threading
-
-    flushing = threading.Thread(target=exporter.shutdown, name="telemetry-shutdown",
-                                daemon=True)
-    flushing.start()
-    flushing.join(TELEMETRY_FLUSH_S)
-
-
-def _start_telemetry(options: TelemetryOptions, client: PsycheClient, node_id: str,
-                     run_id: str) -> Telemetry | None:
-    """Metrics, spans and logs of this client, when any export is configured."""
-    if not options.exports_anything:
-        return None
-    import os
-
-    from client_image.telemetry import ClientTelemetry
-    from psyche_common.telemetry import ServiceIdentity, Telemetry
-
-    try:
-        telemetry = Telemetry.start(options, ServiceIdentity(
-            "client", node_id, run_id, os.environ.get("CLIENT_VERSION", "")))
-    except OSError as exc:
-        typer.echo(f"error: --prometheus-port {options.prometheus_port}: {exc}", err=True)
-        raise typer.Exit(code=2) from None
-    client.telemetry = ClientTelemetry(telemetry, client)
-    return telemetry
-
-
-def _wallet_secret(path: Path | None) -> bytes:
-    """The 32-byte secret seed of the Solana wallet (file, or RAW_WALLET_PRIVATE_KEY)."""
-    import json
-    import os
-
-    from psyche_common.wallet import WalletError, load_keypair_bytes
-
-    if path is not None:
-        try:
-            return load_keypair_bytes(path)[:32]
-        except WalletError as exc:
-            raise ValueError(f"--wallet-private-key-path: {exc}") from None
-    raw = os.environ.get("RAW_WALLET_PRIVATE_KEY", "").strip()
-    if not raw:
-        raise ValueError("a Solana run needs --wallet-private-key-path or RAW_WALLET_PRIVATE_KEY")
-    try:
-        if raw.startswith("["):
-            try:
-                secret = bytes(json.loads(raw))
-            except RecursionError:
-                raise ValueError("RAW_WALLET_PRIVATE_KEY is JSON nested too deeply") from None
-        else:
-            from solders.keypair import Keypair
-
-            secret = bytes(Keypair.from_base58_string(raw))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"RAW_WALLET_PRIVATE_KEY is neither a JSON byte array nor base58: {exc}"
-                         ) from None
-    if len(secret) != 64:
-        raise ValueError(f"RAW_WALLET_PRIVATE_KEY must hold 64 bytes, got {len(secret)}")
-    return secret[:32]
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ def test_an_impossible_rank_layout_is_a_usage_error(args: list[str], message: st
 
 
 def test_ranks_meet_on_a_free_port_unless_sidecars_need_a_known_one() -> None:
-    from client_image.cli import _rank_setup
+    from client_image.train_support import rank_setup as _rank_setup
 
     assert _rank_setup(1, 1, None, 0, "cpu") is None  # one device: no ranks at all
     alone = _rank_setup(2, 1, None, 0, "cpu")
@@ -93,7 +93,8 @@ def test_the_run_managers_list_of_client_variables_is_the_clients() -> None:
 
 
 def test_psyches_relay_names_are_accepted() -> None:
-    from client_image.cli import PSYCHE_RELAYS, _relay
+    from client_image.train_support import PSYCHE_RELAYS
+    from client_image.train_support import relay_choice as _relay
 
     assert _relay("psyche") == ("custom", PSYCHE_RELAYS)
     assert _relay("n0") == _relay("default") == ("default", ())
