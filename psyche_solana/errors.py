@@ -13,7 +13,7 @@ _PROGRAM = [
     "NotAuthorized", "RegistryFull", "InvalidConfig", "InvalidModel", "NotHalted",
     "ModelNotSet", "WrongAccount", "AccountNotWritable", "TooManyDelegates",
     "AuthorizationActive", "NothingToClaim", "ClaimTooLarge", "WrongVault", "InvalidRunId",
-    "NotAdminInstruction", "NotGrantor", "NotGrantee",
+    "NotAdminInstruction", "NotGrantor", "NotGrantee", "InvalidMetadata",
 ]
 PROGRAM_ERRORS: dict[int, str] = {**_MACHINE, **{100 + i: name for i, name in enumerate(_PROGRAM)}}
 CODES: dict[str, int] = {name: code for code, name in PROGRAM_ERRORS.items()}
@@ -25,6 +25,7 @@ _EXPLAIN = {
     "NotHalted": "the run must be paused (or not started) for this change",
     "ModelNotSet": "update-config must set the model before the run can start",
     "InvalidConfig": "the run config breaks a rule (see psyche-coordinator validate-config)",
+    "InvalidMetadata": "the name is at most 64 bytes and the description at most 280, in UTF-8",
     **{error.name: error.value for error in CoordinatorError},
 }
 TOKEN_ERRORS = {1: "InsufficientFunds", 3: "MintMismatch", 4: "OwnerMismatch"}

@@ -101,9 +101,11 @@ def init_coordinator(account: Pubkey, payer: Pubkey, run_id: str, main_authority
 
 
 def free_coordinator(account: Pubkey, authority: Pubkey, run_id: str, spill: Pubkey) -> Instruction:
-    """Close a halted run: its account and its run id's claim, rent to `spill`."""
-    return _coordinator(12, account, authority, b"", [
-        _meta(coordinator_instance_address(run_id), writable=True), _meta(spill, writable=True)])
+    """Close a halted run: its account, its run id's claim and its metadata PDA
+    (run_metadata.py's metadata_address, derived here to spare a circular import), rent to `spill`."""
+    metadata, _ = Pubkey.find_program_address([b"metadata", bytes(account)], coordinator_program())
+    return _coordinator(12, account, authority, b"", [_meta(coordinator_instance_address(
+        run_id), writable=True), _meta(spill, writable=True), _meta(metadata, writable=True)])
 
 
 def config_bytes(config: CoordinatorConfig) -> bytes:

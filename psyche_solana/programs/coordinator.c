@@ -23,10 +23,14 @@
  *  11 verification_report [account w, reporter s]  accused[32] step u32 published_hash[32]
  *                       expected_hash[32] jaccard_ppm u32 hamming_ppm u32 manhattan_ppm u32
  *                       a follower's report (coordinator_machine.h, coordinator/verification.py)
- *  12 free_coordinator  [account w, main_authority s, instance w, spill w]  (no payload)
- *                       Psyche's free_coordinator: a halted run (Uninitialized, Paused or
- *                       Finished) is closed, its account and its run id's claim zeroed
- *                       and their lamports (the rent) sent to `spill`; the id is free again
+ *  12 free_coordinator  [account w, main_authority s, instance w, spill w, metadata w]
+ *                       (no payload) Psyche's free_coordinator: a halted run (Uninitialized,
+ *                       Paused or Finished) is closed, its account, its run id's claim and
+ *                       its metadata PDA (if set) zeroed and their lamports (the rent) sent
+ *                       to `spill`; the id is free again
+ *  13 set_run_metadata  [account, main_authority s, payer s w, metadata PDA w, system]
+ *                       Psyche's RunMetadata, in the PDA ["metadata", account]
+ *                       (run_metadata.h: payload, rules)
  * now = the Clock's unix_timestamp; seed = u64_le(SHA-256(unix_timestamp_i64_le ||
  * slot_u64_le)[0:8]) (docs/coordinator.md, "Seeds"). Events do not tick: clients send
  * tick transactions.
@@ -38,6 +42,7 @@
 #define JOIN_SCOPE "CoordinatorJoinRun"
 #include "authorization_layout.h"
 #include "system.h"
+#include "run_metadata.h"
 
 #define P2P_ADDRESS_MAX 256
 typedef struct { u8 magic[8]; u16 len; u8 pad[6]; u8 address[P2P_ADDRESS_MAX]; } P2PAddress;
@@ -301,6 +306,17 @@ static u64 free_coordinator(State *s, AccountInfo *run, u64 len) {
   if (!bytes_eq(claim->magic, INSTANCE_MAGIC, 8) || !key_eq(&claim->coordinator_account, run->key))
     return E_WrongAccount;
   if (key_eq(spill->key, run->key) || key_eq(spill->key, instance->key)) return E_WrongAccount;
+  /* the metadata PDA is always named, so that no run is closed leaving it behind */
+  AccountInfo *metadata = account(4);
+  Pubkey address;
+  u8 bump;
+  if (!metadata) return E_MissingAccount;
+  if (metadata_address(run->key, &address, &bump) || !key_eq(&address, metadata->key) ||
+      key_eq(spill->key, metadata->key))
+    return E_WrongAccount;
+  bool metadata_set = key_eq(metadata->owner, CTX->program_id);
+  if (metadata_set && !metadata->is_writable) return E_AccountNotWritable;
+  if (metadata_set) close_account(metadata, spill);
   close_account(instance, spill);
   close_account(run, spill);
   return SUCCESS;
@@ -313,6 +329,7 @@ static u64 process(void) {
   u64 len = CTX->data_len - 1;
   if (tag == 0) return init_coordinator(data, len);
   if (tag == 10) return set_p2p_address(data, len);
+  if (tag == 13) return set_run_metadata(data, len);
   State *s;
   u64 problem = load_state(account(0), &s);
   if (problem) return problem;

@@ -8,6 +8,6 @@ enum ProgramError {
   E_NotAuthorized, E_RegistryFull, E_InvalidConfig, E_InvalidModel, E_NotHalted,
   E_ModelNotSet, E_WrongAccount, E_AccountNotWritable, E_TooManyDelegates,
   E_AuthorizationActive, E_NothingToClaim, E_ClaimTooLarge, E_WrongVault, E_InvalidRunId,
-  E_NotAdminInstruction, E_NotGrantor, E_NotGrantee,
+  E_NotAdminInstruction, E_NotGrantor, E_NotGrantee, E_InvalidMetadata,
 };
 #endif

@@ -18,6 +18,14 @@
  *   2 participant_claim [user s w, run w, coordinator_account, participant w, vault w,
  *                 user_token w, mint, token_program, system]  points u64
  *                 claimable = earned (coordinator ledger) - claimed; never twice
+ *   3 run_set_metadata [main_authority s w, run, coordinator_account, metadata w,
+ *                 coordinator_program, system]  the coordinator's set_run_metadata payload
+ *                 -> CPI set_run_metadata signed by the Run PDA, the main authority paying
+ *   4 run_close   [main_authority s w, run, coordinator_account w, coordinator_instance w,
+ *                 metadata w, coordinator_program]  (no payload)
+ *                 -> CPI free_coordinator signed by the Run PDA, the rent to the main
+ *                 authority. The Run PDA and its vault stay: once the coordinator is gone,
+ *                 points not yet claimed can no longer be claimed.
  */
 #include "coordinator_layout.h"
 #include "errors.h"
@@ -88,23 +96,64 @@ static u64 load_run(AccountInfo *a, RunAccount **out) {
   return SUCCESS;
 }
 
-static u64 run_update(const u8 *data, u64 len) {
-  AccountInfo *authority = account(0), *run = account(1), *coordinator = account(2);
-  RunAccount *r;
-  u64 problem = load_run(run, &r);
+/* The run's main authority signs `accounts` 0 and names this run's coordinator as 2; the
+ * first `accounts` accounts must be there. */
+static u64 load_admin(u64 accounts, RunAccount **out) {
+  AccountInfo *authority = account(0), *coordinator = account(2);
+  u64 problem = load_run(account(1), out);
   if (problem) return problem;
-  if (!authority || !coordinator || !account(3)) return E_MissingAccount;
+  if (accounts == 0 || !account(accounts - 1)) return E_MissingAccount;
   if (!authority->is_signer) return E_MissingSignature;
-  if (!key_eq(authority->key, &r->main_authority)) return E_NotMainAuthority;
-  if (!key_eq(coordinator->key, &r->coordinator_account)) return E_WrongAccount;
-  if (len < 1 || data[0] < 1 || data[0] > 3) return E_NotAdminInstruction;
+  if (!key_eq(authority->key, &(*out)->main_authority)) return E_NotMainAuthority;
+  if (!key_eq(coordinator->key, &(*out)->coordinator_account)) return E_WrongAccount;
+  return SUCCESS;
+}
+
+/* Invoke the coordinator with `data` on `metas`, the Run PDA (account 1) signing. */
+static u64 invoke_as_run(const RunAccount *r, AccountMeta *metas, u64 n, const u8 *data,
+                         u64 len) {
   u8 index_le[8];
   sol_memcpy_(index_le, &r->index, 8);
-  Bytes seeds[3] = {{(const u8 *)"Run", 3}, {index_le, 8}, {&r->bump, 1}};
+  Bytes seeds[3] = {{(const u8 *)"Run", 3}, {index_le, 8}, {(const u8 *)&r->bump, 1}};
   SignerSeeds signers = {seeds, 3};
-  AccountMeta metas[2] = {{coordinator->key, true, false}, {run->key, false, true}};
-  Instruction ix = {(Pubkey *)&COORDINATOR_ID, metas, 2, data, len};
+  Instruction ix = {(Pubkey *)&COORDINATOR_ID, metas, n, data, len};
   return sol_invoke_signed_c(&ix, CTX->accounts, (int)CTX->num_accounts, &signers, 1);
+}
+
+static u64 run_update(const u8 *data, u64 len) {
+  RunAccount *r;
+  u64 problem = load_admin(4, &r);
+  if (problem) return problem;
+  if (len < 1 || data[0] < 1 || data[0] > 3) return E_NotAdminInstruction;
+  AccountMeta metas[2] = {{account(2)->key, true, false}, {account(1)->key, false, true}};
+  return invoke_as_run(r, metas, 2, data, len);
+}
+
+static u64 run_set_metadata(const u8 *data, u64 len) {
+  RunAccount *r;
+  u64 problem = load_admin(6, &r);
+  if (problem) return problem;
+  u8 *forwarded = heap_alloc(1 + len);
+  if (forwarded == NULL) return E_InvalidInstruction;
+  forwarded[0] = 13;
+  sol_memcpy_(forwarded + 1, data, len);
+  Pubkey system_id = {{0}};
+  AccountMeta metas[5] = {{account(2)->key, false, false}, {account(1)->key, false, true},
+                          {account(0)->key, true, true}, {account(3)->key, true, false},
+                          {&system_id, false, false}};
+  return invoke_as_run(r, metas, 5, forwarded, 1 + len);
+}
+
+static u64 run_close(u64 len) {
+  RunAccount *r;
+  u64 problem = load_admin(6, &r);
+  if (problem) return problem;
+  if (len != 0) return E_InvalidInstruction;
+  u8 free_coordinator = 12;
+  AccountMeta metas[5] = {{account(2)->key, true, false}, {account(1)->key, false, true},
+                          {account(3)->key, true, false}, {account(0)->key, true, false},
+                          {account(4)->key, true, false}};
+  return invoke_as_run(r, metas, 5, &free_coordinator, 1);
 }
 
 static u64 earned_points(const CoordinatorAccount *c, const Pubkey *user) {
@@ -190,6 +239,8 @@ u64 entrypoint(u8 *input) {
   case 0: return run_create(data, len);
   case 1: return run_update(data, len);
   case 2: return participant_claim(data, len);
+  case 3: return run_set_metadata(data, len);
+  case 4: return run_close(len);
   default: return E_InvalidInstruction;
   }
 }

@@ -9,9 +9,15 @@ from solders.pubkey import Pubkey
 
 from coordinator import Bloom, RunState
 from psyche_solana import instructions as ix
-from psyche_solana.accounts import decode_authorization, decode_participant, decode_treasurer_run
+from psyche_solana.accounts import (
+    decode_authorization,
+    decode_instance,
+    decode_participant,
+    decode_treasurer_run,
+)
+from psyche_solana.ids import coordinator_program
 from psyche_solana.scenario import SvmRun
-from psyche_solana.svm import TransactionFailed
+from psyche_solana.svm import ProgramSvm, TransactionFailed
 from tests.solana.test_differential import _state_file
 
 
@@ -82,3 +88,18 @@ def test_builders_refuse_bad_values():
     with pytest.raises(ValueError, match="only update, set_paused"):
         ix.treasurer_run_update(Pubkey.default(), 1, Pubkey.default(), ix.tick(Pubkey.default()))
     assert Bloom().contains(b"x") is False
+
+
+def test_a_run_id_is_claimed_even_if_lamports_were_sent_to_its_address():
+    """A transfer to the claim's address must not block the id: the program takes the
+    system account over (top-up, allocate, assign) as Anchor's init does."""
+    claim = ix.coordinator_instance_address("prefunded-run")
+    svm = ProgramSvm()
+    svm.airdrop(claim, 1_000_000)
+    state_file = _state_file(1, 1, 0, 4).model_copy(update={"run_id": "prefunded-run"})
+    run = SvmRun.create(state_file, svm, start=False)
+    assert run.instance == claim
+    instance = decode_instance(svm.data(claim))
+    assert (instance.coordinator_account, instance.run_id) == (run.address, "prefunded-run")
+    account = svm.svm.get_account(claim)
+    assert account is not None and account.owner == coordinator_program()

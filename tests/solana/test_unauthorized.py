@@ -22,7 +22,7 @@ from coordinator import NodeIdentity, RunState, Witness, WitnessProof
 from coordinator.committee import Committee, CommitteeProof
 from coordinator.config import CoordinatorConfig, HubCheckpoint, LLMConfig, StateFile
 from psyche_solana import instructions as ix
-from psyche_solana.accounts import COORDINATOR_ACCOUNT_SIZE, decode_instance
+from psyche_solana.accounts import COORDINATOR_ACCOUNT_SIZE
 from psyche_solana.errors import error_name
 from psyche_solana.ids import (
     SYSTEM_PROGRAM_ID,
@@ -31,6 +31,10 @@ from psyche_solana.ids import (
     coordinator_program,
     treasurer_program,
 )
+from psyche_solana.run_metadata import RunMetadata as Meta
+from psyche_solana.run_metadata import set_run_metadata
+from psyche_solana.run_metadata import treasurer_run_close as close
+from psyche_solana.run_metadata import treasurer_run_set_metadata as set_metadata
 from psyche_solana.scenario import SvmRun
 from psyche_solana.svm import ProgramSvm, TransactionFailed
 from tests.solana.test_differential import _state_file
@@ -210,6 +214,8 @@ CASES: list[tuple[str, str, Build]] = [
      _as("intruder", lambda w: ix.set_future_epoch_rates(w.run.address, _me(w), 10**9, 0))),
     ("free-coordinator", "NotMainAuthority",
      _as("intruder", lambda w: ix.free_coordinator(w.paused.address, _me(w), "paused-run", _me(w)))),
+    ("set-run-metadata", "NotMainAuthority",
+     _as("intruder", lambda w: set_run_metadata(w.run.address, _me(w), _me(w), Meta("evil")))),
     ("free-coordinator-running", "NotHalted", _as("run.authority", lambda w: ix.free_coordinator(
         w.run.address, w.run.authority.pubkey(), "guarded-run", w.run.authority.pubkey()))),
     ("authority-listed-not-signing", "MissingSignature", _as("svm.payer", lambda w: _unsigned(
@@ -224,6 +230,10 @@ CASES: list[tuple[str, str, Build]] = [
     ("run-update", "NotMainAuthority", _as("intruder", lambda w: ix.treasurer_run_update(
         _me(w), w.treasury.treasurer_index or 0, w.treasury.address,
         ix.set_paused(w.treasury.address, _me(w), False)))),
+    ("run-set-metadata", "NotMainAuthority", _as("intruder", lambda w: set_metadata(
+        _me(w), w.treasury.treasurer_index or 0, w.treasury.address, Meta("evil")))),
+    ("run-close", "NotMainAuthority", _as("intruder", lambda w: close(
+        _me(w), w.treasury.treasurer_index or 0, w.treasury.address, "treasury-run"))),
     ("run-update-not-admin", "NotAdminInstruction", _as("treasury.authority", lambda w: _raw(
         treasurer_program(), b"\x01\x05", (w.treasury.authority.pubkey(), True, False),
         (w.run_pda(), False, False), (w.treasury.address, False, True),
@@ -324,6 +334,8 @@ MALFORMED: list[tuple[str, Build]] = [
     ("update-unknown-kind", _as("halted.authority", lambda w: _raw(
         coordinator_program(), b"\x01\x09", (w.halted.address, False, True),
         (w.halted.authority.pubkey(), True, False)))),
+    ("set-run-metadata-longer", _as("run.authority", lambda w: _longer(set_run_metadata(
+        w.run.address, w.run.authority.pubkey(), w.run.authority.pubkey(), Meta("x"))))),
     ("set-paused-longer", _as("run.authority", lambda w: _longer(ix.set_paused(w.run.address, w.run.authority.pubkey(), True)))),
     ("set-rates-longer", _as("run.authority", lambda w: _longer(
         ix.set_future_epoch_rates(w.run.address, w.run.authority.pubkey(), 1, 1)))),
@@ -352,6 +364,8 @@ MALFORMED: list[tuple[str, Build]] = [
     ("treasurer-empty", _as("intruder", lambda w: _raw(treasurer_program(), b"", (_me(w), True, False)))),
     ("treasurer-unknown-tag", _as("intruder", lambda w: _raw(treasurer_program(), b"\x07", (_me(w), True, False)))),
     ("treasurer-create-longer", _as("intruder", lambda w: _longer(_create(w, "fresh-id", 777)))),
+    ("run-close-longer", _as("treasury.authority", lambda w: _longer(close(
+        w.treasury.authority.pubkey(), w.treasury.treasurer_index or 0, w.treasury.address, "treasury-run")))),
     ("claim-longer", _as("delegate", lambda w: _longer(_claim(w, w.delegate, 1)))),
 ]
 
@@ -385,15 +399,3 @@ def test_an_oversized_transaction_never_reaches_the_chain(world: World) -> None:
                        [world.member])
     assert _snapshot(world.svm) == before
 
-
-def test_a_run_id_is_claimed_even_if_lamports_were_sent_to_its_address(world: World) -> None:
-    """A transfer to the claim's address must not block the id: the program takes the
-    system account over (top-up, allocate, assign) as Anchor's init does."""
-    claim = ix.coordinator_instance_address("prefunded-run")
-    world.svm.airdrop(claim, 1_000_000)
-    run = SvmRun.create(_named(_state_file(1, 1, 0, 4), "prefunded-run"), world.svm, start=False)
-    assert run.instance == claim
-    instance = decode_instance(world.svm.data(claim))
-    assert (instance.coordinator_account, instance.run_id) == (run.address, "prefunded-run")
-    account = world.svm.svm.get_account(claim)
-    assert account is not None and account.owner == coordinator_program()
