@@ -9,10 +9,13 @@ from solders.pubkey import Pubkey
 
 from coordinator import ClientState
 from psyche_solana.accounts import CoordinatorAccount, Participant
+from psyche_solana.run_metadata import RunMetadata
 from psyche_solana.runs import RunHandle
 
 
-def run_json(run: RunHandle) -> dict[str, Any]:
+def run_json(run: RunHandle, metadata: RunMetadata | None = None) -> dict[str, Any]:
+    """`metadata`: the run's, from its metadata PDA; None (never set) shows Psyche's
+    default, empty one."""
     account: CoordinatorAccount = run.account
     state = account.state
     status: dict[str, Any] = {"next_active": account.next_active, "state": account.run_state.name}
@@ -20,6 +23,7 @@ def run_json(run: RunHandle) -> dict[str, Any]:
     clients: dict[str, Any] = {}
     accounting = {"max_active": len(account.registry), "sum_earned": 0, "sum_slashed": 0}
     setup: dict[str, Any] = {"client_version": account.client_version,
+                             "metadata": (metadata or RunMetadata()).as_json(),
                              "config": account.raw_config if account.config_set else None,
                              "model": None}
     if state is not None:

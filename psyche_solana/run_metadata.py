@@ -10,6 +10,7 @@ A treasurer run's authority is its Run PDA, so the treasurer forwards both the m
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from solders.instruction import AccountMeta, Instruction
@@ -123,3 +124,18 @@ def treasurer_run_close(authority: Pubkey, index: int, coordinator_account: Pubk
         AccountMeta(coordinator_instance_address(run_id), False, True),
         AccountMeta(metadata_address(coordinator_account), False, True),
         AccountMeta(coordinator_program(), False, False)])
+
+
+async def metadata_of_runs(rpc: SolanaRpc, runs: Sequence[Pubkey]) -> dict[Pubkey, RunMetadata]:
+    """The metadata of each of `runs` that has one, in one getProgramAccounts call. An
+    account counts only at its run's PDA address: anyone can create an account of this
+    size owned by the program, but not at that address."""
+    found = dict(await rpc.program_accounts(coordinator_program(), METADATA_SIZE,
+                                            [(0, METADATA_MAGIC)]))
+    out = {}
+    for run in runs:
+        data = found.get(metadata_address(run))
+        metadata = decode_metadata(data) if data else None
+        if metadata is not None:
+            out[run] = metadata
+    return out

@@ -3,7 +3,9 @@
 to any cluster running our programs — by default the embedded `psyche-localnet`.
 
 Common options: `--rpc` (env RPC; default the local validator, `psyche-localnet`, on
-127.0.0.1:8899), `--rpc-2` (env RPC_2, the fallback endpoint), and for
+127.0.0.1:8899), `--rpc-2` (env RPC_2, the fallback endpoint), Psyche's `--ws-rpc` (env
+WS_RPC) and `--ws-rpc-2` (env WS_RPC_2), checked to be ws:// or wss:// URLs and otherwise
+unused (these commands work over --rpc), and for
 signing commands `-w/--wallet-private-key-path` (env WALLET_PRIVATE_KEY_PATH) or
 RAW_WALLET_PRIVATE_KEY (a JSON array of 64 bytes or their base58 string; it wins over the
 file, as in Psyche). Every on-chain failure is printed as
@@ -25,7 +27,7 @@ from run_manager.commands.solana_authorizations import (
     join_authorization_delete,
     join_authorization_read,
 )
-from run_manager.commands.solana_common import SOLANA_PANEL
+from run_manager.commands.solana_common import SOLANA_PANEL, with_websocket_options
 from run_manager.commands.solana_lifecycle import checkpoint, close_run
 from run_manager.commands.solana_rewards import treasurer_claim_rewards, treasurer_top_up_rewards
 from run_manager.commands.solana_runs import (
@@ -56,6 +58,6 @@ SOLANA_COMMANDS = {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn
 
 def register(app: typer.Typer) -> None:
     for name, function in COMMANDS.items():
-        app.command(name, rich_help_panel=SOLANA_PANEL)(function)
+        app.command(name, rich_help_panel=SOLANA_PANEL)(with_websocket_options(function))
     storage.register(app)
     wallet_solana.register(app)

@@ -6,6 +6,8 @@ turns every failure into a message and an exit code.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -29,6 +31,45 @@ RunId = Annotated[str, typer.Option("--run-id", "-r", envvar="RUN_ID", help="The
 Wallet = Annotated[Path | None, typer.Option(
     "--wallet-private-key-path", "-w", "--wallet", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
     help="Keypair file (or set RAW_WALLET_PRIVATE_KEY, which wins, as in Psyche).")]
+
+
+def _websocket_url(flag: str) -> Callable[[str | None], str | None]:
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.startswith(("ws://", "wss://")):
+            raise _fail(f"{flag} must be a ws:// or wss:// URL, got {value!r}", EXIT_BAD_ARGUMENT)
+        return value
+    return check
+
+
+# Psyche's subcommands take --ws-rpc (env WS_RPC) beside --rpc; ours send transactions and
+# read accounts over --rpc alone, so the WebSocket URL is only checked, for Psyche's
+# scripts (and env files, which set both) to run unchanged.
+_UNUSED_WS = "Accepted as Psyche's and checked; unused: this command needs --rpc only."
+WsRpc = Annotated[str | None, typer.Option(
+    "--ws-rpc", envvar="WS_RPC", callback=_websocket_url("--ws-rpc"), help=_UNUSED_WS)]
+WsRpc2 = Annotated[str | None, typer.Option(
+    "--ws-rpc-2", envvar="WS_RPC_2", callback=_websocket_url("--ws-rpc-2"),
+    help="Fallback of --ws-rpc; unused too.")]
+
+
+def with_websocket_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with Psyche's --ws-rpc and --ws-rpc-2 added to its options (checked by
+    Typer, then dropped before the call), so that no subcommand repeats them."""
+    signature = inspect.signature(command, eval_str=True)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+             for name, kind in (("ws_rpc", WsRpc), ("ws_rpc_2", WsRpc2))]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, ws_rpc: str | None = None, ws_rpc_2: str | None = None,
+                **kwargs: Any) -> None:
+        command(*args, **kwargs)
+
+    parameters = [*signature.parameters.values(), *extra]
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]  # Typer reads the signature
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    return wrapper
+
+
 TreasurerIndex = Annotated[int | None, typer.Option(
     "--treasurer-index", help="Treasurer run index (default: from the run id).")]
 

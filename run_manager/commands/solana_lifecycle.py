@@ -28,28 +28,36 @@ def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc
               treasurer_index: TreasurerIndex = None) -> None:
     """Close a paused, finished or never started run; its rent goes back to the wallet."""
     from psyche_solana import instructions as ix
+    from psyche_solana.run_metadata import treasurer_run_close
     from psyche_solana.runs import find_run
 
     authority = _keypair(wallet)
 
-    async def work(client: Any) -> int:
+    async def work(client: Any) -> tuple[int, int]:
         run = await find_run(client, run_id, treasurer_index)
-        if run.treasurer is not None:
-            # its authority is the treasurer's Run PDA, and the treasurer program
-            # forwards only update, set_paused and set_future_epoch_rates
-            raise _fail(f"run {run_id!r} is a treasurer run: the treasurer program cannot "
-                        "close it (its reward vault stays claimable)")
         if run.account.run_state.name not in ("Uninitialized", "Paused", "Finished"):
             raise _fail(f"run {run_id!r} is {run.account.run_state.name}: pause it first "
                         "(set-paused) and wait for Paused")
-        before = await client.balance(authority.pubkey())
-        await client.send_instructions([ix.free_coordinator(
-            run.address, authority.pubkey(), run_id, authority.pubkey())], authority)
-        return await client.balance(authority.pubkey()) - before
+        me = authority.pubkey()
+        unclaimed = 0
+        if run.treasurer_index is not None and run.treasurer is not None:
+            # its authority is the treasurer's Run PDA: the treasurer closes it for the
+            # Run's main authority
+            earned = sum(run.account.earned(key) for key, _active in run.account.registry)
+            unclaimed = earned - run.treasurer.total_claimed_earned_points
+            close = treasurer_run_close(me, run.treasurer_index, run.address, run_id)
+        else:
+            close = ix.free_coordinator(run.address, me, run_id, me)
+        before = await client.balance(me)
+        await client.send_instructions([close], authority)
+        return await client.balance(me) - before, unclaimed
 
-    refund = _run(rpc, rpc_2, program_id, work)
+    refund, unclaimed = _run(rpc, rpc_2, program_id, work)
     typer.echo(f"closed run {run_id!r}: {refund / 1e9:.9f} SOL of rent (less the fee) back "
                "to the wallet; the run id is free again")
+    if unclaimed > 0:
+        typer.echo(f"run-manager: note: {unclaimed} earned points were not claimed and no "
+                   "longer can be; the reward vault keeps its tokens", err=True)
 
 
 def checkpoint(run_id: RunId,

@@ -27,10 +27,12 @@ from run_manager.commands.solana_common import (
     parse_amount,
 )
 
-# Psyche's RunMetadata flags: accepted by name, refused (our program has no metadata)
-_NO_METADATA = "Refused: our program stores no run metadata."
-MetadataText = Annotated[str | None, typer.Option(help=_NO_METADATA)]
-MetadataNumber = Annotated[int | None, typer.Option(help=_NO_METADATA)]
+# Psyche's RunMetadata flags; a flag left out keeps the run's current value
+MetadataName = Annotated[str | None, typer.Option(
+    "--name", help="The run's name (metadata, at most 64 bytes of UTF-8).")]
+MetadataDescription = Annotated[str | None, typer.Option(
+    "--description", help="Its description (metadata, at most 280 bytes).")]
+MetadataNumber = Annotated[int | None, typer.Option(help="Metadata (0 to 2^64 - 1).")]
 
 
 def _find(run_id: str, index: int | None) -> Callable[[Any], Awaitable[Any]]:
@@ -77,30 +79,33 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
                       envvar="SWITCH_TO_HUB",
                       help="A P2P or Dummy checkpoint becomes the Hub one of the same "
                            "repository: the next epoch loads the stored model.")] = False,
-                  name: MetadataText = None, description: MetadataText = None,
+                  name: MetadataName = None, description: MetadataDescription = None,
                   num_parameters: MetadataNumber = None, vocab_size: MetadataNumber = None,
                   ) -> None:
     """Set a paused run's config and model (from a TOML file), client version, step
-    (--restart-from-step) and checkpoint source (--switch-to-hub)."""
+    (--restart-from-step) and checkpoint source (--switch-to-hub); its metadata at any
+    time."""
     from coordinator import ConfigError, data_index_for_step
     from psyche_solana import instructions as ix
+    from psyche_solana.run_metadata import RunMetadata
     from psyche_solana.runs import admin, find_run
     from run_manager.commands.solana_config import load_run_config
 
-    metadata = {"--name": name, "--description": description,
-                "--num-parameters": num_parameters, "--vocab-size": vocab_size}
-    if given := [flag for flag, value in metadata.items() if value is not None]:
-        raise _fail(f"{', '.join(given)}: our coordinator program stores no run metadata "
-                    "(Psyche's RunMetadata): nothing was updated", EXIT_BAD_ARGUMENT)
+    metadata_flags = {"name": name, "description": description,
+                      "num_parameters": num_parameters, "vocab_size": vocab_size}
+    metadata_given = {key: value for key, value in metadata_flags.items() if value is not None}
+    if problems := RunMetadata(**metadata_given).problems():  # type: ignore[arg-type]  # str and int fields by name
+        raise _fail(f"{problems[0]}: nothing was updated", EXIT_BAD_ARGUMENT)
     authority = _keypair(wallet)
     try:
         update = load_run_config(config_path, run_id, client_version) if config_path else None
     except ConfigError as error:
         raise _fail(f"invalid config:\n{error}", EXIT_BAD_ARGUMENT) from None
     if (update is None and client_version is None and restart_from_step is None
-            and not switch_to_hub):
+            and not switch_to_hub and not metadata_given):
         raise _fail("nothing to update: give --config-path, --client-version, "
-                    "--restart-from-step and/or --switch-to-hub", EXIT_BAD_ARGUMENT)
+                    "--restart-from-step, --switch-to-hub and/or the metadata (--name, "
+                    "--description, --num-parameters, --vocab-size)", EXIT_BAD_ARGUMENT)
     for note in update.notes if update else []:
         typer.echo(f"run-manager: note: {note}", err=True)
 
@@ -133,9 +138,27 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
         if client_version is not None:
             instructions.append(ix.update_client_version(run.address, signer, client_version))
         await admin(client, run, authority, instructions)
+        if metadata_given:
+            await set_metadata(client, run, authority, metadata_given)
 
     _run(rpc, rpc_2, program_id, work)
     typer.echo(f"updated run {run_id!r}")
+
+
+async def set_metadata(client: Any, run: Any, authority: Any, given: dict[str, Any]) -> None:
+    """The run's metadata with the `given` fields changed (Psyche's update-config keeps
+    the others), set directly or, on a treasurer run, through the treasurer."""
+    from dataclasses import replace
+
+    from psyche_solana import run_metadata
+
+    current = await run_metadata.read_metadata(client, run.address)
+    metadata = replace(current or run_metadata.RunMetadata(), **given)
+    me = authority.pubkey()
+    instruction = run_metadata.set_run_metadata(run.address, me, me, metadata) \
+        if run.treasurer_index is None else run_metadata.treasurer_run_set_metadata(
+            me, run.treasurer_index, run.address, metadata)
+    await client.send_instructions([instruction], authority)
 
 
 def hub_of(checkpoint: Any) -> Any:
@@ -218,9 +241,14 @@ def json_dump_run(run_id: RunId, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                   treasurer_index: TreasurerIndex = None) -> None:
     """Print a run's on-chain state as JSON."""
     from psyche_solana.dump import run_json
+    from psyche_solana.run_metadata import read_metadata
+    from psyche_solana.runs import find_run
 
-    run = _run(rpc, rpc_2, program_id, _find(run_id, treasurer_index))
-    typer.echo(json.dumps(run_json(run), indent=2))
+    async def work(client: Any) -> dict[str, Any]:
+        run = await find_run(client, run_id, treasurer_index)
+        return run_json(run, await read_metadata(client, run.address))
+
+    typer.echo(json.dumps(_run(rpc, rpc_2, program_id, work), indent=2))
 
 
 def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
@@ -248,14 +276,20 @@ def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
 
 def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
               program_id: ProgramId = None) -> None:
-    """List the runs of the coordinator program."""
+    """List the runs of the coordinator program (with their metadata's name)."""
+    from psyche_solana.run_metadata import metadata_of_runs
     from psyche_solana.runs import list_runs as runs
 
-    found = _run(rpc, rpc_2, program_id, runs)
+    async def work(client: Any) -> tuple[list[tuple[Any, Any]], dict[Any, Any]]:
+        found = await runs(client)
+        return found, await metadata_of_runs(client, [address for address, _ in found])
+
+    found, metadata = _run(rpc, rpc_2, program_id, work)
     for address, account in found:
         step = account.state.progress.step if account.state else "-"
+        name = metadata[address].name if address in metadata else ""
         typer.echo(f"{account.run_id:<32} {account.run_state.name:<18} step {step:<6} "
-                   f"clients {len(account.registry):<4} {address}")
+                   f"clients {len(account.registry):<4} {address}" + (f"  {name}" if name else ""))
     if not found:
         typer.echo("no runs")
 

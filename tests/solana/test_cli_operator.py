@@ -224,13 +224,3 @@ def test_list_runs_takes_the_connection_options(localnet, tmp_path):
     assert bad.exit_code == 2
     assert "--coordinator-program-id is not a base-58 public key" in bad.output
 
-
-def test_update_config_refuses_the_metadata_flags_in_one_line(localnet, tmp_path):
-    owner_path, _ = _wallet(tmp_path, "owner", localnet)
-    assert _cli(localnet, owner_path, "create-run", "-r", "meta", "-c", "v1").exit_code == 0
-    refused = _cli(localnet, owner_path, "update-config", "-r", "meta", "--name", "Nice run",
-                   "--vocab-size", "32000", "--client-version", "v2")
-    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
-    assert "--name, --vocab-size: our coordinator program stores no run metadata" in refused.output
-    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "meta").output)
-    assert dump["coordinator_account"]["setup"]["client_version"] == "v1"  # nothing updated
