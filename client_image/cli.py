@@ -283,7 +283,12 @@ def train(
     from client_image.backends.base import BackendRejected
     from client_image.p2p import NodeConfig
     from client_image.runtime.client import ClientOptions, PsycheClient
-    from client_image.runtime.observability import EventLog, LogMode, configure_logging
+    from client_image.runtime.observability import (
+        EventLog,
+        LogMode,
+        MetricsPortInUse,
+        configure_logging,
+    )
     from psyche_common.identity import Identity, IdentityError
     from psyche_common.tcp.connection import parse_host_port
 
@@ -390,6 +395,9 @@ def train(
 
         typer.echo(f"error: the coordinator refused this client: {exc}", err=True)
         raise typer.Exit(code=CLIENT_EXIT_REFUSED) from None
+    except MetricsPortInUse as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from None
     finally:
         # The loop gave the signals back: from here one more ends the process at once.
         exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")

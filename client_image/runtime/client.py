@@ -154,10 +154,10 @@ class PsycheClient:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
-        await self.node.start()
-        if self.options.metrics_local_port is not None:
+        if self.options.metrics_local_port is not None:  # first: a taken port starts nothing
             self.metrics_server = MetricsServer(self.options.metrics_local_port, self.metrics)
             await self.metrics_server.start()
+        await self.node.start()
         self.topic = self.node.subscribe(self.options.run_id)
         self.backend = self._make_backend()
         self.runner = self._make_runner(self.backend, self.topic)

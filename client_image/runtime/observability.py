@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -189,6 +190,10 @@ def snapshot(counters: Counters, client_version: str, node: Any | None,
         else Removal(epoch=gone.epoch, step=gone.step, reason=gone.reason, detail=gone.detail))
 
 
+class MetricsPortInUse(Exception):
+    """The metrics port is taken (another client on this host?): one line for the user."""
+
+
 class MetricsServer:
     """Answers every HTTP request on 127.0.0.1:port with the current ClientMetrics JSON."""
 
@@ -198,7 +203,14 @@ class MetricsServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        try:
+            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        except OSError as error:
+            raise MetricsPortInUse(
+                f"--metrics-local-port {self.port}: cannot listen on 127.0.0.1:{self.port} "
+                f"({os.strerror(error.errno) if error.errno else error}); is another client "
+                "running on this host?"
+            ) from None
 
     async def stop(self) -> None:
         if self._server is not None:
