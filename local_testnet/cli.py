@@ -27,7 +27,8 @@ import typer
 
 from coordinator.config import ConfigError
 from coordinator_tcp.stopping import say
-from local_testnet.testnet import METRICS_BASE_PORT, Testnet, TestnetOptions, run_headless
+from local_testnet.ports import METRICS_BASE_PORT
+from local_testnet.testnet import Testnet, TestnetOptions, run_headless
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 
 app = typer.Typer(**PROGRAM_SETTINGS, add_completion=False)
@@ -62,9 +63,10 @@ def testnet(
     data_port: Annotated[int | None, typer.Option(
         "--data-port", min=1, max=65535, help="serve the data on this port instead of the "
         "one in the config's Server data location")] = None,
-    metrics_base_port: Annotated[int, typer.Option(
+    metrics_base_port: Annotated[int | None, typer.Option(
         "--metrics-base-port", min=1, max=65535 - 64,
-        help="client i serves its metrics on this port + i")] = METRICS_BASE_PORT,
+        help=f"client i serves its metrics on this port + i [default: {METRICS_BASE_PORT}; "
+        "when one of those ports is taken, free ones, and it says which]")] = None,
     version: Annotated[bool, version_option("psyche-testnet")] = False,
 ) -> None:
     """Start a coordinator and N clients on this machine and follow the run.
@@ -92,6 +94,8 @@ def testnet(
     if net.fitted:
         changes = ", ".join(f"{name} {was} -> {now}" for name, was, now in net.fitted)
         typer.echo(f"config fitted to --num-clients {options.num_clients}: {changes}", err=True)
+    if net.metrics_ports.note is not None:
+        typer.echo(net.metrics_ports.note, err=True)
     if tui and not headless:
         from local_testnet.tui import run_testnet_tui
 

@@ -60,11 +60,11 @@ from coordinator.config import (
 )
 from coordinator_tcp.stopping import StopSignals, say
 from local_testnet.client_log import log_path, parse_event
+from local_testnet.ports import pick_metrics_ports
 from local_testnet.watchdog import group_alive, signal_group
 from psyche_common.identity import Identity
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-METRICS_BASE_PORT = 6269
 STOP_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
 _GROUP_GONE_S = 3.0  # after its leader, how long a group's other processes may take to go
 
@@ -100,7 +100,8 @@ class TestnetOptions:
     timeout_s: float = 1800.0
     root: Path = REPO_ROOT
     data_port: int | None = None  # rewrite the Server data location's port
-    metrics_base_port: int = METRICS_BASE_PORT  # client i serves metrics on base + i
+    # client i serves metrics on base + i; None: from 6269 if free, else free ports
+    metrics_base_port: int | None = None
     server_args: list[str] = field(default_factory=list)  # extra `psyche-coordinator run` flags
     client_args: list[str] = field(default_factory=list)  # extra `psyche-client train` flags
     client_args_of: dict[int, list[str]] = field(default_factory=dict)  # more, for client i
@@ -161,6 +162,7 @@ class Testnet:
                 location.address.endswith(f":{options.server_port}"):
             raise ConfigError([f"--server-port {options.server_port} is also the data "
                                f"server's port ({location.address})"])
+        self.metrics_ports = pick_metrics_ports(options.metrics_base_port, options.num_clients)
         self.run_id = self.state_file.run_id
         self.server: asyncio.subprocess.Process | None = None
         self.clients = {i: ClientProcess(i) for i in range(1, options.num_clients + 1)}
@@ -256,7 +258,7 @@ class Testnet:
                 "--run-id", self.run_id, "--server-addr", f"127.0.0.1:{self.options.server_port}",
                 "--bind-p2p-port", "0", "--iroh-relay", "disabled", "--device", "cpu",
                 "--checkpoint-dir", str(checkpoints), "--logs", "json",
-                "--metrics-local-port", str(self.options.metrics_base_port + i),
+                "--metrics-local-port", str(self.metrics_ports.ports[i]),
                 # N clients share this machine's cores: one torch thread each avoids
                 # oversubscription (a client's own --torch-threads in client_args wins).
                 "--torch-threads", "1", *self.options.client_args,

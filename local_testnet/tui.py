@@ -97,8 +97,8 @@ class TestnetApp(App[None]):
         self.query_one("#clients", DataTable).add_columns(
             "client", "process", "phase", "epoch", "step", "loss", "tok/s", "peers", "witness",
             "status")
-        base = self.testnet.options.metrics_base_port
-        self._sources = {i: HttpClientMetricsSource(base + i, timeout_s=0.5)
+        ports = self.testnet.metrics_ports.ports
+        self._sources = {i: HttpClientMetricsSource(ports[i], timeout_s=0.5)
                          for i in self.testnet.clients}
         self.set_interval(1.0, self.refresh_view)
 

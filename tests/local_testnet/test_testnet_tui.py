@@ -44,9 +44,10 @@ async def test_testnet_tui_shows_server_and_client_metrics(tmp_path: Path) -> No
         await writer.drain()
         writer.close()
 
-    http = await asyncio.start_server(serve, "127.0.0.1", base + 1)
     net = Testnet(TestnetOptions(num_clients=2, config_path=TESTNET, work_dir=tmp_path,
                                  server_port=1, metrics_base_port=base))
+    # After the testnet is made: it refuses a chosen metrics port that is already taken.
+    http = await asyncio.start_server(serve, "127.0.0.1", base + 1)
     # A run fresh from its state.toml (no phase start yet) that waits for 2 clients: the
     # observer's last update said 1 is connected, at the coordinator's unix time.
     net.state = Coordinator.from_state_file(make_state_file(init_min_clients=2)).state

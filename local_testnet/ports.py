@@ -1,0 +1,58 @@
+"""The ports a testnet's clients serve their metrics on: client i on base + i, by default
+from 6269 as Psyche's clients; when one of those is taken (a second testnet on this host),
+ports the system picks instead, and the testnet says which. A base the user chose must be
+free: a taken one is an error, not a silent move."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from coordinator.config import ConfigError
+
+METRICS_BASE_PORT = 6269
+
+
+@dataclass(frozen=True)
+class MetricsPorts:
+    ports: dict[int, int]  # client number (1..N) -> its metrics port
+    note: str | None  # set when the default range was taken and other ports were picked
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_metrics_ports(base: int | None, num_clients: int) -> MetricsPorts:
+    """base + 1 .. base + N; with no base, 6270.. when every one is free, else free ports.
+    Raises ConfigError naming the first taken port of a chosen base."""
+    wanted = {i: (METRICS_BASE_PORT if base is None else base) + i
+              for i in range(1, num_clients + 1)}
+    taken = [port for port in wanted.values() if not port_is_free(port)]
+    if not taken:
+        return MetricsPorts(wanted, None)
+    if base is not None:
+        raise ConfigError([f"--metrics-base-port {base}: port {taken[0]} (a client's metrics "
+                           "port) is in use; choose another base or leave it out"])
+    picked = _free_ports(num_clients)
+    ports = dict(zip(wanted, picked, strict=True))
+    shown = ", ".join(str(port) for port in picked)
+    return MetricsPorts(ports, f"port {taken[0]} is in use (another run on this host?): "
+                               f"client metrics on ports {shown} instead")
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports the system has free now (all bound at once, so distinct)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
