@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -20,7 +19,6 @@ from textual.widgets import Static
 from typer.testing import CliRunner
 
 from client_image.cli import app
-from client_image.p2p.blobs import DownloadStats
 from client_image.runtime.evaluating import MODEL_BUSY, EvalOptions, IdleEvals
 from client_image.runtime.events import (
     EvalFailed,
@@ -38,6 +36,7 @@ from coordinator import RunState
 from psyche_common.metrics_schema import ClientMetrics
 from psyche_common.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
 from psyche_common.ui.view import describe_training
+from tests.client_runtime.standin_client import StandInClient
 
 T = TypeVar("T")
 TINY_MODEL = Path(__file__).resolve().parents[2] / "assets" / "tiny-llama"
@@ -226,44 +225,6 @@ def test_the_local_metrics_and_the_training_lines_carry_the_last_scores() -> Non
                           "arc_easy  0.500  0.250",
                           "boolq     0.750  —"]
     assert not any("eval" in line for line in describe_training(ClientMetrics()))
-
-
-@dataclass
-class _Node:
-    stats: DownloadStats = field(default_factory=DownloadStats)
-
-    @property
-    def blobs(self) -> _Node:
-        return self
-
-    def diagnostics(self) -> list[Any]:
-        return []
-
-
-@dataclass
-class StandInClient:
-    """What ClientTelemetry and ClientApp read of a PsycheClient."""
-
-    counters: Counters = field(default_factory=Counters)
-    events: EventLog = field(default_factory=lambda: EventLog("none"))
-    node: _Node = field(default_factory=_Node)
-    topic: Any = None
-    state: Any = None
-    last_server_state: Any = None
-    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.events.listeners.append(self.counters.observe)
-
-    def metrics(self) -> ClientMetrics:
-        return snapshot(self.counters, "test", None)
-
-    async def run(self) -> int:
-        await self.stop_event.wait()
-        return 0
-
-    def stop(self, exit_code: int = 0) -> None:
-        self.stop_event.set()
 
 
 def test_psyche_eval_metrics_has_a_series_per_task_and_metric() -> None:

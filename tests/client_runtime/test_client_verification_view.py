@@ -5,21 +5,17 @@ EventLog (the runtime updates those; runtime/verifying.py)."""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
-from typing import Any
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from textual.widgets import Static
 
-from client_image.p2p.blobs import DownloadStats
 from client_image.runtime.events import Ejected, Following, ResultVerified
-from client_image.runtime.observability import Counters, EventLog, snapshot
+from client_image.runtime.observability import Counters, snapshot
 from client_image.runtime.tui import ClientApp, ejected_notice, verification_lines
 from client_image.telemetry import ClientTelemetry
 from psyche_common.metrics_schema import ClientMetrics
 from psyche_common.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
+from tests.client_runtime.standin_client import StandInClient
 
 ALICE, BOB, CAROL = "a1" * 32, "b2" * 32, "c3" * 32
 
@@ -55,42 +51,6 @@ def test_the_local_metrics_carry_the_verification_counters_and_the_ejection() ->
     assert ClientMetrics.model_validate({"round_step": 1}).verifications_failed == 0
 
 
-@dataclass
-class _Blobs:
-    stats: DownloadStats = field(default_factory=DownloadStats)
-
-
-@dataclass
-class _Node:
-    blobs: _Blobs = field(default_factory=_Blobs)
-
-    def diagnostics(self) -> list[Any]:
-        return []
-
-
-@dataclass
-class StandInClient:
-    """What ClientTelemetry and ClientApp read of a PsycheClient."""
-
-    counters: Counters = field(default_factory=verifying_counters)
-    events: EventLog = field(default_factory=lambda: EventLog("none"))
-    node: _Node = field(default_factory=_Node)
-    topic: Any = None
-    state: Any = None
-    last_server_state: Any = None
-    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def metrics(self) -> ClientMetrics:
-        return snapshot(self.counters, "test", None)
-
-    async def run(self) -> int:
-        await self.stop_event.wait()
-        return 0
-
-    def stop(self, exit_code: int = 0) -> None:
-        self.stop_event.set()
-
-
 def scrape(telemetry: Telemetry) -> dict[str, float]:
     assert telemetry.prometheus is not None
     text = httpx.get(f"http://127.0.0.1:{telemetry.prometheus.port}/metrics", timeout=5).text
@@ -99,7 +59,7 @@ def scrape(telemetry: Telemetry) -> dict[str, float]:
 
 
 def test_the_opentelemetry_metrics_carry_the_verification_counters_and_the_ejection() -> None:
-    client = StandInClient()
+    client = StandInClient(counters=verifying_counters(), observe=False)
     telemetry = Telemetry.start(TelemetryOptions(prometheus_port=0),
                                 ServiceIdentity("client", ALICE, "run"))
     try:
@@ -137,7 +97,7 @@ def test_the_verification_line_and_the_ejected_notice() -> None:
 
 
 async def test_the_client_tui_shows_verification_and_the_ejection() -> None:
-    client = StandInClient(counters=Counters(verifications_passed=5))
+    client = StandInClient(counters=Counters(verifications_passed=5), observe=False)
     app = ClientApp(client, refresh_s=0.05)  # type: ignore[arg-type]  # a stand-in client
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.pause(0.1)
@@ -162,7 +122,7 @@ async def test_the_client_tui_shows_verification_and_the_ejection() -> None:
 
 
 async def test_the_client_tui_hides_the_line_while_the_run_does_not_verify() -> None:
-    client = StandInClient(counters=Counters())
+    client = StandInClient(counters=Counters(), observe=False)
     app = ClientApp(client, refresh_s=0.05)  # type: ignore[arg-type]  # a stand-in client
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.pause(0.1)

@@ -196,7 +196,7 @@ def test_a_healthy_client_is_never_told_anything() -> None:
 def test_the_telemetry_counts_removals_by_reason() -> None:
     from client_image.telemetry import ClientTelemetry
     from psyche_common.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
-    from tests.client_runtime.test_client_verification_view import StandInClient
+    from tests.client_runtime.standin_client import StandInClient
 
     client = StandInClient()
     telemetry = Telemetry.start(TelemetryOptions(prometheus_port=0),
@@ -235,7 +235,7 @@ async def test_both_tuis_tell_the_removal() -> None:
     from run_manager.tui.app import RunManagerApp
     from run_manager.tui.messages import DashboardChanged
     from run_manager.view import Dashboard
-    from tests.client_runtime.test_client_verification_view import StandInClient
+    from tests.client_runtime.standin_client import StandInClient
 
     client = StandInClient(counters=Counters(epoch=2))
     client.events.listeners.append(client.counters.observe)  # as PsycheClient wires them

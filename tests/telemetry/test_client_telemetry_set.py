@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client_image.p2p.blobs import DownloadStats
 from client_image.runtime.events import DownloadFailed, TaskFailed, Trained
-from client_image.runtime.observability import Counters, EventLog
 from client_image.telemetry import ClientTelemetry
 from client_image.telemetry.system import SystemSampler, download_rate, nvml_gpus
 from client_image.training.lr import scheduled_lr
@@ -32,6 +30,7 @@ from coordinator_tcp.server import CoordinatorServer, ServerOptions
 from coordinator_tcp.telemetry import CoordinatorTelemetry
 from psyche_common.telemetry import ServiceIdentity, Telemetry, TelemetryOptions
 from psyche_common.telemetry.names import GPU_ONLY_METRICS
+from tests.client_runtime.standin_client import StandInClient
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "assets" / "tiny-llama"
@@ -52,30 +51,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@dataclass
-class _Node:
-    """The p2p node's part ClientTelemetry reads: its real download stats."""
-
-    stats: DownloadStats = field(default_factory=DownloadStats)
-
-    @property
-    def blobs(self) -> _Node:
-        return self
-
-    def diagnostics(self) -> list[Any]:
-        return []
-
-
-@dataclass
-class StandInClient:
-    """What ClientTelemetry reads of a PsycheClient (no node, no coordinator here)."""
-
-    counters: Counters = field(default_factory=Counters)
-    events: EventLog = field(default_factory=lambda: EventLog("none"))
-    node: _Node = field(default_factory=_Node)
-    topic: Any = None
 
 
 @pytest.fixture
@@ -117,7 +92,7 @@ def test_sampler_measures_this_process_and_samples_every_interval() -> None:
 
 
 def test_gpu_series_exist_only_with_cuda(client_telemetry: Telemetry) -> None:
-    client = StandInClient()
+    client = StandInClient(observe=False)
     ClientTelemetry(client_telemetry, client)  # type: ignore[arg-type]  # a stand-in client
     names = {name for name, _ in scrape(client_telemetry)}
     assert {"psyche_cpu_usage_percent", "psyche_memory_usage_bytes"} <= names
@@ -129,7 +104,7 @@ def test_gpu_series_exist_only_with_cuda(client_telemetry: Telemetry) -> None:
 
 def test_memory_and_bandwidth_gauges_scrape_the_sampled_values(
         client_telemetry: Telemetry) -> None:
-    client, clock = StandInClient(), Clock()
+    client, clock = StandInClient(observe=False), Clock()
     stats = client.node.stats
     sampler = SystemSampler(lambda: stats.bytes_received, clock=clock)
     ClientTelemetry(client_telemetry, client, sampler)  # type: ignore[arg-type]  # a stand-in client with only what telemetry reads
@@ -156,7 +131,7 @@ def test_a_real_distro_step_reports_the_schedules_lr_grad_norm_and_batch(
     assert 1e-4 < out.learning_rate < 1e-3  # mid-warmup: neither end of the schedule
     assert math.isfinite(out.grad_norm) and out.grad_norm > 0
 
-    client = StandInClient()
+    client = StandInClient(observe=False)
     ClientTelemetry(client_telemetry, client)  # type: ignore[arg-type]  # a stand-in client with only what telemetry reads
     # Three trainers' batches of 2, 2 and 4 sequences of 32 tokens: a 256-token global batch.
     client.events.emit(Trained(step=2, epoch=0, loss=out.loss, batch=(4, 5), payload_bytes=10,
@@ -171,7 +146,7 @@ def test_a_real_distro_step_reports_the_schedules_lr_grad_norm_and_batch(
 
 def test_previous_round_counts_lost_downloads_and_failed_model_fetches(
         client_telemetry: Telemetry) -> None:
-    client = StandInClient()
+    client = StandInClient(observe=False)
     ClientTelemetry(client_telemetry, client)  # type: ignore[arg-type]  # a stand-in client with only what telemetry reads
     counters = client.counters
     counters.finishes_previous, counters.announcements_previous = 3, 4
