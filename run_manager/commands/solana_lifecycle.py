@@ -25,7 +25,11 @@ from run_manager.commands.solana_common import (
 
 def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
               program_id: ProgramId = None,
-              treasurer_index: TreasurerIndex = None) -> None:
+              treasurer_index: TreasurerIndex = None,
+              force: Annotated[bool, typer.Option(
+                  "--force", help="Close a treasurer run even though points earned in it "
+                                  "are not claimed yet (they never can be then).")] = False,
+              ) -> None:
     """Close a paused, finished or never started run; its rent goes back to the wallet."""
     from psyche_solana import instructions as ix
     from psyche_solana.run_metadata import treasurer_run_close
@@ -45,6 +49,11 @@ def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc
             # Run's main authority
             earned = sum(run.account.earned(key) for key, _active in run.account.registry)
             unclaimed = earned - run.treasurer.total_claimed_earned_points
+            if unclaimed > 0 and not force:
+                # Closing forgets who earned what: the participants' rewards would be lost.
+                raise _fail(f"run {run_id!r}: {unclaimed} earned points are not claimed yet "
+                            "and could not be once it is closed; let the participants claim "
+                            "(treasurer-claim-rewards), or close it anyway with --force")
             close = treasurer_run_close(me, run.treasurer_index, run.address, run_id)
         else:
             close = ix.free_coordinator(run.address, me, run_id, me)
@@ -56,8 +65,8 @@ def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc
     typer.echo(f"closed run {run_id!r}: {refund / 1e9:.9f} SOL of rent (less the fee) back "
                "to the wallet; the run id is free again")
     if unclaimed > 0:
-        typer.echo(f"run-manager: note: {unclaimed} earned points were not claimed and no "
-                   "longer can be; the reward vault keeps its tokens", err=True)
+        typer.echo(f"run-manager: note (--force): {unclaimed} earned points were not claimed "
+                   "and no longer can be; the reward vault keeps its tokens", err=True)
 
 
 def checkpoint(run_id: RunId,

@@ -146,3 +146,39 @@ def test_psyches_websocket_options_are_accepted_and_checked(localnet):
     for command in ("create-run", "close-run", "update-config", "treasurer-claim-rewards"):
         shown = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80"})
         assert "--ws-rpc" in shown.output and "--ws-rpc-2" in shown.output, command
+
+
+def test_close_run_keeps_a_treasurer_run_whose_points_are_not_claimed(tmp_path):
+    """An epoch played (500 points each for two clients, none claimed): close-run refuses
+    in one line and the run stays; --force closes it and says what was left."""
+    from solders.keypair import Keypair
+
+    from psyche_solana.localnet import LocalValidator
+    from psyche_solana.scenario import SvmRun
+    from tests.solana.test_differential import _state_file
+
+    run = SvmRun.create(_state_file(2, 2, 1, 10), treasurer=True)
+    clients = [Keypair(), Keypair()]
+    for key in clients:
+        run.svm.airdrop(key.pubkey(), 10**9)
+    run.authorize_permissionless()
+    run.set_rates(1000, None)
+    for key in clients:
+        run.join(key)
+    run.svm.advance(2)
+    run.tick()
+    run.play_epoch(clients)  # the run's last epoch: it ends Finished
+    run_id = run.account().run_id
+    owner_path = tmp_path / "owner.json"
+    owner_path.write_text(json.dumps(list(bytes(run.authority))))
+    with Localnet(validator=LocalValidator(run.svm)) as net:
+        assert _handle(net, run_id).account.run_state.name == "Finished"
+        refused = _cli(net, owner_path, "close-run", "-r", run_id)
+        assert refused.exit_code == 1, refused.output
+        assert "1000 earned points are not claimed yet" in refused.output
+        assert "--force" in refused.output and "Traceback" not in refused.output
+        assert _exists(net, run.address)
+        forced = _cli(net, owner_path, "close-run", "-r", run_id, "--force")
+        assert forced.exit_code == 0, forced.output
+        assert "note (--force): 1000 earned points were not claimed" in forced.output
+        assert not _exists(net, run.address)
