@@ -80,6 +80,12 @@ def run(
         typer.Option("--coordinator-program-id",
                      help="The coordinator program (default: ours; env PSYCHE_COORDINATOR_PROGRAM_ID)."),
     ] = None,
+    metrics_local_port: Annotated[
+        int | None,
+        typer.Option("--metrics-local-port", min=1, max=65535,
+                     help="The client's metrics port (else METRICS_LOCAL_PORT; else 6269, or a "
+                          "free port when 6269 is taken)."),
+    ] = None,
     version: Annotated[bool, version_option("run-manager")] = False,
     *,
     telemetry: TelemetryOptions,
@@ -102,7 +108,8 @@ def run(
     container_args = list((ctx.obj or {}).get("container_args", []))
     options = RunOptions(client_version, entrypoint, container_args, local=local,
                          coordinator_program_id=coordinator_program_id, join_authority=authorizer)
-    raise typer.Exit(_run_client(env_file, options, tui=tui, telemetry=telemetry))
+    raise typer.Exit(_run_client(env_file, options, tui=tui, telemetry=telemetry,
+                                 metrics_local_port=metrics_local_port))
 
 
 def _is_pubkey(text: str) -> bool:
@@ -127,7 +134,8 @@ def _use_coordinator_program(program_id: str) -> None:
 
 
 def _run_client(env_file: Path, options: object, tui: bool,
-                telemetry: TelemetryOptions | None = None) -> int:
+                telemetry: TelemetryOptions | None = None,
+                metrics_local_port: int | None = None) -> int:
     from psyche_common.metrics_source import HttpClientMetricsSource
     from psyche_common.stopping import exit_on_signals
     from psyche_common.wallet import keypair_public_key
@@ -135,6 +143,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
     from run_manager.discovery import DiscoveryFailed
     from run_manager.docker_supervisor import Supervisor, SupervisorFinished
     from run_manager.gpus import describe_gpus
+    from run_manager.host_conflicts import choose_metrics_port, run_managed_elsewhere
     from run_manager.monitor import Monitor
     from run_manager.runner import (
         RunOptions,
@@ -162,6 +171,13 @@ def _run_client(env_file: Path, options: object, tui: bool,
         for warning in env_file_warnings(options.env_file_variables, settings):
             typer.echo(f"run-manager: warning: {env_file}: {warning}", err=True)
         settings = _pick_run(settings, options.join_authority)
+        # The container shares the host's network: a second run here needs another port.
+        if metrics_local_port is None and "METRICS_LOCAL_PORT" in settings.model_fields_set:
+            metrics_local_port = settings.METRICS_LOCAL_PORT
+        metrics_port = choose_metrics_port(metrics_local_port)  # PortTaken: a ValueError
+        settings = settings.model_copy(update={"METRICS_LOCAL_PORT": metrics_port.port})
+        if metrics_port.moved is not None:
+            typer.echo(f"run-manager: {metrics_port.moved}", err=True)
         coordinator = make_coordinator_source(settings, options.pinned_version)
         join_check = make_join_check(settings, coordinator, options.pinned_version)
         config = supervisor_config(settings, options)  # GpuSelectionError: a "GPUS: ..." line
@@ -179,6 +195,9 @@ def _run_client(env_file: Path, options: object, tui: bool,
         client = engine.connect()
     except engine.EngineError as error:
         typer.echo(f"run-manager: {error}", err=True)
+        return EXIT_RUN_FAILED
+    if (elsewhere := run_managed_elsewhere(client, settings.run_id)) is not None:
+        typer.echo(f"run-manager: {elsewhere}", err=True)
         return EXIT_RUN_FAILED
     dashboard = Dashboard()
     wallet = settings.wallet_bytes()
