@@ -25,9 +25,9 @@ from typing import Annotated
 
 import typer
 
-from coordinator.config import ConfigError
+from coordinator.config import ConfigError, ServerDataLocation
 from coordinator_tcp.stopping import say
-from local_testnet.ports import METRICS_BASE_PORT
+from local_testnet.ports import METRICS_BASE_PORT, pick_server_port, taken_run_ports
 from local_testnet.testnet import Testnet, TestnetOptions, run_headless
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 
@@ -46,7 +46,9 @@ def testnet(
     num_clients: Annotated[int, typer.Option("--num-clients", min=1, max=64)],
     config_path: Annotated[Path, typer.Option("--config-path", help="dir with state.toml "
                                               "[+ data.toml]")],
-    server_port: Annotated[int, typer.Option("--server-port", min=1, max=65535)] = 20000,
+    server_port: Annotated[int | None, typer.Option(
+        "--server-port", min=1, max=65535,
+        help="the coordinator's port [default: 20000, or a free one when it is taken]")] = None,
     random_kill_num: Annotated[int, typer.Option("--random-kill-num", min=0)] = 0,
     random_kill_interval: Annotated[float, typer.Option("--random-kill-interval",
                                                         min=1.0)] = 120.0,
@@ -77,6 +79,7 @@ def testnet(
     """
     import tempfile
 
+    server_port, server_port_note = pick_server_port(server_port)
     options = TestnetOptions(
         num_clients=num_clients, config_path=config_path.resolve(), server_port=server_port,
         work_dir=(work_dir or Path(tempfile.mkdtemp(prefix="psyche-testnet-"))).resolve(),
@@ -90,6 +93,15 @@ def testnet(
         for line in exc.errors:
             typer.echo(line, err=True)
         raise typer.Exit(code=1) from None
+    location = net.state_file.model.data_location
+    taken = taken_run_ports(options.server_port, location.address
+                            if isinstance(location, ServerDataLocation) else None)
+    for line in taken:
+        typer.echo(line, err=True)
+    if taken:
+        raise typer.Exit(code=1)
+    if server_port_note is not None:
+        typer.echo(server_port_note, err=True)
     typer.echo(f"testnet work dir: {options.work_dir}", err=True)
     if net.fitted:
         changes = ", ".join(f"{name} {was} -> {now}" for name, was, now in net.fitted)

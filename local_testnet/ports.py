@@ -5,12 +5,14 @@ free: a taken one is an error, not a silent move."""
 
 from __future__ import annotations
 
+import errno
 import socket
 from dataclasses import dataclass
 
 from coordinator.config import ConfigError
 
 METRICS_BASE_PORT = 6269
+SERVER_PORT = 20000
 
 
 @dataclass(frozen=True)
@@ -20,12 +22,37 @@ class MetricsPorts:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """False only when something listens there (not when, say, a low port needs root)."""
     with socket.socket() as probe:
         try:
             probe.bind((host, port))
-        except OSError:
-            return False
+        except OSError as error:
+            return error.errno != errno.EADDRINUSE
     return True
+
+
+def pick_server_port(chosen: int | None) -> tuple[int, str | None]:
+    """The coordinator's port: the one chosen; else 20000, or a free port when 20000 is
+    taken, with the line saying so."""
+    if chosen is not None or port_is_free(SERVER_PORT):
+        return (SERVER_PORT if chosen is None else chosen), None
+    [port] = _free_ports(1)
+    return port, (f"port {SERVER_PORT} is in use (another run on this host?): the coordinator "
+                  f"listens on {port} instead")
+
+
+def taken_run_ports(server_port: int, data_address: str | None) -> list[str]:
+    """One line per port of the run that something on this host already listens on."""
+    problems = []
+    if not port_is_free(server_port):
+        problems.append(f"--server-port {server_port} is in use (another run on this host?): "
+                        "choose another, or leave it out")
+    if data_address is not None:
+        port = int(data_address.rpartition(":")[2])
+        if not port_is_free(port):
+            problems.append(f"the data server's port {port} (the config's {data_address}) is "
+                            "in use: choose another with --data-port")
+    return problems
 
 
 def pick_metrics_ports(base: int | None, num_clients: int) -> MetricsPorts:

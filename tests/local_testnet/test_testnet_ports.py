@@ -18,7 +18,13 @@ import pytest
 from loopback import free_port
 
 from coordinator.config import ConfigError
-from local_testnet.ports import METRICS_BASE_PORT, pick_metrics_ports, port_is_free
+from local_testnet.ports import (
+    METRICS_BASE_PORT,
+    SERVER_PORT,
+    pick_metrics_ports,
+    pick_server_port,
+    port_is_free,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 WALKTHROUGH = ROOT / "config" / "operator-walkthrough"  # one client, 4 steps
@@ -93,3 +99,31 @@ def test_a_testnet_beside_a_taken_metrics_port_moves_its_clients_and_finishes(
     # A client on a taken metrics port now stops with one line (test_client_metrics_port):
     # the run finishing shows the client served its metrics elsewhere.
     assert "--metrics-local-port" not in (tmp_path / "client-1.log").read_text()
+
+
+def test_the_coordinators_port_moves_off_a_taken_20000_unless_chosen() -> None:
+    with holding(SERVER_PORT):
+        port, note = pick_server_port(None)
+        assert port != SERVER_PORT and note == (
+            f"port {SERVER_PORT} is in use (another run on this host?): the coordinator "
+            f"listens on {port} instead")
+        assert pick_server_port(SERVER_PORT) == (SERVER_PORT, None)  # chosen: checked later
+
+
+@pytest.mark.parametrize("which", ["server", "data"])
+def test_a_taken_server_or_data_port_is_one_line(tmp_path: Path, which: str) -> None:
+    port = free_port()
+    args = (["--server-port", str(port)] if which == "server"
+            else ["--server-port", str(free_port()), "--data-port", str(port)])
+    with holding(port):
+        done = subprocess.run(
+            [sys.executable, "-m", "local_testnet", "--num-clients", "1", "--config-path",
+             str(ROOT / "config" / "local-testnet"), "--work-dir", str(tmp_path), *args],
+            check=False, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = [line for line in done.stderr.strip().splitlines() if "fitted" not in line]
+    assert lines == [
+        f"--server-port {port} is in use (another run on this host?): choose another, or "
+        "leave it out" if which == "server" else
+        f"the data server's port {port} (the config's 127.0.0.1:{port}) is in use: choose "
+        "another with --data-port"]
