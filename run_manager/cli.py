@@ -42,7 +42,9 @@ solana.register(app)
 
 WalletOption = Annotated[
     Path,
-    typer.Option("--wallet", envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"], help="Keypair file."),
+    typer.Option("--wallet", "-w", "--wallet-private-key-path",
+                 envvar=["WALLET_PRIVATE_KEY_PATH", "WALLET_PATH"],
+                 help="Keypair file."),
 ]
 
 

@@ -42,9 +42,10 @@ def test_wallet_show_prints_the_base58_public_key(tmp_path: Path) -> None:
     keypair = Keypair()
     path = tmp_path / "k.json"
     path.write_text(keypair.to_json())
-    result = runner.invoke(app, ["wallet", "show", "--wallet", str(path)])
-    assert result.exit_code == 0, result.output
-    assert result.output.strip() == str(keypair.pubkey())
+    for flag in ("--wallet", "-w", "--wallet-private-key-path"):  # as the Solana subcommands
+        result = runner.invoke(app, ["wallet", "show", flag, str(path)])
+        assert result.exit_code == 0, result.output
+        assert result.output.strip() == str(keypair.pubkey())
 
 
 @pytest.mark.parametrize(
