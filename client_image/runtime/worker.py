@@ -12,29 +12,31 @@ import dataclasses
 import json
 import logging
 import tempfile
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+from client_image.runtime.model_loading import (
+    TOKENIZER_FILE,
+    TRANSFORMERS_LOADING,
+    LoadChecks,
+    ModelLoadError,
+    dummy_model,
+    hub_model,
+    peer_model,
+)
 from client_image.runtime.ports import Unrunnable
 from client_image.training import (
     DistroTrainer,
     ResultDecodeError,
     TrainStepOutput,
-    load_causal_lm,
     save_checkpoint,
-)
-from client_image.training.architecture import (
-    ArchitectureMismatch,
-    check_architecture,
-    check_tensor_parallel,
 )
 from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
 from client_image.training.dummy_trainer import DummyTrainer
-from client_image.training.model import resolve_model_dir, round_to_bf16_
+from client_image.training.model import round_to_bf16_
 from client_image.training.parallel import ParallelismError
 from client_image.training.precision import (
     configure_backends,
@@ -56,7 +58,6 @@ from coordinator.config import DistroOptimizer, DummyOptimizer, LLMConfig, Spars
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def _retrieve(call: asyncio.Future[Any]) -> None:
@@ -68,31 +69,6 @@ def _retrieve(call: asyncio.Future[Any]) -> None:
 
 class WorkerError(RuntimeError):
     """The model cannot be loaded or trained with this run's configuration."""
-
-
-# transformers keeps loading flags in module globals (weight init on/off) that it sets and
-# restores around each load: two loads at once in one process (in-process clients in
-# tests and simulations) can restore them wrongly and leave every later model untied.
-# One client loads one model at a time anyway; this makes it one per process.
-_TRANSFORMERS_LOADING = threading.Lock()
-
-
-def _check_tied(model: torch.nn.Module, config: object) -> None:
-    """A config that ties the output embedding to the input one must get a model whose two
-    are one tensor: the shared weights carry it once, so an untied output head would keep
-    its random init and this client would diverge from its peers without a word."""
-    if not getattr(config, "tie_word_embeddings", False):
-        return
-    tie = getattr(model, "tie_weights", None)
-    if callable(tie):
-        tie()
-    get_in = getattr(model, "get_input_embeddings", None)
-    get_out = getattr(model, "get_output_embeddings", None)
-    inputs = get_in() if callable(get_in) else None
-    outputs = get_out() if callable(get_out) else None
-    if inputs is not None and outputs is not None and outputs.weight is not inputs.weight:
-        raise WorkerError("the config ties the output embedding to the input one, but the "
-                          "model built from it holds them apart")
 
 
 class TrainingWorker:
@@ -225,49 +201,21 @@ class TrainingWorker:
         directory.mkdir(exist_ok=True)
         (directory / "config.json").write_text(json.dumps(self._checkpoint_config))
         config = AutoConfig.from_pretrained(directory)
-        with torch.device("meta"), _TRANSFORMERS_LOADING:
+        with torch.device("meta"), TRANSFORMERS_LOADING:
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         model.load_state_dict(state, strict=False, assign=True)
         if getattr(config, "tie_word_embeddings", False):
             model.tie_weights()
         return model
 
-    def _refuse_other_architecture(self, config: object, llm: LLMConfig) -> None:
-        """The checkpoint must be the run's architecture, and splittable over T if T > 1
-        (training/architecture.py): this client's permanent problem, not a retry's."""
-        try:
-            check_architecture(config, llm.architecture)
-            check_tensor_parallel(config, self.rank_setup.dims.tp if self.rank_setup else 1)
-        except ArchitectureMismatch as exc:
-            raise Unrunnable(str(exc)) from None
-
-    def _refuse_unless_fits(self, config: object, llm: LLMConfig) -> None:
-        """On a GPU, check the plan (training/memory_plan.py) before any weight is loaded:
-        a model that cannot fit is this client's permanent problem, not a retry's."""
-        if torch.device(self.device).type != "cuda":
-            return  # host memory: the OS decides (swap, other processes); nothing to plan
-        from client_image.training.memory_plan import run_refusal
-
-        dims = self.rank_setup.dims if self.rank_setup is not None else None
-        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-        reason = run_refusal(config, llm, int(free), dp=dims.dp if dims else 1,
-                             tp=dims.tp if dims else 1, micro_batch_size=self.micro_batch_size,
-                             compute=self.compute,
-                             activation_checkpointing=self.activation_checkpointing)
-        if reason is not None:
-            raise Unrunnable(f"this run does not fit on {self.device}: {reason} "
-                             "(`psyche-client plan` shows the bytes)")
+    def _checks(self) -> LoadChecks:
+        return LoadChecks(self.device, self.rank_setup.dims if self.rank_setup else None,
+                          self.micro_batch_size, self.compute, self.activation_checkpointing)
 
     async def load_from_hub(self, repo_id: str, revision: str | None, llm: LLMConfig,
                             start_step: int) -> None:
         def load() -> None:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(resolve_model_dir(repo_id, revision=revision))
-            self._refuse_other_architecture(config, llm)
-            self._refuse_unless_fits(config, llm)
-            with _TRANSFORMERS_LOADING:
-                model = load_causal_lm(repo_id, device=self.device, revision=revision)
+            model = hub_model(repo_id, revision, llm, self._checks())
             self.model_dir = Path(repo_id) if Path(repo_id).is_dir() else None
             self._make_trainer(model, llm, start_step)
         await self._run(load)
@@ -276,18 +224,10 @@ class TrainingWorker:
         """A Dummy checkpoint: the model built from its config with seeded weights, the
         same on every client, downloading nothing (training/dummy_model.py)."""
         def load() -> None:
-            from client_image.training.dummy_model import DummyModelError, dummy_causal_lm
-
             try:
-                with _TRANSFORMERS_LOADING:
-                    model = dummy_causal_lm(repo_id)
-            except DummyModelError as exc:
+                model = dummy_model(repo_id, llm, self._checks())
+            except ModelLoadError as exc:
                 raise WorkerError(str(exc)) from None
-            self._refuse_other_architecture(model.config, llm)
-            if torch.device(self.device).type == "cuda":
-                self._refuse_unless_fits(model.config, llm)
-            model.to(self.device)
-            model.train()
             self.model_dir = Path(repo_id) if repo_id and Path(repo_id).is_dir() else None
             self._make_trainer(model, llm, start_step)
         await self._run(load)
@@ -296,29 +236,12 @@ class TrainingWorker:
                               state_dict: dict[str, torch.Tensor], llm: LLMConfig,
                               start_step: int) -> None:
         def load() -> None:
-            from transformers import AutoConfig, AutoModelForCausalLM
-
             directory = Path(self._scratch.name)
-            (directory / "config.json").write_text(config_json)
-            if tokenizer_json:
-                (directory / TOKENIZER_FILE).write_text(tokenizer_json)
-            config = AutoConfig.from_pretrained(directory)
-            self._refuse_other_architecture(config, llm)
-            self._refuse_unless_fits(config, llm)
-            # fp32 like the Hub path (load_causal_lm): from_config would take the config's
-            # `dtype`, which is the original's (say bfloat16), not what the peers train in.
-            with _TRANSFORMERS_LOADING:
-                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            missing, unexpected = model.load_state_dict(state_dict, strict=False)
-            if unexpected or [m for m in missing if m not in state_dict]:
-                tied = set(getattr(model, "_tied_weights_keys", None) or [])
-                really_missing = [m for m in missing if m not in tied]
-                if unexpected or really_missing:
-                    raise WorkerError(f"peer model does not match its config: missing "
-                                      f"{really_missing[:5]}, unexpected {unexpected[:5]}")
-            _check_tied(model, config)
-            model.to(self.device)
-            model.train()
+            try:
+                model = peer_model(config_json, tokenizer_json, state_dict, llm,
+                                   self._checks(), directory)
+            except ModelLoadError as exc:
+                raise WorkerError(str(exc)) from None
             self.model_dir = directory
             self._make_trainer(model, llm, start_step)
         await self._run(load)
