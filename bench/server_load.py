@@ -28,6 +28,8 @@ join_s_N, busy_refusals_N
 whole_states_N
     states received whole while measuring (a client that missed a patch asks for the
     whole state): 0 when every patch follows
+server_cpu_ms_all_leave_N
+    the server's CPU time from the moment all N clients leave at once until 2 s after
 
 With the clients on the same cores as the server (one process on this 2-core machine),
 the latencies are an upper bound for a server with its own cores: a client process reads
@@ -338,8 +340,11 @@ async def measure_count(clients: int, duration_s: float, witnesses: int,
             shared.measuring.clear()
             cpu = _cpu_seconds(server.pid) - cpu_before
             rss = _rss_mb(server.pid)
-            shared.done.set()
+            shared.done.set()  # every client leaves at once
+            cpu_at_done = _cpu_seconds(server.pid)
             rows = [await asyncio.to_thread(shared.results.get, True, 60) for _ in workers]
+            await asyncio.sleep(2.0)  # the server sees every connection close
+            leave_cpu = _cpu_seconds(server.pid) - cpu_at_done
         finally:
             shared.done.set()
             for worker in workers:
@@ -368,6 +373,7 @@ async def measure_count(clients: int, duration_s: float, witnesses: int,
         "server_cpu_ms_per_broadcast": round(cpu * 1000 / broadcasts, 2),
         "server_rss_mb": round(rss, 1), "join_s": round(join_s or 0.0, 2),
         "busy_refusals": sum(row["busy"] for row in rows),
+        "server_cpu_ms_all_leave": round(leave_cpu * 1000, 1),
         "whole_states": sum(row["whole_states"] for row in rows),
     }
 
@@ -409,7 +415,8 @@ def main() -> None:
                     f"join_s_{count}": row["join_s"],
                     f"busy_refusals_{count}": row["busy_refusals"],
                     f"whole_states_{count}": row["whole_states"],
-                    f"client_processes_{count}": row["client_processes"]}
+                    f"client_processes_{count}": row["client_processes"],
+                    f"server_cpu_ms_all_leave_{count}": row["server_cpu_ms_all_leave"]}
     print(json.dumps(figures))
 
 

@@ -102,6 +102,7 @@ class CoordinatorServer:
                                 self.options.handshake_timeout_s,
                                 self._handshake_refused)
         self._stopping = False
+        self._disconnect_publish_due = False  # see _publish_after_disconnects
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -535,8 +536,24 @@ class CoordinatorServer:
                 index = self.state.index_of(peer.identity)
                 if index is not None and not self.state.run_state.halted:
                     self.coordinator.withdraw(index)
-            self._publish_if_changed()
-            if self.state.run_state is RunState.WaitingForMembers:
-                self._notify_waiting(self.peers.values())  # those after it moved up
+            self._publish_after_disconnects()
         peer.writer.close()
         log.info("client %r disconnected", peer.identity)
+
+    def _publish_after_disconnects(self) -> None:
+        """One broadcast for the clients that left in one turn of the loop (a partition, a
+        swarm stopping), not one each to all the others: N leaving at once would cost N
+        broadcasts of N writes, many to sockets already closing."""
+        if self._disconnect_publish_due:
+            return
+        self._disconnect_publish_due = True
+
+        def publish() -> None:
+            self._disconnect_publish_due = False
+            if self._stopping:
+                return
+            self._publish_if_changed()
+            if self.state.run_state is RunState.WaitingForMembers:
+                self._notify_waiting(self.peers.values())  # those after them moved up
+
+        asyncio.get_running_loop().call_soon(publish)

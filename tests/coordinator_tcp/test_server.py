@@ -213,6 +213,29 @@ async def test_disconnect_withdraws_the_client(clocked: tuple[CoordinatorServer,
     await two.close()
 
 
+async def test_clients_leaving_at_once_cost_one_broadcast_not_one_each(
+        clocked: tuple[CoordinatorServer, Clock]) -> None:
+    """Six of eight clients drop together (a partition): they are all withdrawn, and the
+    others get the new state once, not six times (N leaving would cost N broadcasts of N
+    writes)."""
+    server, clock = clocked
+    connections = [await join(server, identity(i)) for i in range(1, 9)]
+    clock.now += 2
+    await wait_for(lambda: server.state.run_state is RunState.Warmup
+                   and len(server.state.epoch_state.clients) == 8)
+    before = server.stats.broadcasts
+    for connection in connections[:6]:
+        connection.writer.transport.abort()
+    await wait_for(lambda: sum(c.state.name == "Withdrawn"
+                               for c in server.state.epoch_state.clients) == 6)
+    await asyncio.sleep(0.2)  # any broadcast still to come
+    assert server.stats.broadcasts - before <= 2, server.stats.broadcasts - before
+    assert {node.key for node in server.pending} == {identity(7).public_key,
+                                                     identity(8).public_key}
+    for connection in connections[6:]:
+        await connection.close()
+
+
 async def test_same_key_reconnecting_replaces_the_old_connection(server: CoordinatorServer) -> None:
     first = await join(server, identity(1))
     second = await join(server, identity(1))
