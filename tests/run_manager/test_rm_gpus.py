@@ -297,8 +297,11 @@ async def test_the_supervisor_asks_for_the_cuda_image_of_the_version(
     events: list[SupervisorEvent] = []
     supervisor = Supervisor(docker_client, PinnedVersionSource("9.9.9"), config, events.append)
     result = await supervisor.run()
-    assert events == [result] and result.reason == "error"
-    assert result.message.startswith("image psyche-client-absent:9.9.9-cuda is not on this machine")
+    # Final, not retried: no image of the run's version here and --local forbids pulling.
+    assert events == [result] and result.reason == "no-image"
+    assert result.message.startswith("the run wants client version 9.9.9, and its image "
+                                     "cannot be had: image psyche-client-absent:9.9.9-cuda is "
+                                     "not on this machine")
     assert "scripts/build_client_image.sh --cuda" in result.message
     assert "GPUS=none runs the CPU one" in result.message
 
