@@ -5,11 +5,10 @@ free: a taken one is an error, not a silent move."""
 
 from __future__ import annotations
 
-import errno
-import socket
 from dataclasses import dataclass
 
 from coordinator.config import ConfigError
+from psyche_common.local_ports import free_ports, port_is_free
 
 METRICS_BASE_PORT = 6269
 SERVER_PORT = 20000
@@ -21,22 +20,12 @@ class MetricsPorts:
     note: str | None  # set when the default range was taken and other ports were picked
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """False only when something listens there (not when, say, a low port needs root)."""
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            return error.errno != errno.EADDRINUSE
-    return True
-
-
 def pick_server_port(chosen: int | None) -> tuple[int, str | None]:
     """The coordinator's port: the one chosen; else 20000, or a free port when 20000 is
     taken, with the line saying so."""
     if chosen is not None or port_is_free(SERVER_PORT):
         return (SERVER_PORT if chosen is None else chosen), None
-    [port] = _free_ports(1)
+    [port] = free_ports(1)
     return port, (f"port {SERVER_PORT} is in use (another run on this host?): the coordinator "
                   f"listens on {port} instead")
 
@@ -66,20 +55,8 @@ def pick_metrics_ports(base: int | None, num_clients: int) -> MetricsPorts:
     if base is not None:
         raise ConfigError([f"--metrics-base-port {base}: port {taken[0]} (a client's metrics "
                            "port) is in use; choose another base or leave it out"])
-    picked = _free_ports(num_clients)
+    picked = free_ports(num_clients)
     ports = dict(zip(wanted, picked, strict=True))
     shown = ", ".join(str(port) for port in picked)
     return MetricsPorts(ports, f"port {taken[0]} is in use (another run on this host?): "
                                f"client metrics on ports {shown} instead")
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct ports the system has free now (all bound at once, so distinct)."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()

@@ -6,12 +6,12 @@ the same RUN_ID would remove the first one's running client)."""
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker
 
+from psyche_common.local_ports import free_ports, port_is_free
 from run_manager import engine
 
 DEFAULT_METRICS_PORT = 6269  # Psyche's METRICS_LOCAL_PORT
@@ -28,28 +28,17 @@ class MetricsPortChoice:
     moved: str | None  # when 6269 was taken: the line saying which port, and why
 
 
-def _is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def choose_metrics_port(chosen: int | None) -> MetricsPortChoice:
     """The port the client serves its metrics on: the one chosen (--metrics-local-port or
     METRICS_LOCAL_PORT), which must be free; else 6269, or a free port when 6269 is taken."""
     if chosen is not None:
-        if not _is_free(chosen):
+        if not port_is_free(chosen):
             raise PortTaken(f"METRICS_LOCAL_PORT {chosen} is in use on 127.0.0.1 (another "
                             "client on this host?); choose another or leave it unset")
         return MetricsPortChoice(chosen, None)
-    if _is_free(DEFAULT_METRICS_PORT):
+    if port_is_free(DEFAULT_METRICS_PORT):
         return MetricsPortChoice(DEFAULT_METRICS_PORT, None)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    [port] = free_ports(1)
     return MetricsPortChoice(port, f"port {DEFAULT_METRICS_PORT} is in use (another run on "
                                    f"this host?): client metrics on 127.0.0.1:{port}")
 

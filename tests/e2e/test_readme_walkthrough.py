@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from loopback import free_port
 
+from psyche_common.local_ports import port_is_free
+
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,20 +63,9 @@ def two_free_ports() -> int:
     """A port p with p + 1 free too (the localnet's default WebSocket port), or fail."""
     for _ in range(50):
         port = free_port()
-        if port < 65535 and _free(port + 1):
+        if port < 65535 and port_is_free(port + 1):
             return port
     pytest.fail("no two consecutive free ports on loopback")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def script_of(steps: list[Step], tcp_port: int, rpc_port: int) -> str:

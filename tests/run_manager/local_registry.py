@@ -14,7 +14,6 @@ import contextlib
 import io
 import os
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import docker
 import httpx
+from loopback import free_port
 
 REGISTRY_BINARY = Path("/usr/bin/docker-registry")
 TINY_BASE = "psyche-registry-test-base:1"
@@ -29,12 +29,6 @@ MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 # The host's shell and what it loads: enough for `sh -c 'echo ...; exit N'`.
 SHELL_FILES = ("/bin/sh", "/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6",
                "/lib64/ld-linux-x86-64.so.2")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class LocalRegistry:
