@@ -21,7 +21,7 @@ from client_image.training.architecture import (
     check_architecture,
     check_tensor_parallel,
 )
-from client_image.training.model import resolve_model_dir
+from client_image.training.model import ModelLoadError, resolve_model_dir
 from client_image.training.parallel import ParallelDims
 from client_image.training.precision import ComputeDType
 from coordinator.config import LLMConfig
@@ -33,10 +33,6 @@ TOKENIZER_FILE = "tokenizer.json"
 # tests and simulations) can restore them wrongly and leave every later model untied.
 # One client loads one model at a time anyway; this makes it one per process.
 TRANSFORMERS_LOADING = threading.Lock()
-
-
-class ModelLoadError(RuntimeError):
-    """The model cannot be built as its source describes it."""
 
 
 @dataclass(frozen=True)
