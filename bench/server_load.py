@@ -16,7 +16,13 @@ Per N, over --duration seconds once the run is training:
 server_p50_ms_N, server_p99_ms_N
     latency of one broadcast to one client: the time the client read the frame minus
     `StateUpdate.sent_at` (stamped by the server when it encoded the broadcast; same
-    host, same clock), over every (broadcast, client) pair
+    host, same clock), over every (broadcast, client) pair. This includes the time the
+    client's process spent on the frames of the clients before it (hundreds share a
+    process here; a real client has its own host), so it is an upper bound: see
+server_broadcast_p50_ms_N, server_broadcast_p99_ms_N
+    the server's own time from a change of state to its last write of that broadcast
+    to a client (its log line on stopping), over the broadcasts of the run: what the
+    server adds, whatever the clients' processes do
 bytes_per_client_per_tick_N
     bytes (frames with their 4-byte length) each client received per broadcast
 server_cpu_ms_per_broadcast_N, server_rss_mb_N
@@ -33,7 +39,9 @@ server_cpu_ms_all_leave_N
 
 With the clients on the same cores as the server (one process on this 2-core machine),
 the latencies are an upper bound for a server with its own cores: a client process reads
-its share of the N frames of each broadcast one after the other.
+its share of the N frames of each broadcast one after the other. The client processes
+run at the lowest priority (nice 19), so that the server, when it has work, gets a core
+as it would on a host of its own.
 """
 
 from __future__ import annotations
@@ -77,7 +85,6 @@ from coordinator_tcp.protocol import (  # noqa: E402
 )
 from coordinator_tcp.state_delta import StateMirror  # noqa: E402
 from psyche_common.identity import Identity  # noqa: E402
-from psyche_common.tcp.framing import read_frame  # noqa: E402
 
 _SENT_AT = re.compile(rb'"sent_at":([0-9.eE+-]+)')
 _SEQ = re.compile(rb'"state_seq":([0-9]+)')
@@ -203,9 +210,12 @@ async def simulated_client(i: int, port: int, cache: StateCache, measure: Measur
         while not measure.done.is_set():
             try:  # asyncio.timeout: no task per frame, as wait_for would make
                 async with asyncio.timeout(1.0):
-                    frame = await read_frame(connection.reader, 1 << 26)
+                    header = await connection.reader.readexactly(4)
             except TimeoutError:
                 continue
+            # The body outside the timeout: cut off between the two, the next read would
+            # take the body for a header.
+            frame = await connection.reader.readexactly(int.from_bytes(header, "big"))
             received = time.time()
             sent_at, seq = _SENT_AT.search(frame), _SEQ.search(frame)
             if sent_at is None or seq is None or b'"type":"state"' not in frame:
@@ -266,6 +276,7 @@ class Shared:
 def client_process(indices: range, port: int, shared: Shared) -> None:
     """One process's share of the simulated clients (as many processes as --client-processes:
     spread over cores, the clients measure the server rather than one Python process)."""
+    os.nice(19)  # the server first, as on its own host
     asyncio.run(_client_process(indices, port, shared))
 
 
@@ -306,10 +317,11 @@ async def measure_count(clients: int, duration_s: float, witnesses: int,
     with tempfile.TemporaryDirectory() as tmp:
         state_path = Path(tmp) / "state.toml"
         bench_state_toml(clients, witnesses, state_path)
+        server_log = Path(tmp) / "server.log"
         server = subprocess.Popen(
             [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state_path),
              "--server-port", str(port), "--bind-host", "127.0.0.1", "--tick-interval", "0.1"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=server_log.open("wb"))
         rows: list[dict[str, Any]] = []
         try:
             for _ in range(100):  # the server's port opens
@@ -356,6 +368,7 @@ async def measure_count(clients: int, duration_s: float, witnesses: int,
                 server.wait(10)
             if server.poll() is None:
                 server.kill()
+        broadcast_ms = _server_broadcast_ms(server_log.read_text(errors="replace"))
     errors = [row["error"] for row in rows if row["error"]]
     if errors:
         raise RuntimeError(errors[0])
@@ -368,6 +381,7 @@ async def measure_count(clients: int, duration_s: float, witnesses: int,
         "broadcasts": broadcasts,
         "p50_ms": round(statistics.median(ordered) * 1000, 2),
         "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 2),
+        "server_broadcast_p50_ms": broadcast_ms[0], "server_broadcast_p99_ms": broadcast_ms[1],
         "bytes_per_client_per_tick": round(
             sum(row["bytes"] for row in rows) / clients / broadcasts, 1),
         "server_cpu_ms_per_broadcast": round(cpu * 1000 / broadcasts, 2),
@@ -376,6 +390,18 @@ async def measure_count(clients: int, duration_s: float, witnesses: int,
         "server_cpu_ms_all_leave": round(leave_cpu * 1000, 1),
         "whole_states": sum(row["whole_states"] for row in rows),
     }
+
+
+_BROADCAST_MS = re.compile(r"each written to every client in p50 ([0-9.]+) ms, p99 ([0-9.]+) ms")
+
+
+def _server_broadcast_ms(log_text: str) -> tuple[float, float]:
+    """(p50, p99) from the server's log line on stopping."""
+    found = _BROADCAST_MS.search(log_text)
+    if found is None:
+        raise RuntimeError("the server's log has no broadcast timing line: "
+                           f"{log_text.strip().splitlines()[-3:]}")
+    return float(found.group(1)), float(found.group(2))
 
 
 def _first_error(shared: Shared) -> str:
@@ -402,13 +428,17 @@ def main() -> None:
         row = asyncio.run(measure_count(count, args.duration, args.witnesses,
                                         args.client_processes))
         print(f"  {count:4d} clients: {row['broadcasts']} broadcasts, p50 {row['p50_ms']} ms, "
-              f"p99 {row['p99_ms']} ms, {row['bytes_per_client_per_tick']} B/client/tick, "
+              f"p99 {row['p99_ms']} ms (the server's part: p50 "
+              f"{row['server_broadcast_p50_ms']} ms, p99 {row['server_broadcast_p99_ms']} ms), "
+              f"{row['bytes_per_client_per_tick']} B/client/tick, "
               f"server {row['server_cpu_ms_per_broadcast']} ms CPU/broadcast, "
               f"{row['server_rss_mb']} MB RSS, joined in {row['join_s']} s "
               f"({row['busy_refusals']} Busy), {row['whole_states']} whole states received "
               f"while measuring; clients in {row['client_processes']} processes", flush=True)
         figures |= {f"server_p50_ms_{count}": row["p50_ms"],
                     f"server_p99_ms_{count}": row["p99_ms"],
+                    f"server_broadcast_p50_ms_{count}": row["server_broadcast_p50_ms"],
+                    f"server_broadcast_p99_ms_{count}": row["server_broadcast_p99_ms"],
                     f"bytes_per_client_per_tick_{count}": row["bytes_per_client_per_tick"],
                     f"server_cpu_ms_per_broadcast_{count}": row["server_cpu_ms_per_broadcast"],
                     f"server_rss_mb_{count}": row["server_rss_mb"],

@@ -23,7 +23,6 @@ never an exception in the server, never a change to the run.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -43,28 +42,22 @@ from coordinator import (
     encode_state,
 )
 from coordinator_tcp.addresses import AddressBook
+from coordinator_tcp.broadcaster import StateBroadcaster, fan_out
+from coordinator_tcp.client_events import apply_client_event
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
-    CheckpointReport,
     ErrorReply,
-    HealthCheck,
     Heartbeat,
-    Join,
     Notice,
-    NoticeCode,
     ProtocolError,
     ResyncAddresses,
-    StateUpdate,
-    VerificationReportMessage,
-    WarmupWitness,
     Welcome,
     Withdraw,
-    WitnessSubmit,
     decode_client_message,
     encode,
 )
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
-from coordinator_tcp.state_delta import StateDeltas
+from coordinator_tcp.waiting_notices import waiting_notices
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
 from psyche_common.tcp.handshake import (
     ACCEPT_BACKLOG,
@@ -102,11 +95,11 @@ class CoordinatorServer:
                                 self.options.handshake_timeout_s,
                                 self._handshake_refused)
         self._stopping = False
-        self._disconnect_publish_due = False  # see _publish_after_disconnects
+        self._publish_due = False  # see _publish_soon
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.deltas = StateDeltas()  # the last broadcast state, numbered (clients get patches)
+        self.broadcaster = StateBroadcaster(self.addresses, self.now)
         self._last_joined = 0  # `joined` as the observers last heard it
         self._reconnect_deadline = self.now() + options.reconnect_grace_s if resumed else None
         self._original_warmup_time = coordinator.state.config.warmup_time
@@ -258,16 +251,8 @@ class CoordinatorServer:
         """The state with the whole address map as last broadcast (a connection's first
         state, the answer to ResyncAddresses); an observer's also says how many clients
         are connected and asking to take part (`StateUpdate.joined`)."""
-        encoded = encode_state(self.state)
-        # Numbered only if it is the last broadcast, the base of the next patch; else the
-        # receiver finds the next patch a gap and asks again (it changed in between).
-        seq = self.deltas.seq if encoded == self.deltas.current else 0
-        update = StateUpdate(
-            state=base64.b64encode(encoded).decode(), state_seq=seq,
-            p2p_addresses=self.addresses.sent, addresses_seq=self.addresses.version,
-            addresses_full=True, server_time=self.now(), sent_at=time.time(),
-            joined=len(self._pending()) if observer else None)
-        return update.to_frame()
+        return self.broadcaster.whole(self.state,
+                                      joined=len(self._pending()) if observer else None)
 
     def _address_keys(self) -> set[str]:
         """Whose addresses the clients need: those connected (asking to take part) and
@@ -278,27 +263,34 @@ class CoordinatorServer:
                 *(client.id.key.hex() for client in epoch.exited_clients)}
 
     def _state_messages(self, encoded: bytes) -> tuple[bytes, bytes]:
-        """The broadcast of the new state `encoded`, with the address changes since the
-        previous broadcast: for the clients (a patch from the previous state, whole only
-        if there was none) and for the observers (whole, with `joined`)."""
-        changed, removed = self.addresses.commit(self._address_keys())
-        seq, patch, digest = self.deltas.advance(encoded)
-        whole = base64.b64encode(encoded).decode()
-        update = StateUpdate(
-            state="" if patch else whole, state_seq=seq, state_delta=patch or "",
-            state_digest=digest, p2p_addresses=changed, p2p_removed=removed,
-            addresses_seq=self.addresses.version, server_time=self.now(), sent_at=time.time())
-        observed = update.model_copy(update={"state": whole, "state_delta": "",
-                                             "joined": len(self._pending())})
-        return update.to_frame(), observed.to_frame()
+        return self.broadcaster.advance(encoded, self._address_keys(), len(self._pending()))
 
     def publish(self) -> None:
         """Broadcast (and persist) the state if it changed: after an operator action."""
         self._publish_if_changed()
 
+    def _publish_soon(self) -> None:
+        """Broadcast once at the end of this turn of the loop: the events that arrived
+        together (a round's witnesses, clients leaving in a partition) make one broadcast
+        to every client, not one each. Each is applied, and answered, as it comes."""
+        if self._publish_due:
+            return
+        self._publish_due = True
+
+        def publish() -> None:
+            self._publish_due = False
+            if self._stopping:
+                return
+            self._publish_if_changed()
+            if self.state.run_state is RunState.WaitingForMembers:
+                self._notify_waiting(self.peers.values())  # those after leavers moved up
+
+        asyncio.get_running_loop().call_soon(publish)
+
     def _publish_if_changed(self) -> None:
+        started = time.perf_counter()
         encoded = encode_state(self.state)
-        if encoded == self.deltas.current:
+        if self.broadcaster.is_current(encoded):
             self._tell_observers_if_joined_changed()
             return
         self._last_joined = len(self._pending())
@@ -306,6 +298,7 @@ class CoordinatorServer:
         self._persist(encoded)
         self._send_all(*messages)
         self.stats.broadcasts += 1
+        self.stats.broadcast_seconds.append(time.perf_counter() - started)
         self._notify_waiting(self.peers.values())
         for callback in self.on_change:
             callback(self.state)
@@ -318,13 +311,9 @@ class CoordinatorServer:
             return
         self._last_joined = joined
         if self.observers:
-            payload = StateUpdate(
-                state=base64.b64encode(encode_state(self.state)).decode(),
-                state_seq=self.deltas.seq, addresses_seq=self.addresses.version,
-                server_time=self.now(), sent_at=time.time(), joined=joined).to_frame()
-            for observer in list(self.observers):
-                if not observer.send(payload):
-                    observer.writer.close()
+            payload = self.broadcaster.joined_changed(self.state, joined)
+            for observer in fan_out(list(self.observers), payload):
+                observer.writer.close()
 
     def save_state(self) -> None:
         """Save the state now (--save-state-dir; every change is saved as it happens, so
@@ -337,58 +326,28 @@ class CoordinatorServer:
 
     def _send_all(self, payload: bytes, observer_payload: bytes | None = None) -> None:
         """`payload` to every client; `observer_payload` (or `payload`) to the observers."""
-        for peer in [*self.peers.values(), *self.observers]:
-            if not peer.send(observer_payload if peer.observer and observer_payload else payload):
-                log.warning("client %r is not reading: disconnecting", peer.identity)
-                peer.writer.close()
+        for peer in fan_out([*self.peers.values(), *self.observers], payload,
+                            observer_payload):
+            log.warning("client %r is not reading: disconnecting", peer.identity)
+            peer.writer.close()
 
     def _answer_resync(self, peer: _Peer) -> None:
         """The state and the address map whole again, to a connection that asked: once
         per state and map (asking again brings nothing new, so asking costs the server
         at most one whole state per change)."""
-        version = (self.deltas.seq, self.addresses.version)
+        version = (self.broadcaster.seq, self.addresses.version)
         if peer.resynced_version == version:
             return
         peer.resynced_version = version
         peer.send(self.state_message(observer=peer.observer))
 
-    # ------------------------------------------------------------------ waiting clients
     def _notify_waiting(self, peers: Iterable[_Peer]) -> None:
         """Tell each of `peers` left out of the epoch why and what it waits for (and,
         once it is in, that it takes part): one Notice each time that changes."""
-        state = self.state
-        run_state = state.run_state
-        if run_state is RunState.WaitingForMembers:
-            positions = {node: i for i, node in enumerate(self._pending())}
-            for peer in peers:
-                position = positions.get(peer.identity)
-                if position is not None and position >= MAX_CLIENTS:
-                    self._notice(peer, "epoch_full", f"the epoch is full ({MAX_CLIENTS} "
-                                 f"clients): waiting for the next one ({position} clients "
-                                 "joined before this one)")
-            return
-        if run_state not in (RunState.Warmup, RunState.RoundTrain, RunState.RoundWitness,
-                             RunState.Cooldown):
-            return  # paused, finished: the state says what the run waits for
-        listed = {client.id for client in state.epoch_state.clients}
-        full = len(listed) >= MAX_CLIENTS
-        for peer in peers:
-            if peer.identity in listed:
-                if peer.notice is not None and peer.notice != "taking_part":
-                    self._notice(peer, "taking_part", "taking part in the epoch")
-            elif full:
-                self._notice(peer, "epoch_full", f"the epoch is full ({MAX_CLIENTS} clients): "
-                             "waiting for the next one")
-            else:
-                self._notice(peer, "epoch_started", f"the epoch started before this client "
-                             f"joined ({run_state.name}, {len(listed)} clients): waiting "
-                             "for the next one")
-
-    def _notice(self, peer: _Peer, code: NoticeCode, text: str) -> None:
-        if peer.notice == code:
-            return
-        peer.notice = code
-        peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
+        for peer, code, text in waiting_notices(self.state, self._pending(), peers):
+            if peer.notice != code:
+                peer.notice = code
+                peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
 
     # ------------------------------------------------------------------ connections
     async def _handle_connection(self, reader: asyncio.StreamReader,
@@ -479,7 +438,7 @@ class CoordinatorServer:
             if rejected is not None:
                 self.stats.rejected_events += 1
                 peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))
-            self._publish_if_changed()
+            self._publish_soon()
 
     def _apply(self, peer: _Peer, message: object) -> Rejected | None:
         sender, now = peer.identity, self.now()
@@ -489,28 +448,9 @@ class CoordinatorServer:
         if peer.observer:
             return Rejected(CoordinatorError.WrongRunState,
                             "an observer connection is read-only: join without observe to act")
-        coordinator = self.coordinator
-        if isinstance(message, WarmupWitness):
-            return coordinator.warmup_witness(sender, message.witness.to_witness(), now,
-                                              self.seed_source())
-        if isinstance(message, WitnessSubmit):
-            return coordinator.witness(sender, message.witness.to_witness(), now)
-        if isinstance(message, HealthCheck):
-            return coordinator.health_check(sender, [c.to_pair() for c in message.checks])
-        if isinstance(message, CheckpointReport):
-            repo = message.hub or message.gcs
-            if repo is None:
-                return Rejected(CoordinatorError.InvalidCheckpoint, "neither hub nor gcs given")
-            return coordinator.checkpoint(sender, message.index, repo)
-        if isinstance(message, VerificationReportMessage):
-            return coordinator.verification_report(sender, message.to_report(sender))
         if isinstance(message, Withdraw):
-            index = self.state.index_of(sender)
-            self.peers.pop(sender, None)
-            return None if index is None else coordinator.withdraw(index)
-        if isinstance(message, Join):
-            return Rejected(CoordinatorError.WrongRunState, "already joined")
-        return None
+            self.peers.pop(sender, None)  # leaving for good: not a client to tick with
+        return apply_client_event(self.coordinator, sender, message, now, self.seed_source)
 
     def _disconnected(self, peer: _Peer) -> None:
         if peer.observer:
@@ -536,24 +476,6 @@ class CoordinatorServer:
                 index = self.state.index_of(peer.identity)
                 if index is not None and not self.state.run_state.halted:
                     self.coordinator.withdraw(index)
-            self._publish_after_disconnects()
+            self._publish_soon()
         peer.writer.close()
         log.info("client %r disconnected", peer.identity)
-
-    def _publish_after_disconnects(self) -> None:
-        """One broadcast for the clients that left in one turn of the loop (a partition, a
-        swarm stopping), not one each to all the others: N leaving at once would cost N
-        broadcasts of N writes, many to sockets already closing."""
-        if self._disconnect_publish_due:
-            return
-        self._disconnect_publish_due = True
-
-        def publish() -> None:
-            self._disconnect_publish_due = False
-            if self._stopping:
-                return
-            self._publish_if_changed()
-            if self.state.run_state is RunState.WaitingForMembers:
-                self._notify_waiting(self.peers.values())  # those after them moved up
-
-        asyncio.get_running_loop().call_soon(publish)

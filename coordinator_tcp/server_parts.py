@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,9 +42,19 @@ class ServerStats:
     rejected_events: int = 0
     broadcasts: int = 0
     last_errors: list[str] = field(default_factory=list)
+    # Seconds from a change of state to its last write to a client, recent broadcasts.
+    broadcast_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
     def note(self, text: str) -> None:
         self.last_errors = [*self.last_errors, text][-20:]
+
+    def broadcast_ms(self) -> tuple[float, float] | None:
+        """(p50, p99) of `broadcast_seconds` in milliseconds; None before any broadcast."""
+        if not self.broadcast_seconds:
+            return None
+        ordered = sorted(self.broadcast_seconds)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        return statistics.median(ordered) * 1000, p99 * 1000
 
 
 class _Peer:
@@ -57,9 +69,13 @@ class _Peer:
         self.resynced_version: tuple[int, int] | None = None
 
     def send(self, payload: bytes) -> bool:
-        """Queue a frame without waiting; False if the peer is too far behind."""
+        """Queue `payload` as a frame without waiting; False if the peer is too far behind."""
+        return self.send_frame(encode_frame(payload))
+
+    def send_frame(self, frame: bytes) -> bool:
+        """Queue a framed message without waiting; False if the peer is too far behind."""
         transport = self.writer.transport
         if transport.is_closing() or transport.get_write_buffer_size() > MAX_OUTGOING_BUFFER:
             return False
-        self.writer.write(encode_frame(payload))
+        transport.write(frame)
         return True
