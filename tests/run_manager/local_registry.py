@@ -22,6 +22,7 @@ from pathlib import Path
 import docker
 import httpx
 from loopback import free_port
+from processes import stop_process
 
 REGISTRY_BINARY = Path("/usr/bin/docker-registry")
 TINY_BASE = "psyche-registry-test-base:1"
@@ -63,13 +64,7 @@ class LocalRegistry:
         raise RuntimeError(f"docker-registry did not answer on {self.address} within {wait_s}s")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process)
 
     def manifest_digest(self, repository: str, tag: str) -> str:
         """The digest the registry itself gives `repository:tag` (its manifest's)."""

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from processes import stop_process
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from websockets.sync.client import connect
@@ -156,8 +157,7 @@ def test_localnet_prints_the_websocket_url_and_a_busy_port_is_one_line(tmp_path)
         with connect(ws_line.split(" on ")[1].strip()) as ws:
             assert isinstance(_ask(ws, 1, "accountSubscribe", [str(Pubkey.default())])["result"], int)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_process(process)
 
 
 async def _wait_for(condition, timeout_s: float = 10.0) -> None:

@@ -38,6 +38,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from processes import stop_process
 
 
 def any_value(value: AnyValue) -> Any:
@@ -173,13 +174,7 @@ class PrometheusServer:
         raise RuntimeError("prometheus did not become ready in 30 s")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process)
 
     def query(self, expr: str) -> dict[str, Any]:
         """The `data` of an instant query; raises with Prometheus' error text."""
