@@ -4,21 +4,22 @@
     .venv/bin/python bench/server_load.py [--counts 100,1000] [--duration 10]
                                           [--witnesses 8] [--client-processes 1]
 
-For each N in --counts: N simulated clients (asyncio, no training, spread over
---client-processes processes), each on its own loopback source address (127.0.x.y, as
-clients on their own hosts would be), all handshake at once (Challenge / signed Join), join the run and play it:
-the elected client sends the warm-up witness and every round's elected witnesses send
-their witness, so the coordinator keeps moving RoundTrain -> RoundWitness -> RoundTrain
-and broadcasting (one broadcast per witness, as in a real run). The epoch takes the
-first 256 (Psyche's cap); the others wait and still receive every state.
+For each N in --counts: N simulated clients (bench/simulated_clients.py: asyncio
+protocols, no training, spread over --client-processes processes), each on its own
+loopback source address (127.0.x.y, as clients on their own hosts would be), all
+handshake at once (Challenge / signed Join), join the run and play it: the elected
+client sends the warm-up witness and every round's elected witnesses send their
+witness, so the coordinator keeps moving RoundTrain -> RoundWitness -> RoundTrain and
+broadcasting (the witnesses that arrive together make one broadcast). The epoch takes
+the first 256 (Psyche's cap); the others wait and still receive every state.
 
 Per N, over --duration seconds once the run is training:
 server_p50_ms_N, server_p99_ms_N
-    latency of one broadcast to one client: the time the client read the frame minus
-    `StateUpdate.sent_at` (stamped by the server when it encoded the broadcast; same
-    host, same clock), over every (broadcast, client) pair. This includes the time the
-    client's process spent on the frames of the clients before it (hundreds share a
-    process here; a real client has its own host), so it is an upper bound: see
+    latency of one broadcast to one client: the time the client's process read the
+    frame's bytes minus `StateUpdate.sent_at` (stamped by the server when it encoded the
+    broadcast; same host, same clock), over every (broadcast, client) pair. This
+    includes the time that process spent reading the frames of the clients before it
+    (hundreds share a process here; a real client has its own host): an upper bound.
 server_broadcast_p50_ms_N, server_broadcast_p99_ms_N
     the server's own time from a change of state to its last write of that broadcast
     to a client (its log line on stopping), over the broadcasts of the run: what the
@@ -59,36 +60,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator import (  # noqa: E402
-    CoordinatorState,
-    RunState,
-    Witness,
-    WitnessProof,
-    decode_state,
-    selection_for_round,
-)
-from coordinator_tcp.client import JoinRefused, ProtocolConnection  # noqa: E402
-from coordinator_tcp.protocol import (  # noqa: E402
-    ResyncAddresses,
-    StateUpdate,
-    WarmupWitness,
-    WitnessModel,
-    WitnessSubmit,
-    decode_server_message,
-)
-from coordinator_tcp.state_delta import StateMirror  # noqa: E402
-from psyche_common.identity import Identity  # noqa: E402
-
-_SENT_AT = re.compile(rb'"sent_at":([0-9.eE+-]+)')
-_SEQ = re.compile(rb'"state_seq":([0-9]+)')
-RUN_ID = "bench-server-load"
+from simulated_clients import RUN_ID, Shared, client_process  # noqa: E402  (bench/)
 
 
 def free_port() -> int:
@@ -116,140 +94,6 @@ def bench_state_toml(clients: int, witnesses: int, path: Path) -> None:
     path.write_text(state_file_from_dict(data).to_toml())
 
 
-class StateCache:
-    """Each broadcast decoded once for all simulated clients (each real client would do
-    it on its own machine; here N clients share one process, and N decodes and N
-    elections per broadcast would measure this process, not the server). Broadcasts
-    come as patches from the previous one: the cache keeps one copy of the state, fed
-    by the first client to read each broadcast (which has read the one before)."""
-
-    KEPT = 16  # recent states kept: clients read the same broadcasts at different times
-
-    def __init__(self) -> None:
-        self.mirror = StateMirror()
-        self.by_seq: dict[int, CoordinatorState] = {}
-        self._proofs: dict[int, dict[int, WitnessProof]] = {}
-        self._indices: dict[int, dict[bytes, int]] = {}
-
-    def state(self, seq: int, frame: bytes) -> tuple[CoordinatorState | None, bool]:
-        """(the state broadcast `seq`, or None; True when the copy has a gap and the
-        whole state must be asked for)."""
-        if seq in self.by_seq:
-            return self.by_seq[seq], False
-        message = decode_server_message(frame)
-        assert isinstance(message, StateUpdate)
-        if self.mirror.seq is not None and seq <= self.mirror.seq:
-            # An older broadcast read late by a slower client: not a gap of the copy.
-            return (decode_state(message.state_bytes) if message.state else None), False
-        data, ask = self.mirror.apply(message)
-        if data is None:
-            return None, ask
-        self.by_seq[seq] = decode_state(data)
-        for old in [s for s in self.by_seq if s <= seq - self.KEPT]:
-            del self.by_seq[old]
-        return self.by_seq[seq], False
-
-    def witness_proof(self, seq: int, index: int) -> WitnessProof | None:
-        """The round's witness proof of `index`, or None when it is not a witness."""
-        if seq not in self._proofs:
-            selection = selection_for_round(self.by_seq[seq])
-            self._proofs = {seq: {i: selection.witness_of(i)
-                                  for i in selection.witness_indices()}}
-        return self._proofs[seq].get(index)
-
-    def index_of(self, seq: int, state: CoordinatorState, key: bytes) -> int | None:
-        """A client's index in broadcast `seq`'s epoch (one table per state for all the
-        clients of this process, as each real client looks up only itself)."""
-        if seq not in self.by_seq:  # an older broadcast read late
-            return next((i for i, c in enumerate(state.epoch_state.clients)
-                         if c.id.key == key), None)
-        if seq not in self._indices:
-            self._indices = {seq: {c.id.key: i for i, c in enumerate(state.epoch_state.clients)}}
-        return self._indices[seq].get(key)
-
-    def resyncs_asked(self) -> int:
-        return self.mirror.gaps
-
-
-@dataclass
-class Measure:
-    measuring: asyncio.Event = field(default_factory=asyncio.Event)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    latencies: list[float] = field(default_factory=list)
-    bytes_received: int = 0
-    broadcasts: set[int] = field(default_factory=set)
-    busy: int = 0
-    joined: int = 0
-    whole_states: int = 0  # states received whole while measuring (answers to resyncs)
-
-
-def source_address(i: int) -> str:
-    return f"127.0.{1 + i // 250}.{1 + i % 250}"
-
-
-async def simulated_client(i: int, port: int, cache: StateCache, measure: Measure) -> None:
-    identity = Identity((i + 1).to_bytes(32, "big"))
-    for _attempt in range(200):
-        try:
-            connection, _ = await ProtocolConnection.connect(
-                "127.0.0.1", port, identity, RUN_ID, f"sim-{i}", timeout_s=30,
-                local_addr=(source_address(i), 0))
-            break
-        except JoinRefused as refused:
-            if refused.error != "Busy":
-                raise
-            measure.busy += 1
-            await asyncio.sleep(0.2)
-        except (OSError, TimeoutError):
-            await asyncio.sleep(0.2)
-    else:
-        raise RuntimeError(f"simulated client {i} could not join")
-    measure.joined += 1
-    acted: set[tuple[str, int]] = set()
-    try:
-        while not measure.done.is_set():
-            try:  # asyncio.timeout: no task per frame, as wait_for would make
-                async with asyncio.timeout(1.0):
-                    header = await connection.reader.readexactly(4)
-            except TimeoutError:
-                continue
-            # The body outside the timeout: cut off between the two, the next read would
-            # take the body for a header.
-            frame = await connection.reader.readexactly(int.from_bytes(header, "big"))
-            received = time.time()
-            sent_at, seq = _SENT_AT.search(frame), _SEQ.search(frame)
-            if sent_at is None or seq is None or b'"type":"state"' not in frame:
-                continue
-            number = int(seq.group(1))
-            if measure.measuring.is_set():
-                measure.latencies.append(received - float(sent_at.group(1)))
-                measure.bytes_received += len(frame) + 4
-                measure.broadcasts.add(number)
-                measure.whole_states += b'"state":"' in frame
-            state, gap = cache.state(number, frame)
-            if gap:
-                await connection.send(ResyncAddresses())
-            if state is None:
-                continue
-            index = cache.index_of(number, state, identity.public_key)
-            if index is None:
-                continue
-            key = (state.run_state.name, state.progress.step)
-            if key in acted:
-                continue
-            if state.run_state is RunState.Warmup and index == 0:
-                acted.add(key)  # warmup witness: {position=index, index, witness=false}
-                proof = WitnessProof(position=index, index=index, witness=False)
-                await connection.send(WarmupWitness(witness=WitnessModel.of(Witness(proof))))
-            elif state.run_state is RunState.RoundTrain and number in cache.by_seq:
-                proof = cache.witness_proof(number, index)
-                acted.add(key)
-                if proof is not None:
-                    await connection.send(WitnessSubmit(witness=WitnessModel.of(Witness(proof))))
-    finally:
-        await connection.close()
-
-
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -260,49 +104,6 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-class Shared:
-    """What the client processes and the measuring process share."""
-
-    def __init__(self, context: Any) -> None:
-        self.measuring = context.Event()
-        self.done = context.Event()
-        self.joined = context.Value("i", 0)
-        self.active = context.Value("i", 0)  # some client saw the run training
-        self.results = context.Queue()
-
-
-def client_process(indices: range, port: int, shared: Shared) -> None:
-    """One process's share of the simulated clients (as many processes as --client-processes:
-    spread over cores, the clients measure the server rather than one Python process)."""
-    os.nice(19)  # the server first, as on its own host
-    asyncio.run(_client_process(indices, port, shared))
-
-
-async def _client_process(indices: range, port: int, shared: Shared) -> None:
-    cache, measure = StateCache(), Measure()
-    tasks = [asyncio.create_task(simulated_client(i, port, cache, measure)) for i in indices]
-    counted = 0
-    error = None
-    while not shared.done.is_set() and error is None:
-        if shared.measuring.is_set() != measure.measuring.is_set():
-            (measure.measuring.set if shared.measuring.is_set() else measure.measuring.clear)()
-        if measure.joined != counted:
-            with shared.joined.get_lock():
-                shared.joined.value += measure.joined - counted
-            counted = measure.joined
-        latest = cache.by_seq[max(cache.by_seq)] if cache.by_seq else None
-        if latest is not None and latest.run_state.active:
-            shared.active.value = 1
-        failed = [task.exception() for task in tasks if task.done() and task.exception()]
-        error = f"a simulated client failed: {failed[0]}" if failed else None
-        await asyncio.sleep(0.01)
-    measure.done.set()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    shared.results.put({"error": error, "latencies": measure.latencies,
-                        "bytes": measure.bytes_received, "broadcasts": sorted(measure.broadcasts),
-                        "busy": measure.busy, "whole_states": measure.whole_states})
 
 
 async def measure_count(clients: int, duration_s: float, witnesses: int,
