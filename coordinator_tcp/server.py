@@ -1,10 +1,11 @@
 """The TCP coordinator server: owns the coordinator, ticks it, broadcasts its state.
 
 One asyncio task ticks the coordinator every `tick_interval_s` with the clients that
-joined (in join order) and an OS-random seed, as Psyche's server does; every accepted
-event and every tick that changes the state is followed by a broadcast of the whole
-encoded state to every joined client (clients de-duplicate by content), plus a
-heartbeat. Clients get the state whole only in a connection's first update and when
+joined (in join order) and an OS-random seed, as Psyche's server does; every tick that
+changes the state, and every turn of the event loop in which client events changed it
+(a round's witnesses arriving together make one), is followed by a broadcast of the
+encoded state to every joined client (`coordinator_tcp.broadcaster`: the frame made
+once, written straight to each connection), plus a heartbeat. Clients get the state whole only in a connection's first update and when
 they ask (`ResyncAddresses`), else as a patch from the previous broadcast
 (`coordinator_tcp.state_delta`: ~170 bytes for a witness instead of ~52 KB with 256
 clients); observers get it whole. The p2p addresses go with it as changes
