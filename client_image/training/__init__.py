@@ -56,14 +56,8 @@ if TYPE_CHECKING:  # the real names for type checkers
         pick_device,
         resolve_model_dir,
     )
-    from client_image.training.trainer import (
-        AdamWTrainer,
-        DistroTrainer,
-        Timings,
-        TrainStepOutput,
-        split_labels,
-        with_labels,
-    )
+    from client_image.training.objective import split_labels, with_labels
+    from client_image.training.trainer import AdamWTrainer, DistroTrainer, Timings, TrainStepOutput
     from client_image.training.wire import (
         WIRE_VERSION,
         DistroResult,
@@ -91,8 +85,8 @@ _LAZY = {
     "DistroTrainer": "client_image.training.trainer",
     "Timings": "client_image.training.trainer",
     "TrainStepOutput": "client_image.training.trainer",
-    "split_labels": "client_image.training.trainer",
-    "with_labels": "client_image.training.trainer",
+    "split_labels": "client_image.training.objective",
+    "with_labels": "client_image.training.objective",
     "WIRE_VERSION": "client_image.training.wire",
     "DistroResult": "client_image.training.wire",
     "ResultDecodeError": "client_image.training.wire",

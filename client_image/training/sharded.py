@@ -32,6 +32,7 @@ from client_image.training.distro import (
     compress_parameter,
     decompress_parameter,
 )
+from client_image.training.objective import causal_lm_loss
 from client_image.training.parallel import dp_slice
 from client_image.training.precision import ComputeDType
 from client_image.training.trainer import (
@@ -39,7 +40,6 @@ from client_image.training.trainer import (
     Timings,
     TrainStepOutput,
     _PendingOwnResult,
-    causal_lm_loss,
     distro_plans,
     trainable_parameters,
 )

@@ -30,6 +30,7 @@ import torch
 
 from client_image.training.distro import BlockLayout, BlockPlan, SparseResult
 from client_image.training.lr import cold_start_factor, scheduled_lr
+from client_image.training.objective import LossFn, causal_lm_loss
 from client_image.training.precision import ComputeDType
 from client_image.training.sparseloco import (
     compress_error,
@@ -44,10 +45,8 @@ from client_image.training.sparseloco_wire import (
     encode_sparseloco,
 )
 from client_image.training.trainer import (
-    LossFn,
     Timings,
     TrainStepOutput,
-    causal_lm_loss,
     clip_gradients,
     trainable_parameters,
 )

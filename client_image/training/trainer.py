@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -44,7 +44,8 @@ from client_image.training.distro import (
     plan_model,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
-from client_image.training.precision import ComputeDType, compute_context
+from client_image.training.objective import LossFn, causal_lm_loss
+from client_image.training.precision import ComputeDType
 from client_image.training.wire import (
     DistroResult,
     ResultDecodeError,
@@ -103,12 +104,6 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-LossFn = Callable[[torch.nn.Module, torch.Tensor, int, ComputeDType], float]
-"""(model, batch, micro_batch_size, compute) -> mean loss, with its gradients accumulated
-into the parameters: what a trainer calls to train on a batch (causal_lm_loss by default;
-any other objective trains the same way)."""
-
-
 def token_row_parameters(model: torch.nn.Module,
                          named: Sequence[tuple[str, torch.nn.Parameter]]) -> set[str]:
     """Names of the parameters whose rows are tokens: the input embedding's and the output
@@ -128,69 +123,6 @@ def distro_plans(model: torch.nn.Module, named: Sequence[tuple[str, torch.nn.Par
     token_rows = token_row_parameters(model, named) if optimizer.embeddings_per_token else set()
     return plan_model([(name, p.shape) for name, p in named], optimizer.compression_chunk,
                       optimizer.compression_topk, token_rows)
-
-
-IGNORE_INDEX = -100
-"""A label that is not in the loss (transformers' and Psyche's convention)."""
-
-
-def with_labels(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """A labelled batch: [n, 2, seq_len], row i holding sample i's input ids and its labels.
-
-    Finetuning batches travel in this one tensor, so every path a batch takes (rank
-    processes, data-parallel shares, micro-batches, SparseLoCo's inner batches: all split
-    along dim 0) carries the labels along; a Pretraining batch stays [n, seq_len]."""
-    if inputs.shape != labels.shape or inputs.dim() != 2:
-        raise ValueError(f"inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)} "
-                         "must both be [n, seq_len]")
-    return torch.stack((inputs, labels.to(inputs.dtype)), dim=1)
-
-
-def split_labels(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(input ids, labels) of a batch; labels None for a Pretraining batch [n, seq_len]
-    (its labels are its inputs)."""
-    if batch.dim() == 3:
-        return batch[:, 0], batch[:, 1]
-    return batch, None
-
-
-def masked_lm_loss(model: torch.nn.Module, inputs: torch.Tensor,
-                   labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy averaged over the tokens whose label is not IGNORE_INDEX
-    (labels shifted inside, as transformers does); 0, with zero gradients, when every
-    label of the micro-batch is ignored (a mean over nothing would be NaN)."""
-    logits = model(input_ids=inputs).logits[:, :-1].float()
-    targets = labels[:, 1:]
-    counted = int((targets != IGNORE_INDEX).sum())
-    loss = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-        ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss / max(counted, 1)
-
-
-def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int,
-                   compute: ComputeDType = "fp32", weight: float = 1.0) -> float:
-    """Forward/backward over micro-batches; the fp32 gradients accumulate the mean loss
-    (each micro-batch's loss is divided by their count), times `weight` (a data-parallel
-    rank's share, parallel.dp_slice). `compute` bf16 runs forward and backward under
-    autocast (precision.py). Returns the mean loss (unweighted).
-
-    A labelled batch (with_labels: a Finetuning run) trains on its labels, each
-    micro-batch's loss the mean over its non-ignored tokens, as Psyche's; a Pretraining
-    batch on its own tokens, through the model's loss (bytes unchanged)."""
-    micro_batches = torch.split(batch, micro_batch_size)
-    total = 0.0
-    for micro in micro_batches:
-        inputs, labels = split_labels(micro)
-        with compute_context(compute, micro.device):
-            if labels is None:
-                loss = model(input_ids=inputs, labels=inputs).loss.float()
-            else:
-                loss = masked_lm_loss(model, inputs, labels)
-            loss = loss / len(micro_batches)
-        (loss * weight if weight != 1.0 else loss).backward()
-        total += float(loss.detach())
-    return total
 
 
 class DistroTrainer:

@@ -1,4 +1,4 @@
-"""Finetuning batches (trainer.with_labels): a label of -100 is not in the loss, the loss
+"""Finetuning batches (objective.with_labels): a label of -100 is not in the loss, the loss
 is the mean over the other tokens, and every trainer takes the labelled batch."""
 
 import pytest
@@ -6,13 +6,8 @@ import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
 from client_image.training.model import load_causal_lm
-from client_image.training.trainer import (
-    IGNORE_INDEX,
-    DistroTrainer,
-    causal_lm_loss,
-    split_labels,
-    with_labels,
-)
+from client_image.training.objective import IGNORE_INDEX, causal_lm_loss, split_labels, with_labels
+from client_image.training.trainer import DistroTrainer
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
 

@@ -6,9 +6,9 @@ import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
 from client_image.training import load_causal_lm
+from client_image.training.objective import causal_lm_loss
 from client_image.training.precision import PrecisionError, resolve_compute_dtype
 from client_image.training.simulate import Simulation, SimulationConfig
-from client_image.training.trainer import causal_lm_loss
 from psyche_common.token_files.local import LocalDataProvider
 
 

@@ -10,6 +10,7 @@ from training_assets import TINY_MODEL, TRAIN_DATA
 
 from client_image.training.distro import BlockLayout
 from client_image.training.model import load_causal_lm
+from client_image.training.objective import causal_lm_loss
 from client_image.training.simulate import Simulation, SimulationConfig
 from client_image.training.sparseloco import (
     block_topk,
@@ -23,7 +24,6 @@ from client_image.training.sparseloco import (
 )
 from client_image.training.sparseloco_trainer import SparseLoCoTrainer
 from client_image.training.sparseloco_wire import decode_sparseloco, encode_sparseloco
-from client_image.training.trainer import causal_lm_loss
 from client_image.training.wire import ResultDecodeError
 from coordinator.config import ConfigError, ConstantLR, SparseLoCoOptimizer, parse_state_toml
 from psyche_common.token_files.local import LocalDataProvider
