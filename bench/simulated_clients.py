@@ -28,6 +28,7 @@ from coordinator import (
     decode_state,
     selection_for_round,
 )
+from coordinator_tcp.client import JoinRefused
 from coordinator_tcp.protocol import (
     Challenge,
     ErrorReply,
@@ -107,9 +108,6 @@ class StateCache:
             self._indices[seq] = {c.id.key: i for i, c in enumerate(state.epoch_state.clients)}
         return self._indices[seq].get(key)
 
-    def resyncs_asked(self) -> int:
-        return self.mirror.gaps
-
 
 @dataclass
 class Measure:
@@ -120,12 +118,6 @@ class Measure:
     busy: int = 0
     joined: int = 0
     whole_states: int = 0  # states received whole while measuring (answers to resyncs)
-
-
-class JoinRefused(Exception):
-    def __init__(self, error: str, detail: str) -> None:
-        super().__init__(f"{error}: {detail}")
-        self.error = error
 
 
 class SimulatedClient(asyncio.Protocol):

@@ -5,8 +5,8 @@ joined (in join order) and an OS-random seed, as Psyche's server does; every tic
 changes the state, and every turn of the event loop in which client events changed it
 (a round's witnesses arriving together make one), is followed by a broadcast of the
 encoded state to every joined client (`coordinator_tcp.broadcaster`: the frame made
-once, written straight to each connection), plus a heartbeat. Clients get the state whole only in a connection's first update and when
-they ask (`ResyncAddresses`), else as a patch from the previous broadcast
+once, written straight to each connection), plus a heartbeat. Clients get the state
+whole only in a connection's first update and when they ask (`ResyncAddresses`), else as a patch from the previous broadcast
 (`coordinator_tcp.state_delta`: ~170 bytes for a witness instead of ~52 KB with 256
 clients); observers get it whole. The p2p addresses go with it as changes
 (`coordinator_tcp.addresses`): the whole map only when the state comes whole, and only
@@ -263,9 +263,6 @@ class CoordinatorServer:
                 *(client.id.key.hex() for client in epoch.clients),
                 *(client.id.key.hex() for client in epoch.exited_clients)}
 
-    def _state_messages(self, encoded: bytes) -> tuple[bytes, bytes]:
-        return self.broadcaster.advance(encoded, self._address_keys(), len(self._pending()))
-
     def publish(self) -> None:
         """Broadcast (and persist) the state if it changed: after an operator action."""
         self._publish_if_changed()
@@ -282,27 +279,31 @@ class CoordinatorServer:
             self._publish_due = False
             if self._stopping:
                 return
-            self._publish_if_changed()
-            if self.state.run_state is RunState.WaitingForMembers:
+            if (not self._publish_if_changed()
+                    and self.state.run_state is RunState.WaitingForMembers):
                 self._notify_waiting(self.peers.values())  # those after leavers moved up
 
         asyncio.get_running_loop().call_soon(publish)
 
-    def _publish_if_changed(self) -> None:
+    def _publish_if_changed(self) -> bool:
+        """Broadcast the state if it changed since the last broadcast (and tell every
+        waiting peer what changed for it); whether it did."""
         started = time.perf_counter()
         encoded = encode_state(self.state)
         if self.broadcaster.is_current(encoded):
             self._tell_observers_if_joined_changed()
-            return
-        self._last_joined = len(self._pending())
-        messages = self._state_messages(encoded)
+            return False
+        pending = self._pending()
+        self._last_joined = len(pending)
+        messages = self.broadcaster.advance(encoded, self._address_keys(), len(pending))
         self._persist(encoded)
         self._send_all(*messages)
         self.stats.broadcasts += 1
         self.stats.broadcast_seconds.append(time.perf_counter() - started)
-        self._notify_waiting(self.peers.values())
+        self._notify_waiting(self.peers.values(), pending)
         for callback in self.on_change:
             callback(self.state)
+        return True
 
     def _tell_observers_if_joined_changed(self) -> None:
         """A client joined or left while the state stayed the same (WaitingForMembers
@@ -342,13 +343,15 @@ class CoordinatorServer:
         peer.resynced_version = version
         peer.send(self.state_message(observer=peer.observer))
 
-    def _notify_waiting(self, peers: Iterable[_Peer]) -> None:
+    def _notify_waiting(self, peers: Iterable[_Peer],
+                        pending: list[NodeIdentity] | None = None) -> None:
         """Tell each of `peers` left out of the epoch why and what it waits for (and,
-        once it is in, that it takes part): one Notice each time that changes."""
-        for peer, code, text in waiting_notices(self.state, self._pending(), peers):
-            if peer.notice != code:
-                peer.notice = code
-                peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
+        once it is in, that it takes part): one Notice each time that changes.
+        `pending`: the clients asking to take part, if already known."""
+        pending = self._pending() if pending is None else pending
+        for peer, code, text in waiting_notices(self.state, pending, peers):
+            peer.notice = code
+            peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
 
     # ------------------------------------------------------------------ connections
     async def _handle_connection(self, reader: asyncio.StreamReader,
@@ -415,7 +418,8 @@ class CoordinatorServer:
         if moved and self.state.index_of(identity) is not None:
             # A listed client came back on a new address (a restarted process): its peers
             # must dial the new one now, not at the next state change.
-            messages = self._state_messages(encode_state(self.state))
+            messages = self.broadcaster.advance(encode_state(self.state),
+                                                self._address_keys(), len(self._pending()))
             self._persist()
             self._send_all(*messages)
         self._tell_observers_if_joined_changed()
