@@ -14,11 +14,9 @@ of clients connected or in the epoch. A client left out of the epoch is told why
 and what it waits for (`Notice`). All coordinator calls run on the event loop thread,
 one at a time.
 
-Untrusted input is handled at the edge (the shared `AcceptGate`): a handshake must
-finish within a timeout, at most `max_handshakes` may be in flight and at most
-`max_handshakes_per_address` from one source address, frames are size-limited before they are
-read, and a garbage frame or a bad signature gets an error reply and a disconnect —
-never an exception in the server, never a change to the run.
+Untrusted input is handled at the edge (`coordinator_tcp.connections`: the handshake,
+size-limited frames, garbage answered with an error and a disconnect); this module
+decides what a join, an event or a leave does to the run.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from coordinator import (
     MAX_CLIENTS,
@@ -45,28 +42,22 @@ from coordinator import (
 from coordinator_tcp.addresses import AddressBook
 from coordinator_tcp.broadcaster import StateBroadcaster, fan_out
 from coordinator_tcp.client_events import apply_client_event
+from coordinator_tcp.connections import Connections
+from coordinator_tcp.membership import needed_addresses, pending_clients
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
     ErrorReply,
     Heartbeat,
+    Join,
     Notice,
-    ProtocolError,
     ResyncAddresses,
     Welcome,
     Withdraw,
-    decode_client_message,
     encode,
 )
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
 from coordinator_tcp.waiting_notices import waiting_notices
-from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from psyche_common.tcp.handshake import (
-    ACCEPT_BACKLOG,
-    AcceptGate,
-    JoinRejected,
-    accept_join,
-    send_fatal,
-)
+from psyche_common.tcp.framing import encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +82,9 @@ class CoordinatorServer:
         self.observers: set[_Peer] = set()
         self.addresses = AddressBook(p2p_addresses)
         self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
-        self._gate = AcceptGate(self.options.max_handshakes,
-                                self.options.max_handshakes_per_address,
-                                self.options.handshake_timeout_s,
-                                self._handshake_refused)
+        self.connections = Connections(options, self.stats, coordinator.state.run_id, self)
         self._stopping = False
         self._publish_due = False  # see _publish_soon
-        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
-        self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.broadcaster = StateBroadcaster(self.addresses, self.now)
         self._last_joined = 0  # `joined` as the observers last heard it
@@ -120,16 +106,13 @@ class CoordinatorServer:
 
     @property
     def port(self) -> int:
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        return self.connections.port
 
     def now(self) -> int:
         return int(self.clock())
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._handle_connection, self.options.host, self.options.port, limit=2**16,
-            backlog=ACCEPT_BACKLOG)
+        await self.connections.listen()
         self._tasks = [asyncio.create_task(self._tick_loop(), name="coordinator-tick"),
                        asyncio.create_task(self._heartbeat_loop(), name="coordinator-heartbeat")]
         self._persist()
@@ -145,15 +128,7 @@ class CoordinatorServer:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._server is not None:
-            self._server.close()
-        for writer in self._connections.values():
-            writer.close()
-        if self._connections:  # let every handler see its closed socket and return
-            await asyncio.wait(list(self._connections), timeout=2)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+        await self.connections.close()
 
     async def __aenter__(self) -> CoordinatorServer:
         await self.start()
@@ -164,22 +139,7 @@ class CoordinatorServer:
 
     # ------------------------------------------------------------------ ticking
     def _pending(self) -> list[NodeIdentity]:
-        """Connected clients asking to take part, in join order.
-
-        As in Psyche, clients the coordinator removed this epoch (Dropped by a health
-        check, Ejected) are left out, so a faulty client sits out one epoch. Clients that
-        were Withdrawn (they left or their connection dropped) and came back are welcome.
-        And when leaving the removed ones out would keep the run from ever starting
-        (fewer than init_min_clients otherwise), they are let in too: liveness first.
-        """
-        removed = {c.id for c in self.state.epoch_state.exited_clients
-                   if c.state in (ClientState.Dropped, ClientState.Ejected)}
-        connected = list(self.peers)
-        preferred = [node for node in connected if node not in removed]
-        if (self.state.run_state is RunState.WaitingForMembers
-                and len(preferred) < self.state.config.init_min_clients <= len(connected)):
-            return connected
-        return preferred
+        return pending_clients(self.state, self.peers.keys())
 
     @property
     def resuming(self) -> bool:
@@ -256,12 +216,7 @@ class CoordinatorServer:
                                       joined=len(self._pending()) if observer else None)
 
     def _address_keys(self) -> set[str]:
-        """Whose addresses the clients need: those connected (asking to take part) and
-        the epoch's, listed and exited. The rest (clients that left) are dropped."""
-        epoch = self.state.epoch_state
-        return {*(node.key.hex() for node in self.peers),
-                *(client.id.key.hex() for client in epoch.clients),
-                *(client.id.key.hex() for client in epoch.exited_clients)}
+        return needed_addresses(self.state, self.peers.keys())
 
     def publish(self) -> None:
         """Broadcast (and persist) the state if it changed: after an operator action."""
@@ -353,51 +308,11 @@ class CoordinatorServer:
             peer.notice = code
             peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
 
-    # ------------------------------------------------------------------ connections
-    async def _handle_connection(self, reader: asyncio.StreamReader,
-                                 writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[task] = writer
-        try:
-            await self._connection(reader, writer)
-        except Exception:  # one connection's bug must never take the server down
-            log.exception("connection handler failed")
-        finally:
-            del self._connections[task]
-            writer.close()
-
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        self.stats.connections_accepted += 1
-        peer = await self._gate.admit(writer, lambda: self._handshake(reader, writer))
-        if peer is None:
-            return
-        try:
-            await self._serve_peer(peer, reader)
-        finally:
-            self._disconnected(peer)
-
-    def _handshake_refused(self, error: str, cause: BaseException | None) -> None:
-        if error == "Busy":
-            self.stats.handshakes_refused_busy += 1
-            return
-        self.stats.handshakes_failed += 1
-        self.stats.note(f"handshake: {cause!r}")
-
-    async def _fail(self, writer: asyncio.StreamWriter, error: str, detail: str) -> None:
-        await send_fatal(writer, error, detail)
-
-    async def _handshake(self, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> _Peer | None:
-        try:
-            message = await accept_join(reader, writer, run_id=self.state.run_id,
-                                        decode=decode_client_message, max_frame=SERVER_MAX_FRAME,
-                                        serving="server runs")
-        except JoinRejected as rejected:
-            await self._fail(writer, rejected.error, rejected.detail)
-            self.stats.handshakes_failed += 1
-            return None
+    # ------------------------------------------------------------------ clients (Served)
+    def joined(self, message: Join, writer: asyncio.StreamWriter) -> _Peer:
+        """A verified Join: an observer gets the state; a client takes its place among
+        the peers (the newest connection of a key wins), its address is recorded and it
+        gets the state and what it waits for."""
         identity = NodeIdentity(message.identity)
         if message.observe:
             observer = _Peer(identity, message.p2p_address, writer, observer=True)
@@ -427,23 +342,14 @@ class CoordinatorServer:
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
         return peer
 
-    async def _serve_peer(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
-        while True:
-            try:
-                frame = await read_frame(reader, SERVER_MAX_FRAME)
-                message = decode_client_message(frame)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            except (FrameError, ProtocolError) as exc:
-                self.stats.protocol_errors += 1
-                self.stats.note(f"{peer.identity!r}: {exc}")
-                await self._fail(peer.writer, "ProtocolError", str(exc))
-                return
-            rejected = self._apply(peer, message)
-            if rejected is not None:
-                self.stats.rejected_events += 1
-                peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))
-            self._publish_soon()
+    def event(self, peer: _Peer, message: object) -> None:
+        """Apply one client event now, answer a rejected one, broadcast at the end of
+        this turn of the loop (`_publish_soon`)."""
+        rejected = self._apply(peer, message)
+        if rejected is not None:
+            self.stats.rejected_events += 1
+            peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))
+        self._publish_soon()
 
     def _apply(self, peer: _Peer, message: object) -> Rejected | None:
         sender, now = peer.identity, self.now()
@@ -457,7 +363,7 @@ class CoordinatorServer:
             self.peers.pop(sender, None)  # leaving for good: not a client to tick with
         return apply_client_event(self.coordinator, sender, message, now, self.seed_source)
 
-    def _disconnected(self, peer: _Peer) -> None:
+    def left(self, peer: _Peer) -> None:
         if peer.observer:
             self.observers.discard(peer)
             peer.writer.close()

@@ -172,7 +172,7 @@ async def test_flood_of_unfinished_handshakes_does_not_stop_the_run(
     for _reader, writer in flood:
         writer.close()
     # Once the stalled handshakes time out, new clients can join again.
-    await wait_for(lambda: server._gate.pending == 0, timeout_s=server.options.handshake_timeout_s + 3)
+    await wait_for(lambda: server.connections.handshakes_in_flight == 0, timeout_s=server.options.handshake_timeout_s + 3)
     late = await join(server, identity(3))
     await next_state(late)
     await late.close()
@@ -348,7 +348,7 @@ async def test_a_thousand_idle_connections_from_one_address_never_stop_an_honest
     flood = await asyncio.gather(*[asyncio.open_connection("127.0.0.1", server.port)
                                    for _ in range(1000)])
     await wait_for(lambda: server.stats.connections_accepted >= 1000, timeout_s=20)
-    assert server._gate.pending <= server.options.max_handshakes_per_address
+    assert server.connections.handshakes_in_flight <= server.options.max_handshakes_per_address
     assert server.stats.handshakes_refused_busy >= 1000 - server.options.max_handshakes_per_address
     started = asyncio.get_running_loop().time()
     honest, _ = await ProtocolConnection.connect(

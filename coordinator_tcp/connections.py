@@ -1,0 +1,140 @@
+"""The coordinator server's connections: listening, the signed handshake, and reading each
+client's events until it leaves.
+
+What a join, an event or a leave does to the run is the server's (`Served`, server.py);
+this module only turns a connection's bytes into those three calls. Untrusted input stops
+here (the shared `AcceptGate`): a handshake must finish within a timeout, at most
+`max_handshakes` may be in flight and at most `max_handshakes_per_address` from one
+source address, frames are size-limited before they are read, and a garbage frame or a
+bad signature gets an error reply and a disconnect, never an exception in the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Protocol
+
+from coordinator_tcp.protocol import Join, ProtocolError, decode_client_message
+from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
+from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, read_frame
+from psyche_common.tcp.handshake import (
+    ACCEPT_BACKLOG,
+    AcceptGate,
+    JoinRejected,
+    accept_join,
+    send_fatal,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Served(Protocol):
+    """What the connections report to the server."""
+
+    def joined(self, message: Join, writer: asyncio.StreamWriter) -> _Peer:
+        """A verified Join: welcome it and return its peer."""
+        ...
+
+    def event(self, peer: _Peer, message: object) -> None:
+        """One message from a joined peer (answered as it comes)."""
+        ...
+
+    def left(self, peer: _Peer) -> None:
+        """The peer's connection ended, whatever the reason."""
+        ...
+
+
+class Connections:
+    """The listening socket and every open connection of one server."""
+
+    def __init__(self, options: ServerOptions, stats: ServerStats, run_id: str,
+                 served: Served) -> None:
+        self.options = options
+        self.stats = stats
+        self.run_id = run_id
+        self.served = served
+        self._gate = AcceptGate(options.max_handshakes, options.max_handshakes_per_address,
+                                options.handshake_timeout_s, self._handshake_refused)
+        self._open: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._server: asyncio.Server | None = None
+
+    @property
+    def handshakes_in_flight(self) -> int:
+        return self._gate.pending
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def listen(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle_connection, self.options.host, self.options.port, limit=2**16,
+            backlog=ACCEPT_BACKLOG)
+
+    async def close(self) -> None:
+        """Stop listening and close every connection (each handler sees its closed socket
+        and returns within 2 s)."""
+        if self._server is not None:
+            self._server.close()
+        for writer in self._open.values():
+            writer.close()
+        if self._open:
+            await asyncio.wait(list(self._open), timeout=2)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _handle_connection(self, reader: asyncio.StreamReader,
+                                 writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._open[task] = writer
+        try:
+            self.stats.connections_accepted += 1
+            peer = await self._gate.admit(writer, lambda: self._handshake(reader, writer))
+            if peer is not None:
+                try:
+                    await self._serve(peer, reader)
+                finally:
+                    self.served.left(peer)
+        except Exception:  # one connection's bug must never take the server down
+            log.exception("connection handler failed")
+        finally:
+            del self._open[task]
+            writer.close()
+
+    def _handshake_refused(self, error: str, cause: BaseException | None) -> None:
+        if error == "Busy":
+            self.stats.handshakes_refused_busy += 1
+            return
+        self.stats.handshakes_failed += 1
+        self.stats.note(f"handshake: {cause!r}")
+
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> _Peer | None:
+        try:
+            message = await accept_join(reader, writer, run_id=self.run_id,
+                                        decode=decode_client_message, max_frame=SERVER_MAX_FRAME,
+                                        serving="server runs")
+        except JoinRejected as rejected:
+            await send_fatal(writer, rejected.error, rejected.detail)
+            self.stats.handshakes_failed += 1
+            return None
+        return self.served.joined(message, writer)
+
+    async def _serve(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                frame = await read_frame(reader, SERVER_MAX_FRAME)
+                message = decode_client_message(frame)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            except (FrameError, ProtocolError) as exc:
+                self.stats.protocol_errors += 1
+                self.stats.note(f"{peer.identity!r}: {exc}")
+                await send_fatal(peer.writer, "ProtocolError", str(exc))
+                return
+            self.served.event(peer, message)
