@@ -168,7 +168,7 @@ class ModelKeeper:
         await self._serve(state.progress.step)
 
     async def _serve(self, start_step: int) -> None:
-        weights, config_json, tokenizer_json = await asyncio.to_thread(self.worker.sharing_payload)
+        weights, config_json, tokenizer_json = await self.worker.sharing_payload()
         self.peers.share_model(weights, config_json, tokenizer_json, start_step)
 
     def own_checkpoint(self, state: CoordinatorState) -> Path | None:

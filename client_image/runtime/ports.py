@@ -142,7 +142,7 @@ class Worker(Protocol):
     async def save_checkpoint(self, checkpoint_dir: Path, run_id: str, step: int,
                               keep_steps: int) -> Path: ...
 
-    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
+    async def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
         """bf16 copies of the weights, the config JSON and the tokenizer JSON, for joiners."""
         ...
 

@@ -255,10 +255,15 @@ class TrainingWorker:
             return
         await self._run(round_to_bf16_, self.model)
 
-    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
+    async def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
         """A frozen bf16 copy of the weights plus config and tokenizer JSON, for joiners.
         The config is the checkpoint's (the original config.json's fields kept), so that a
-        joiner's checkpoints carry the same config.json as this client's."""
+        joiner's checkpoints carry the same config.json as this client's. Made in the
+        worker thread between the other model calls, like them: never from a model that a
+        training step or an apply is changing (nor, split over ranks, on the event loop)."""
+        return await self._run(self._sharing_payload)
+
+    def _sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
         assert self.model is not None
         if self.ranks is not None:  # gathered copies, by a command the ranks run in turn
             state = self.ranks.run("full_state_dict")

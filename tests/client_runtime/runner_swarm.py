@@ -164,7 +164,7 @@ class FakeWorker:
         (path / "config.json").write_text("{}")
         return path
 
-    def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
+    async def sharing_payload(self) -> tuple[dict[str, torch.Tensor], str, str | None]:
         return {"w": torch.zeros(2)}, "{}", None
 
 

@@ -53,7 +53,7 @@ async def run_leader(port: int, out: Path) -> None:
     try:
         payloads = await train_three_steps(split)
         assert split.ranks is not None and split.ranks.followers == []  # rank 1 is remote
-        weights, _, _ = split.sharing_payload()
+        weights, _, _ = await split.sharing_payload()
         checkpoint = await split.save_checkpoint(out / "split", "run", 2, keep_steps=1)
     finally:
         split.close()

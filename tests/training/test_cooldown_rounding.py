@@ -56,7 +56,7 @@ async def test_keepers_joiners_and_checkpoint_loaders_continue_bit_identically(t
     # Cooldown (ModelKeeper.save_and_share): round, save, share.
     await keeper.round_to_bf16()
     checkpoint = await keeper.save_checkpoint(tmp_path / "keeper", "run", 5, 3)
-    weights, config_json, tokenizer_json = keeper.sharing_payload()
+    weights, config_json, tokenizer_json = await keeper.sharing_payload()
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
 
     joiner = TrainingWorker(device="cpu", micro_batch_size=2)
@@ -67,8 +67,9 @@ async def test_keepers_joiners_and_checkpoint_loaders_continue_bit_identically(t
     # cooldown through the joiners' path (ModelKeeper.load), then serves it.
     restarted = TrainingWorker(device="cpu", micro_batch_size=2)
     await restarted.load_from_peers(*read_checkpoint(checkpoint), LLM, start_step=6)
-    assert restarted.sharing_payload()[0].keys() == weights.keys()
-    assert all(torch.equal(t, weights[n]) for n, t in restarted.sharing_payload()[0].items())
+    served = (await restarted.sharing_payload())[0]
+    assert served.keys() == weights.keys()
+    assert all(torch.equal(t, weights[n]) for n, t in served.items())
     workers = (keeper, joiner, loader, restarted)
     for other in workers[1:]:
         _assert_same_weights(keeper, other)

@@ -81,7 +81,7 @@ async def test_a_sidecar_host_runs_the_second_rank(tmp_path):
     single = TrainingWorker(device="cpu", micro_batch_size=2, dtype="fp32")
     try:
         single_payloads = await train_three_steps(single)
-        single_weights, _, _ = single.sharing_payload()
+        single_weights, _, _ = await single.sharing_payload()
         reference = await single.save_checkpoint(tmp_path / "single", "run", 2, keep_steps=1)
     finally:
         single.close()
