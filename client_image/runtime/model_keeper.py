@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from client_image.runtime.events import (
     Checkpointed,
@@ -38,6 +37,7 @@ from client_image.runtime.events import (
 )
 from client_image.runtime.observability import EventLog
 from client_image.runtime.ports import CoordinatorLink, ModelUnavailable, Peers, Worker
+from client_image.runtime.tasks import Spawn
 from client_image.training.checkpoint import checkpoint_name, read_checkpoint
 from coordinator import CoordinatorError, CoordinatorState, NodeIdentity
 from coordinator.checkpoint_reports import Report, report_problem
@@ -50,9 +50,6 @@ from coordinator.config import (
     P2PGcsCheckpoint,
 )
 from coordinator_tcp.protocol import CheckpointReport
-
-Spawn = Callable[[Coroutine[Any, Any, None], str], object]
-
 
 REFUSED = CoordinatorError.CheckpointNotRunRepository
 

@@ -32,9 +32,7 @@ from client_image.p2p import Finished, ResultAnnouncement
 from client_image.p2p.messages import BatchId as WireBatchId
 from client_image.runtime.consensus_apply import ConsensusApplier, MissingResults
 from client_image.runtime.events import (
-    BadResult,
     Desynced,
-    DownloadFailed,
     Ready,
     TaskFailed,
     Trained,
@@ -54,6 +52,7 @@ from client_image.runtime.ports import (
     Worker,
 )
 from client_image.runtime.prefetch import BatchPrefetch, batch_fetch
+from client_image.runtime.result_downloads import ResultDownloads
 from client_image.runtime.rounds import (
     BatchKey,
     StepRecord,
@@ -73,7 +72,6 @@ from coordinator_tcp.protocol import (
     WitnessSubmit,
 )
 
-MAX_RESULT_BYTES = 256 * 1024 * 1024
 RECORDS_KEPT = 4  # steps of records behind the current one (apply needs s-2, health s-2)
 
 
@@ -120,6 +118,10 @@ class RoundRunner:
         self.round_task: asyncio.Task[None] | None = None
         self.data: DataSource | None = None
         self.prefetch = BatchPrefetch()  # the round's batch, fetched as its state arrives
+        self.downloads = ResultDownloads(
+            worker, peers, events, self.counters, self.tasks.spawn,
+            holders=lambda: self._other_clients(self.state),
+            on_verified=lambda step: self._maybe_finish(step + 1))
 
     # ------------------------------------------------------------------ driving
     def on_state(self, state: CoordinatorState, previous: CoordinatorState | None) -> None:
@@ -168,7 +170,7 @@ class RoundRunner:
             self.counters.finishes_current += 1
             self.tasks.spawn(self._maybe_witness(record.step), "witness")
             return
-        self._on_announcement(record, sender, broadcast)
+        self.downloads.on_announcement(record, sender, broadcast)
 
     async def settle(self) -> None:
         """Wait for the current round's work to end (before stopping at Finished)."""
@@ -338,46 +340,6 @@ class RoundRunner:
                                  ranks=out.ranks, data_wait_s=round(data_wait_s, 3),
                                  learning_rate=out.learning_rate, grad_norm=out.grad_norm,
                                  batch_tokens=sequences * state.model.max_seq_len))
-
-    # ------------------------------------------------------------------ peers' results
-    def _on_announcement(self, record: StepRecord, sender: bytes,
-                         announcement: ResultAnnouncement) -> None:
-        batch = (announcement.batch_id.start, announcement.batch_id.end)
-        if not record.expects(batch, sender) or announcement.blob_size > MAX_RESULT_BYTES:
-            self.counters.apply_message_ignored += 1
-            return
-        if not record.announce(batch, announcement.commitment, sender, announcement.blob_hash,
-                               announcement.blob_size):
-            return
-        self.counters.announcements_current += 1
-        self.tasks.spawn(self._download(record, batch, announcement.commitment),
-                         f"download-{record.step}")
-
-    async def _download(self, record: StepRecord, batch: BatchKey, commitment: bytes) -> None:
-        announced = record.announced[batch][commitment]
-        try:
-            data = await self.peers.download_result(
-                announced.blob_hash, announced.blob_size, announced.sender, record.step,
-                also_from=self._other_clients(self.state))
-        except Exception as exc:
-            self.counters.apply_message_failure += 1
-            self.events.emit(DownloadFailed(step=record.step, batch=batch, error=str(exc)[:200]))
-            return
-        if commitment_of(record.step, batch, data) != commitment:
-            self.counters.apply_message_failure += 1
-            self.events.emit(BadResult(step=record.step, batch=batch,
-                                       reason="payload does not match its commitment"))
-            return
-        try:
-            await self.worker.decode(data)
-        except Exception as exc:  # ResultDecodeError: a peer's garbage never reaches the weights
-            self.counters.apply_message_failure += 1
-            self.events.emit(BadResult(step=record.step, batch=batch, reason=str(exc)))
-            return
-        record.record_verified(batch, commitment, data)
-        self.counters.downloaded_current += 1
-        self.counters.result_bytes_received += len(data)
-        await self._maybe_finish(record.step + 1)
 
     # ------------------------------------------------------------------ witnessing
     async def _maybe_finish(self, step: int) -> None:

@@ -15,6 +15,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# What starts a guarded background task (GuardedTasks.spawn), for the parts that need one.
+Spawn = Callable[[Coroutine[Any, Any, None], str], object]
+
 
 class GuardedTasks:
     def __init__(self, on_failure: Callable[[str, Exception], None]):
