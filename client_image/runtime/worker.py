@@ -28,6 +28,12 @@ from client_image.runtime.model_loading import (
     peer_model,
 )
 from client_image.runtime.ports import Unrunnable
+from client_image.runtime.trainer_choice import (
+    LocalTrainer,
+    TrainerSettings,
+    WorkerError,
+    local_trainer,
+)
 from client_image.training import (
     DistroTrainer,
     ResultDecodeError,
@@ -35,16 +41,10 @@ from client_image.training import (
     save_checkpoint,
 )
 from client_image.training.checkpoint import bf16_state_dict, checkpoint_config
-from client_image.training.dummy_trainer import DummyTrainer
 from client_image.training.model import round_to_bf16_
 from client_image.training.parallel import ParallelismError
-from client_image.training.precision import (
-    configure_backends,
-    enable_activation_checkpointing,
-    resolve_compute_dtype,
-)
+from client_image.training.precision import configure_backends, resolve_compute_dtype
 from client_image.training.rank_group import BuildSpec, RankFailed, RankGroup, RankSetup
-from client_image.training.sparseloco_trainer import SparseLoCoTrainer
 from client_image.verification.adversary import Adversary
 from client_image.verification.checks import (
     Fingerprint,
@@ -53,7 +53,7 @@ from client_image.verification.checks import (
     screen,
 )
 from client_image.verification.followers import Checked, Followers
-from coordinator.config import DistroOptimizer, DummyOptimizer, LLMConfig, SparseLoCoOptimizer
+from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -65,10 +65,6 @@ def _retrieve(call: asyncio.Future[Any]) -> None:
     else reads it (and asyncio would log it as never retrieved)."""
     if not call.cancelled():
         call.exception()
-
-
-class WorkerError(RuntimeError):
-    """The model cannot be loaded or trained with this run's configuration."""
 
 
 class TrainingWorker:
@@ -92,7 +88,7 @@ class TrainingWorker:
         self.activation_checkpointing = activation_checkpointing
         configure_backends(device)
         self.model: torch.nn.Module | None = None
-        self.trainer: DistroTrainer | SparseLoCoTrainer | DummyTrainer | None = None
+        self.trainer: LocalTrainer | None = None
         self.followers: Followers | None = None  # shadows of followed trainers, this epoch
         self._fingerprints = FingerprintCache()  # what the checks need of each download
         self.model_dir: Path | None = None  # where config/tokenizer files live
@@ -130,36 +126,15 @@ class TrainingWorker:
     # ------------------------------------------------------------------ loading
     def _make_trainer(self, model: torch.nn.Module, llm: LLMConfig, start_step: int) -> None:
         self.followers = None  # they shadowed the previous model
-        if isinstance(llm.optimizer, DummyOptimizer):
-            # Nothing is computed, so the model stays in this process even with D x T > 1.
-            self.model = model
-            self.trainer = DummyTrainer(delay_s=self.dummy_training_delay_s)
-            return
-        if isinstance(llm.optimizer, SparseLoCoOptimizer):
-            if self.rank_setup is not None:
-                raise WorkerError("the SparseLoCo optimizer does not run on a model split "
-                                  "across ranks yet; run one rank per client")
-            self.model = model
-            self.trainer = SparseLoCoTrainer(
-                model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
-                cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
-                compute=self.compute)
-        elif not isinstance(llm.optimizer, DistroOptimizer):
-            raise WorkerError("a networked run needs the Distro or SparseLoCo optimizer "
-                              "(AdamW shares nothing)")
-        elif self.rank_setup is not None:
-            self._build_on_ranks(model, llm.optimizer, llm, start_step)
+        settings = TrainerSettings(self.micro_batch_size, self.compute,
+                                   self.activation_checkpointing, self.dummy_training_delay_s,
+                                   split=self.rank_setup is not None)
+        trainer = local_trainer(model, llm, start_step, settings)
+        if trainer is not None:
+            self.model, self.trainer = model, trainer
         else:
-            if self.activation_checkpointing:
-                enable_activation_checkpointing(model)
-            self.model = model
-            self.trainer = DistroTrainer(
-                model, llm.optimizer, llm.lr_schedule, micro_batch_size=self.micro_batch_size,
-                cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
-                compute=self.compute)
-        if self.dummy_training_delay_s:
-            log.warning("--dummy-training-delay-secs applies to runs of the Dummy optimizer "
-                        "only; this run's is %s: ignored", type(llm.optimizer).TAG)
+            assert isinstance(llm.optimizer, DistroOptimizer)
+            self._build_on_ranks(model, llm.optimizer, llm, start_step)
 
     def _build_on_ranks(self, model: torch.nn.Module, optimizer: DistroOptimizer,
                         llm: LLMConfig, start_step: int) -> None:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from tiny_deepseek import write_tiny_deepseek
 
 from client_image.data import (
@@ -19,6 +20,7 @@ from client_image.data import (
 from client_image.runtime.client import PsycheClient
 from client_image.runtime.model_keeper import ModelKeeper
 from client_image.runtime.ports import Unrunnable
+from client_image.runtime.trainer_choice import TrainerSettings, local_trainer
 from client_image.runtime.worker import TrainingWorker, WorkerError
 from client_image.training.parallel import ParallelDims
 from client_image.training.rank_group import RankSetup
@@ -161,7 +163,7 @@ def test_the_client_trains_no_adamw_run() -> None:
                                                "eps": 1e-8}})
     assert unsupported_fields(state)
     with pytest.raises(WorkerError, match="Distro"):
-        TrainingWorker._make_trainer(SimpleNamespace(), None, llm, 0)
+        local_trainer(torch.nn.Linear(2, 2), llm, 0, TrainerSettings(1, "fp32"))
 
 
 def test_the_client_refuses_sparseloco_on_a_model_split_across_ranks() -> None:
@@ -170,8 +172,8 @@ def test_the_client_refuses_sparseloco_on_a_model_split_across_ranks() -> None:
         "quant_bits": 2, "error_decay": 0.95, "outer_lr": 1.0}})
     assert unsupported_fields(state) == []
     with pytest.raises(WorkerError, match="SparseLoCo optimizer does not run on a model split"):
-        TrainingWorker._make_trainer(SimpleNamespace(rank_setup=object(), followers=None),
-                                     None, llm, 0)
+        local_trainer(torch.nn.Linear(2, 2), llm, 0,
+                      TrainerSettings(1, "fp32", split=True))
 
 
 async def test_the_client_gives_a_finetuning_run_its_labels(tmp_path: Path) -> None:
