@@ -12,20 +12,14 @@ bad signature gets an error reply and a disconnect, never an exception in the se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from coordinator_tcp.protocol import Join, ProtocolError, decode_client_message
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, read_frame
-from psyche_common.tcp.handshake import (
-    ACCEPT_BACKLOG,
-    AcceptGate,
-    JoinRejected,
-    accept_join,
-    send_fatal,
-)
+from psyche_common.tcp.handshake import AcceptGate, JoinRejected, accept_join, send_fatal
+from psyche_common.tcp.listener import Listener
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +51,7 @@ class Connections:
         self.served = served
         self._gate = AcceptGate(options.max_handshakes, options.max_handshakes_per_address,
                                 options.handshake_timeout_s, self._handshake_refused)
-        self._open: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
-        self._server: asyncio.Server | None = None
+        self._listener = Listener(self._handle_connection, options.host, options.port)
 
     @property
     def handshakes_in_flight(self) -> int:
@@ -66,32 +59,18 @@ class Connections:
 
     @property
     def port(self) -> int:
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._listener.port
 
     async def listen(self) -> None:
-        self._server = await asyncio.start_server(
-            self._handle_connection, self.options.host, self.options.port, limit=2**16,
-            backlog=ACCEPT_BACKLOG)
+        await self._listener.start()
 
     async def close(self) -> None:
         """Stop listening and close every connection (each handler sees its closed socket
         and returns within 2 s)."""
-        if self._server is not None:
-            self._server.close()
-        for writer in self._open.values():
-            writer.close()
-        if self._open:
-            await asyncio.wait(list(self._open), timeout=2)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+        await self._listener.close()
 
     async def _handle_connection(self, reader: asyncio.StreamReader,
                                  writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._open[task] = writer
         try:
             self.stats.connections_accepted += 1
             peer = await self._gate.admit(writer, lambda: self._handshake(reader, writer))
@@ -102,9 +81,6 @@ class Connections:
                     self.served.left(peer)
         except Exception:  # one connection's bug must never take the server down
             log.exception("connection handler failed")
-        finally:
-            del self._open[task]
-            writer.close()
 
     def _handshake_refused(self, error: str, cause: BaseException | None) -> None:
         if error == "Busy":

@@ -16,7 +16,6 @@ when it has them). `members()` returns the public keys allowed to fetch (the coo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -41,12 +40,12 @@ from coordinator_tcp.protocol import (
 )
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
 from psyche_common.tcp.handshake import (
-    ACCEPT_BACKLOG,
     AcceptGate,
     JoinRejected,
     accept_join,
     send_fatal,
 )
+from psyche_common.tcp.listener import Listener
 from psyche_common.token_files import DataProviderError, LocalDataProvider
 
 log = logging.getLogger(__name__)
@@ -105,8 +104,7 @@ class DataServer:
                                 self.options.max_handshakes_per_address,
                                 self.options.handshake_timeout_s,
                                 self._handshake_refused)
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._listener = Listener(self._handle_connection, self.options.host, self.options.port)
 
     @property
     def num_sequences(self) -> int:
@@ -114,24 +112,15 @@ class DataServer:
 
     @property
     def port(self) -> int:
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._listener.port
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._handle_connection, self.options.host, self.options.port, limit=2**16,
-            backlog=ACCEPT_BACKLOG)
+        await self._listener.start()
         log.info("data server: %d samples of %d tokens from %s on %s:%d", self.num_sequences,
                  self.config.seq_len, self.config.dir, self.options.host, self.port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in list(self._writers):
-            writer.close()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+        await self._listener.close()
 
     async def __aenter__(self) -> DataServer:
         await self.start()
@@ -143,16 +132,12 @@ class DataServer:
     # ------------------------------------------------------------------ connections
     async def _handle_connection(self, reader: asyncio.StreamReader,
                                  writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
         try:
             identity = await self._gate.admit(writer, lambda: self._handshake(reader, writer))
             if identity is not None:
                 await self._serve(identity, reader, writer)
         except Exception:  # never let one connection take the server down
             log.exception("data server connection failed")
-        finally:
-            self._writers.discard(writer)
-            writer.close()
 
     def _handshake_refused(self, error: str, _cause: BaseException | None) -> None:
         if error == "HandshakeFailed":
