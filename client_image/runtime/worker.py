@@ -7,7 +7,6 @@ torch work never runs on the event loop: every call here goes through
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -36,7 +35,6 @@ from client_image.runtime.trainer_choice import (
 )
 from client_image.training import (
     DistroTrainer,
-    ResultDecodeError,
     TrainStepOutput,
     save_checkpoint,
 )
@@ -50,7 +48,7 @@ from client_image.verification.checks import (
     Fingerprint,
     FingerprintCache,
     fingerprint,
-    screen,
+    screen_payloads,
 )
 from client_image.verification.followers import Checked, Followers
 from coordinator.config import DistroOptimizer, LLMConfig
@@ -306,27 +304,14 @@ class TrainingWorker:
 
     async def screen(self, of_step: int, results: Sequence[tuple[bytes, bytes]],
                      previous: Mapping[bytes, bytes]) -> dict[int, tuple[str, str]]:
-        """Cheap checks on a step's consensus results (verification/checks.py, `screen`)."""
+        """Cheap checks on a step's consensus results (verification/checks.py,
+        `screen_payloads`), from the fingerprints kept at download."""
         assert self.trainer is not None
         trainer = self.trainer
 
         def run() -> dict[int, tuple[str, str]]:
-            left_out: dict[int, tuple[str, str]] = {}
-            checked: list[tuple[str, Fingerprint]] = []
-            positions: list[int] = []
-            for position, (sender, payload) in enumerate(results):
-                try:
-                    checked.append((sender.hex(), self._fingerprint_of(payload)))
-                    positions.append(position)
-                except ResultDecodeError as exc:  # verified on download; never expected
-                    left_out[position] = ("undecodable", str(exc))
-            earlier = {}
-            for sender, payload in previous.items():
-                with contextlib.suppress(ResultDecodeError):
-                    earlier[sender.hex()] = self._fingerprint_of(payload)
-            failed = screen(checked, trainer.plans, earlier, trainer.learning_rate(of_step))
-            for index, check in failed.items():
-                left_out[positions[index]] = (check.name, check.detail)
+            left_out = screen_payloads(results, previous, self._fingerprint_of, trainer.plans,
+                                       trainer.learning_rate(of_step))
             # The next screens compare with these results and with later steps' only.
             self._fingerprints.forget_before(
                 of_step, [p for _, p in results] + list(previous.values()))

@@ -24,14 +24,15 @@ the same ones (runtime/round_runner.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from client_image.training.distro import BlockPlan
-from client_image.training.wire import DistroResult
+from client_image.training.wire import DistroResult, ResultDecodeError
 
 NEAR = 0.05
 SKETCH_SLOTS = 65_536
@@ -139,6 +140,31 @@ def screen(results: Sequence[tuple[str, Checked]], plans: Sequence[BlockPlan],
             left_out[position] = failed[0]
         else:
             kept[sender] = result
+    return left_out
+
+
+def screen_payloads(results: Sequence[tuple[bytes, bytes]], previous: Mapping[bytes, bytes],
+                    fingerprint_of: Callable[[bytes], Fingerprint],
+                    plans: Sequence[BlockPlan], learning_rate: float) -> dict[int, tuple[str, str]]:
+    """`screen` over a step's (sender key, payload) pairs and each sender's previous
+    payload: the positions left out with (check name, detail). A payload whose
+    fingerprint cannot be had (`fingerprint_of` raises ResultDecodeError; results are
+    decoded on download, so never expected) is left out as `undecodable`."""
+    left_out: dict[int, tuple[str, str]] = {}
+    checked: list[tuple[str, Fingerprint]] = []
+    positions: list[int] = []
+    for position, (sender, payload) in enumerate(results):
+        try:
+            checked.append((sender.hex(), fingerprint_of(payload)))
+            positions.append(position)
+        except ResultDecodeError as exc:
+            left_out[position] = ("undecodable", str(exc))
+    earlier = {}
+    for sender, payload in previous.items():
+        with contextlib.suppress(ResultDecodeError):
+            earlier[sender.hex()] = fingerprint_of(payload)
+    for index, check in screen(checked, plans, earlier, learning_rate).items():
+        left_out[positions[index]] = (check.name, check.detail)
     return left_out
 
 

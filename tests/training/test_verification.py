@@ -147,6 +147,11 @@ async def test_the_workers_screen_leaves_out_copies_empties_and_repeats():
         assert left_out == await worker.screen(
             6, [(honest, b), (copier, copy), (lazy, zeros), (replayer, replay)],
             {replayer: a, honest: a})
+        # bytes that are no result are left out by name; a garbage previous one is ignored
+        garbler = b"g" * 32
+        left_out = await worker.screen(6, [(garbler, b"not a result"), (honest, b)],
+                                       {garbler: b"junk", honest: a})
+        assert list(left_out) == [0] and left_out[0][0] == "undecodable", left_out
     finally:
         worker.close()
 
