@@ -260,10 +260,11 @@ class CoordinatorServer:
             callback(self.state)
         return True
 
-    def _tell_observers_if_joined_changed(self) -> None:
+    def _tell_observers_if_joined_changed(self, joined: int | None = None) -> None:
         """A client joined or left while the state stayed the same (WaitingForMembers
-        lists nobody): the observers' dashboards say how many are there."""
-        joined = len(self._pending())
+        lists nobody): the observers' dashboards say how many are there. `joined`: how
+        many clients ask to take part, if already known."""
+        joined = len(self._pending()) if joined is None else joined
         if joined == self._last_joined:
             return
         self._last_joined = joined
@@ -330,15 +331,16 @@ class CoordinatorServer:
         self.addresses.set(identity.key.hex(), message.p2p_address)
         writer.write(encode_frame(encode(Welcome(identity=identity.key))))
         peer.send(self.state_message())
+        pending = self._pending()  # one pass over the connected clients per join
         if moved and self.state.index_of(identity) is not None:
             # A listed client came back on a new address (a restarted process): its peers
             # must dial the new one now, not at the next state change.
-            messages = self.broadcaster.advance(encode_state(self.state),
-                                                self._address_keys(), len(self._pending()))
-            self._persist()
+            encoded = encode_state(self.state)
+            messages = self.broadcaster.advance(encoded, self._address_keys(), len(pending))
+            self._persist(encoded)
             self._send_all(*messages)
-        self._tell_observers_if_joined_changed()
-        self._notify_waiting([peer])
+        self._tell_observers_if_joined_changed(len(pending))
+        self._notify_waiting([peer], pending)
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
         return peer
 
