@@ -8,8 +8,11 @@ so a crash leaves either the old or the new state, never half of one. The file i
 
 and the state it replaces is kept as `state.prev.bin`. A restarted server resumes from
 `state.bin`; one that is truncated, altered, of another format or not a file is refused
-with an error that says so and names the previous good state. Nothing is overwritten
-until a state has been read back: the operator decides what to resume from.
+with an error that says so and names the previous good state; so is a `state.bin` that is
+missing beside a `state.prev.bin`, or a link to nothing (a new run there would overwrite
+the last good state within seconds). Only a directory that never held a state starts a
+new run. Nothing is overwritten until a state has been read back: the operator decides
+what to resume from.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class StateStore:
         """The saved state, or None when the directory holds none yet."""
         path = self.state_path
         if not path.exists():
+            self._refuse_a_lost_state()
             return None
         if not path.is_file():
             raise PersistenceError(f"{path} is not a file")
@@ -116,6 +120,22 @@ class StateStore:
                 raise PersistenceError(f"{addresses_path}: {exc}") from exc
         self._last = encode_state(state)
         return state, addresses
+
+    def _refuse_a_lost_state(self) -> None:
+        """No `state.bin`: a new run may start only in a directory that held none. A
+        dangling link (its volume not mounted, say) or a `state.prev.bin` left alone (the
+        current file deleted) means a run's state is missing, and starting over would write
+        over the last good state within seconds."""
+        path, previous = self.state_path, self.directory / PREVIOUS_STATE_FILE
+        if path.is_symlink():
+            raise PersistenceError(f"{path} is a link to {path.readlink()}, which does not "
+                                   f"exist{self._previous_hint()}")
+        if previous.exists() or previous.is_symlink():
+            intact = self._previous_hint()
+            if intact:
+                raise PersistenceError(f"{path} is missing{intact}")
+            raise PersistenceError(f"{path} is missing and {previous} is no usable state "
+                                   "either: use an empty directory to start over")
 
     def _previous_hint(self) -> str:
         previous = self.directory / PREVIOUS_STATE_FILE

@@ -175,6 +175,62 @@ def test_a_corrupt_state_file_is_refused_and_the_previous_one_named(
     assert loaded is not None and encode_state(loaded[0]) == previous
 
 
+def run_options(directory: Path) -> RunOptions:
+    return RunOptions(state_path=TESTNET / "state.toml", data_config_path=TESTNET / "data.toml",
+                      server=server_options(save_state_dir=directory))
+
+
+def test_a_missing_state_beside_a_previous_one_is_refused_and_nothing_is_overwritten(
+        tmp_path: Path) -> None:
+    """state.bin deleted, state.prev.bin left: starting a new run there would overwrite the
+    last good state with the new run's second save. Refused in one line naming both."""
+    _, previous = saved_twice(tmp_path)
+    (tmp_path / "state.bin").unlink()
+    kept = (tmp_path / "state.prev.bin").read_bytes()
+    with pytest.raises(ConfigError) as refused:
+        load_run(run_options(tmp_path))
+    message = str(refused.value)
+    assert "\n" not in message.strip()
+    assert f"{tmp_path / 'state.bin'} is missing" in message
+    assert f"intact in {tmp_path / 'state.prev.bin'}" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p2p_addresses.json",
+                                                          "state.prev.bin"]
+    assert (tmp_path / "state.prev.bin").read_bytes() == kept
+    # Doing what the message says resumes the previous state.
+    (tmp_path / "state.prev.bin").replace(tmp_path / "state.bin")
+    assert load_run(run_options(tmp_path)).resumed
+    loaded = StateStore(tmp_path).load()
+    assert loaded is not None and encode_state(loaded[0]) == previous
+
+
+def test_a_dangling_state_link_is_refused(tmp_path: Path) -> None:
+    """A state.bin linking to a volume that is not mounted: not a new run."""
+    (tmp_path / "state.bin").symlink_to(tmp_path / "unmounted" / "state.bin")
+    with pytest.raises(PersistenceError, match=r"state\.bin is a link to .*unmounted.*which "
+                                               r"does not exist$"):
+        StateStore(tmp_path).load()
+    _, previous = saved_twice(tmp_path / "with-previous")
+    (tmp_path / "with-previous" / "state.bin").unlink()
+    (tmp_path / "with-previous" / "state.bin").symlink_to(tmp_path / "gone")
+    with pytest.raises(ConfigError, match=r"does not exist; the state before it is intact in "
+                                          r".*state\.prev\.bin"):
+        load_run(run_options(tmp_path / "with-previous"))
+    assert (tmp_path / "with-previous" / "state.bin").is_symlink()  # left as it was
+    assert unseal((tmp_path / "with-previous" / "state.prev.bin").read_bytes(),
+                  tmp_path) == previous
+
+
+def test_a_missing_state_beside_an_unusable_previous_one_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "state.prev.bin").write_bytes(b"garbage")
+    with pytest.raises(PersistenceError, match=r"state\.bin is missing and .*state\.prev\.bin "
+                                               r"is no usable state either"):
+        StateStore(tmp_path).load()
+    # A directory that never held a state (only the address map) starts a new run.
+    (tmp_path / "state.prev.bin").unlink()
+    (tmp_path / "p2p_addresses.json").write_text("{}")
+    assert StateStore(tmp_path).load() is None
+
+
 def test_a_state_dir_that_is_a_file_or_a_state_that_is_a_directory_is_refused(
         tmp_path: Path) -> None:
     a_file = tmp_path / "not-a-dir"
