@@ -64,6 +64,14 @@ class CoordinatorCore:
             if client.state is ClientState.Healthy:
                 client.state = ClientState.Withdrawn
 
+    def withdraw_all_but_holders(self) -> None:
+        """Withdraw every Healthy client that does not hold the model of the epoch's start
+        step (`Client.holds_model`): an unwitnessed first round proves nothing of the
+        others, but the holders had the model before it began."""
+        for client in self.state.epoch_state.clients:
+            if client.state is ClientState.Healthy and not client.holds_model:
+                client.state = ClientState.Withdrawn
+
     def witness_target(self) -> int:
         """W: witnesses that end a phase early (witness_nodes, or min(clients, 32) if 0)."""
         return self.state.config.witness_count(len(self.state.epoch_state.clients))
@@ -89,8 +97,12 @@ class CoordinatorCore:
             elif isinstance(checkpoint, P2PGcsCheckpoint):
                 state.model = _with_checkpoint(state.model, GcsCheckpoint(
                     bucket=checkpoint.bucket, prefix=checkpoint.prefix))
+        # Who holds the model of this epoch's start step: the last epoch's clients, when
+        # the epoch continues from them (not from a stored checkpoint everyone loads).
+        continuing = isinstance(state.model.checkpoint, P2PCheckpoint | P2PGcsCheckpoint)
         state.epoch_state = EpochState(
-            clients=[Client(node) for node in pending[:MAX_CLIENTS]],
+            clients=[Client(node, holds_model=continuing and node in previous)
+                     for node in pending[:MAX_CLIENTS]],
             start_step=state.progress.step, start_timestamp=now, first_round=True,
             cold_start_epoch=state.epoch_state.cold_start_epoch)
         start_epoch_rates(state.rewards)

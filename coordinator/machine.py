@@ -96,9 +96,13 @@ class Coordinator(CoordinatorCore):
             # (the initial model when nobody uploads one). Past the first round, though,
             # every earlier round was witnessed by a quorum: the clients hold the model
             # (often only the one witness died), so they stay and the next epoch fetches it
-            # from whichever of them are still there. In the first round nothing was proven.
+            # from whichever of them are still there. In the first round nothing was
+            # proven of the newcomers, but the last epoch's clients held the model before
+            # it began: they stay, or the run would restart from the stored model with
+            # its holders alive (a chaos run lost 109 steps so: a restarted holder still
+            # loading, its epoch's only witness gave up waiting for it).
             if round_.height == 0:
-                self.withdraw_all()
+                self.withdraw_all_but_holders()
             self.start_cooldown(now)
             return TickResult.Ticked
         # Two more rounds apply the last trained steps; the pipeline needs 4 rounds.

@@ -4,7 +4,7 @@ Little-endian, no padding, fields in the on-chain repr(C) order (docs/coordinato
 "State layout"). Lists are a count followed by their entries (compact, unlike the fixed
 on-chain arrays).
 
-    header      magic "PSYC" | version u16 (= 1)
+    header      magic "PSYC" | version u16 (= 3)
     run_id      [32] UTF-8, zero padded
     run_state   u8
     model       max_seq_len u32 | cold_start_warmup_steps u32
@@ -33,7 +33,8 @@ on-chain arrays).
     report  = reporter [32] | accused [32] | step u32 | published_hash [32]
               | expected_hash [32] | jaccard_ppm u32 | hamming_ppm u32 | manhattan_ppm u32
 
-    client  = key [32] | state u8 | exited_height u32
+    client  = key [32] | state u8 | exited_height u32 | holds_model u8 (version 3; absent
+              before: False)
     witness = position u64 | index u64 | witness u8 | participant bloom | broadcast bloom
               | broadcast_merkle [32];   bloom = 16 x u64 words | 8 x u64 keys
 """
@@ -87,7 +88,7 @@ from coordinator.state import (
 from coordinator.verification import MAX_REPORTS
 
 MAGIC = b"PSYC"
-VERSION = 2  # 2 appended the verification section; 1 still decodes
+VERSION = 3  # 2 appended the verification section, 3 a client's holds_model; 1, 2 decode
 # The checkpoint variant's tag in this layout and in the on-chain account. Typed as plain
 # `type` so that callers can look up `type(x)` of any object (psyche_solana does).
 CHECKPOINT_TAGS: list[type] = [
@@ -100,7 +101,8 @@ _CONFIG_FIELDS = ("warmup_time", "cooldown_time", "max_round_train_time", "round
                   "waiting_for_members_extra_time")
 _BLOOM = struct.Struct(f"<{BLOOM_WORDS + BLOOM_KEYS}Q")
 _PROOF = struct.Struct("<QQB")
-_CLIENT = struct.Struct("<32sBI")
+_CLIENT_V2 = struct.Struct("<32sBI")
+_CLIENT = struct.Struct("<32sBIB")
 _ROUND_TAIL = struct.Struct("<QQIHH")
 _EPOCH_TAIL = struct.Struct("<IIIQBB")
 _REWARD = struct.Struct("<32sQQ")
@@ -124,12 +126,19 @@ def _bloom(bloom: Bloom) -> bytes:
     return _BLOOM.pack(*bloom.words, *bloom.keys)
 
 
-def _client(client: Client) -> bytes:
-    return _CLIENT.pack(client.id.key, int(client.state), client.exited_height)
+def _client(client: Client, version: int) -> bytes:
+    if version < 3:
+        return _CLIENT_V2.pack(client.id.key, int(client.state), client.exited_height)
+    return _CLIENT.pack(client.id.key, int(client.state), client.exited_height,
+                        int(client.holds_model))
 
 
-def encode_state(state: CoordinatorState) -> bytes:
-    out = [MAGIC, struct.pack("<H", VERSION), _fixed(state.run_id, RUN_ID_MAX_BYTES),
+def encode_state(state: CoordinatorState, version: int = VERSION) -> bytes:
+    """`version`: an older layout (what a peer of an older build reads; the tests of
+    decoding them), dropping what it cannot carry."""
+    if version not in (1, 2, VERSION):
+        raise ValueError(f"no state encoding version {version}")
+    out = [MAGIC, struct.pack("<H", version), _fixed(state.run_id, RUN_ID_MAX_BYTES),
            struct.pack("<B", int(state.run_state))]
     model = state.model
     checkpoint = model.checkpoint
@@ -159,7 +168,7 @@ def encode_state(state: CoordinatorState) -> bytes:
                                     round_.clients_len, round_.tie_breaker_tasks))
     for clients in (epoch.clients, epoch.exited_clients):
         out.append(struct.pack("<H", len(clients)))
-        out += [_client(client) for client in clients]
+        out += [_client(client, version) for client in clients]
     out.append(_EPOCH_TAIL.pack(epoch.rounds_head, epoch.start_step, epoch.last_step,
                                 epoch.start_timestamp, epoch.first_round, epoch.cold_start_epoch))
     out.append(struct.pack("<QB", state.run_state_start_unix_timestamp, state.pending_pause))
@@ -170,6 +179,8 @@ def encode_state(state: CoordinatorState) -> bytes:
                            rewards.future_earning_rate_total_shared,
                            rewards.future_slashing_rate_per_client, len(rewards.entries)))
     out += [_REWARD.pack(e.id.key, e.earned, e.slashed) for e in rewards.entries]
+    if version < 2:
+        return b"".join(out)
     out.append(struct.pack("<QB", epoch.verification_seed, len(epoch.reports)))
     out += [_REPORT.pack(r.reporter.key, r.accused.key, r.step, r.published_hash,
                          r.expected_hash, r.jaccard_ppm, r.hamming_ppm, r.manhattan_ppm)
@@ -218,9 +229,16 @@ def _read_bloom(reader: _Reader, what: str) -> Bloom:
     return Bloom.from_words(list(values[:BLOOM_WORDS]), tuple(values[BLOOM_WORDS:]))
 
 
-def _read_client(reader: _Reader) -> Client:
-    key, state, exited_height = reader.unpack(_CLIENT, "client")
-    return Client(NodeIdentity(key), _enum(ClientState, state, "client state"), exited_height)
+def _read_client(reader: _Reader, version: int) -> Client:
+    if version < 3:
+        key, state, exited_height = reader.unpack(_CLIENT_V2, "client")
+        holds_model = 0
+    else:
+        key, state, exited_height, holds_model = reader.unpack(_CLIENT, "client")
+    if holds_model > 1:
+        raise StateDecodeError(f"client holds_model {holds_model} is not 0 or 1")
+    return Client(NodeIdentity(key), _enum(ClientState, state, "client state"), exited_height,
+                  bool(holds_model))
 
 
 def _read_model(reader: _Reader) -> LLMConfig:
@@ -262,7 +280,7 @@ def decode_state(data: bytes) -> CoordinatorState:
     if reader.take(4, "magic") != MAGIC:
         raise StateDecodeError("not a coordinator state (bad magic)")
     (version,) = reader.unpack("<H", "version")
-    if version not in (1, VERSION):
+    if version not in (1, 2, VERSION):
         raise StateDecodeError(f"unsupported version {version} (this build reads {VERSION})")
     run_id = reader.text(RUN_ID_MAX_BYTES, "run_id")
     run_state = _enum(RunState, reader.unpack("<B", "run_state")[0], "run_state")
@@ -286,8 +304,9 @@ def decode_state(data: bytes) -> CoordinatorState:
                 _read_bloom(reader, "participant bloom"), _read_bloom(reader, "broadcast bloom"),
                 reader.take(32, "broadcast merkle")))
         rounds.append(Round(witnesses, *reader.unpack(_ROUND_TAIL, "round")))
-    clients = [_read_client(reader) for _ in range(reader.count("<H", MAX_CLIENTS, "clients"))]
-    exited = [_read_client(reader)
+    clients = [_read_client(reader, version)
+               for _ in range(reader.count("<H", MAX_CLIENTS, "clients"))]
+    exited = [_read_client(reader, version)
               for _ in range(reader.count("<H", MAX_CLIENTS, "exited clients"))]
     head, start_step, last_step, start_ts, first_round, cold = reader.unpack(_EPOCH_TAIL, "epoch")
     if head >= NUM_STORED_ROUNDS:

@@ -30,6 +30,9 @@ class Client:
     id: NodeIdentity
     state: ClientState = ClientState.Healthy
     exited_height: int = 0
+    # Listed in the last epoch's cooldown, in an epoch that continues from its clients'
+    # model (P2P): it holds the model of this epoch's start step, witnessed or not.
+    holds_model: bool = False
 
 
 @dataclass(slots=True)

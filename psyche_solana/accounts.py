@@ -62,7 +62,7 @@ _MODEL = struct.Struct("<IIBB2xI64s64s")                        # 296 .. 440, re
 _PROGRESS_EPOCH = struct.Struct("<H2xIQIIIHHQ")                 # 1464 .. 1504
 _ROUND = struct.Struct("<QQIHHI4x")                             # 32-byte round header
 _WITNESS = struct.Struct("<QQB7x24Q24Q32s")                     # 440
-_CLIENT = struct.Struct("<32sB3xI")                             # 40
+_CLIENT = struct.Struct("<32sBB2xI")                            # 40 (holds_model: v3)
 _REWARD = struct.Struct("<32sQQ")                               # 48
 _REGISTRY = struct.Struct("<32sQ")                              # 40
 _REPORT = struct.Struct("<32s32sI32s32sIII")                    # 144
@@ -135,9 +135,11 @@ def _enum(kind: type[_E], value: int, what: str) -> _E:
 def _clients(data: bytes, offset: int, count: int) -> list[Client]:
     out = []
     for i in range(count):
-        key, state, exited_height = _CLIENT.unpack_from(data, offset + 40 * i)
+        key, state, holds_model, exited_height = _CLIENT.unpack_from(data, offset + 40 * i)
+        if holds_model > 1:
+            raise AccountDecodeError(f"client holds_model: unknown value {holds_model}")
         out.append(Client(NodeIdentity(key), _enum(ClientState, state, "client state"),
-                          exited_height))
+                          exited_height, bool(holds_model)))
     return out
 
 

@@ -14,7 +14,8 @@
 #define MODEL_REST_MAX 1024
 #define STRING_MAX 64
 #define MAX_REPORTS 32     /* coordinator/verification.py MAX_REPORTS */
-#define ACCOUNT_VERSION 2  /* 2: verification_seed and reports appended */
+#define ACCOUNT_VERSION 3  /* 2: verification_seed and reports appended; 3: a client's
+                              holds_model in what was padding (0 before: false) */
 
 enum RunState { Uninitialized, WaitingForMembers, Warmup, RoundTrain, RoundWitness, Cooldown,
                 Finished, Paused };
@@ -31,7 +32,8 @@ typedef struct {
   u32 witnesses_len; u32 pad;
   Witness witnesses[MAX_WITNESSES];
 } Round;                                                                    /* 14112 */
-typedef struct { Pubkey id; u8 state; u8 pad[3]; u32 exited_height; } Client; /* 40 */
+/* holds_model: coordinator.state.Client.holds_model (the model of the epoch's start step) */
+typedef struct { Pubkey id; u8 state; u8 holds_model; u8 pad[2]; u32 exited_height; } Client; /* 40 */
 typedef struct { Pubkey id; u64 earned; u64 slashed; } RewardEntry;          /* 48 */
 typedef struct { Pubkey id; u64 active; } RegistryEntry;                    /* 40 */
 /* coordinator.state.VerificationReport, field for field (coordinator/serialization.py) */

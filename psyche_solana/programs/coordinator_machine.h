@@ -61,6 +61,19 @@ static void withdraw_all(State *s) {
     if (s->clients[i].state == Healthy) s->clients[i].state = Withdrawn;
 }
 
+/* an unwitnessed first round: the holders of the epoch's start model stay */
+static void withdraw_all_but_holders(State *s) {
+  for (u16 i = 0; i < s->clients_len; i++)
+    if (s->clients[i].state == Healthy && !s->clients[i].holds_model)
+      s->clients[i].state = Withdrawn;
+}
+
+static bool was_listed(const State *s, const Pubkey *id) {
+  for (u16 c = 0; c < s->clients_len; c++)
+    if (key_eq(&s->clients[c].id, id)) return true;
+  return false;
+}
+
 static void start_waiting_for_members(State *s, u64 now) {
   change_state(s, now, s->step >= s->config.total_steps ? Finished : WaitingForMembers);
 }
@@ -97,16 +110,25 @@ static bool is_pending(const State *s, u32 i) { return s->registry[i].active == 
 /* pending = registry entries whose `active` equals next_active, in registry order. */
 static void start_warmup(State *s, u64 now) {
   move_clients_to_exited(s, current_round(s)->height);
+  /* bit n: the n-th new client (pending, in registry order) was a client of the last epoch */
+  u8 previous[MAX_CLIENTS / 8];
+  sol_memset_(previous, 0, sizeof(previous));
   bool previous_member = false;
-  for (u32 i = 0; i < s->registry_len && !previous_member; i++) {
+  u32 n = 0;
+  for (u32 i = 0; i < s->registry_len && n < MAX_CLIENTS; i++) {
     if (!is_pending(s, i)) continue;
-    for (u16 c = 0; c < s->clients_len; c++)
-      if (key_eq(&s->clients[c].id, &s->registry[i].id)) { previous_member = true; break; }
+    if (was_listed(s, &s->registry[i].id)) {
+      previous[n / 8] |= (u8)(1u << (n % 8));
+      previous_member = true;
+    }
+    n++;
   }
   if (!previous_member) {  /* nobody holds the last epoch's model: use the stored one */
     if (s->model.checkpoint_tag == CkP2P) s->model.checkpoint_tag = CkHub;
     else if (s->model.checkpoint_tag == CkP2PGcs) s->model.checkpoint_tag = CkGcs;
   }
+  /* the epoch continues from the last one's clients: they hold its start model */
+  bool continuing = s->model.checkpoint_tag == CkP2P || s->model.checkpoint_tag == CkP2PGcs;
   sol_memset_(s->rounds, 0, sizeof(s->rounds));
   sol_memset_(s->exited, 0, sizeof(s->exited));
   sol_memset_(s->clients, 0, sizeof(s->clients));
@@ -117,7 +139,9 @@ static void start_warmup(State *s, u64 now) {
   s->reports_len = 0;
   for (u32 i = 0; i < s->registry_len && s->clients_len < MAX_CLIENTS; i++) {
     if (!is_pending(s, i)) continue;
-    s->clients[s->clients_len++].id = s->registry[i].id;
+    u16 k = s->clients_len++;
+    s->clients[k].id = s->registry[i].id;
+    s->clients[k].holds_model = continuing && (previous[k / 8] >> (k % 8) & 1);
   }
   s->next_active += 1;  /* joins are per epoch: clients re-join for the next one */
   s->rounds_head = 0;
@@ -218,7 +242,7 @@ static u64 tick(State *s, u64 now, u64 seed) {
     u64 witnesses = r->witnesses_len;
     move_clients_to_exited(s, r->height);
     if (witnesses == 0) {  /* past the first round the clients hold the model: they stay */
-      if (r->height == 0) withdraw_all(s);
+      if (r->height == 0) withdraw_all_but_holders(s);
       start_cooldown(s, now);
       return SUCCESS;
     }

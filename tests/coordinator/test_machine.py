@@ -21,6 +21,7 @@ from coordinator import (
     TickResult,
     Witness,
     WitnessProof,
+    decode_state,
     encode_state,
     participant_item,
     selection_for_round,
@@ -238,6 +239,56 @@ def test_a_first_round_without_witnesses_falls_back_to_the_stored_checkpoint() -
     coordinator.tick(clients, later + state.config.waiting_for_members_extra_time, 1)
     assert state.run_state is RunState.Warmup
     assert isinstance(state.model.checkpoint, HubCheckpoint)
+
+
+def test_a_first_round_without_witnesses_keeps_the_last_epochs_clients() -> None:
+    """An epoch that continues from the last one's clients (P2P): its first round goes
+    unwitnessed (the only witness, a newcomer, never got the model while a restarted
+    holder reloaded it). The newcomers are withdrawn, nothing being proven of them, but the
+    holders stay, so the next epoch fetches the model from them, never the stored one."""
+    coordinator, _ = make(epoch_time=30)
+    now = to_round_train(coordinator)
+    while coordinator.state.run_state is RunState.RoundTrain:  # epoch 0 ends by its time
+        now = finish_round(coordinator, now + 1)
+    state = coordinator.state
+    assert state.run_state is RunState.Cooldown
+    coordinator.tick([], now + state.config.cooldown_time, 1)
+    assert state.run_state is RunState.WaitingForMembers
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)
+    # Epoch 1: client 2 of the last epoch (a holder) and newcomers 7 and 8.
+    later = now + 10
+    coordinator.tick([node(7), node(2), node(8)], later, 1)
+    assert state.run_state is RunState.Warmup
+    assert [(c.id, c.holds_model) for c in state.epoch_state.clients] == [
+        (node(7), False), (node(2), True), (node(8), False)]
+    later += state.config.warmup_time
+    coordinator.tick([], later, 5)
+    assert state.run_state is RunState.RoundTrain and state.current_round.height == 0
+    coordinator.tick([], later + 5, 1)  # RoundTrain times out: RoundWitness, no witness
+    coordinator.tick([], later + 7, 1)
+    assert state.run_state is RunState.Cooldown
+    assert [(c.id, c.state) for c in state.epoch_state.clients] == [
+        (node(7), ClientState.Withdrawn), (node(2), ClientState.Healthy),
+        (node(8), ClientState.Withdrawn)]
+    # The encoded state carries who holds the model (persistence, broadcast).
+    assert decode_state(encode_state(state)) == state
+    coordinator.tick([], later + 7 + state.config.cooldown_time, 1)
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)
+    coordinator.tick([node(2), node(9)], later + 20, 1)
+    coordinator.tick([node(2), node(9)], later + 20 + state.config.waiting_for_members_extra_time,
+                     1)
+    assert state.run_state is RunState.Warmup
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)  # not the stored model
+    assert [c.holds_model for c in state.epoch_state.clients] == [True, False]
+
+
+def test_an_epoch_from_the_stored_checkpoint_has_no_holders() -> None:
+    """Everyone loads a Hub checkpoint: nobody is a holder, and an unwitnessed first
+    round withdraws everyone as before."""
+    coordinator, _ = make()
+    to_warmup(coordinator)
+    assert isinstance(coordinator.state.model.checkpoint, HubCheckpoint)
+    assert not any(c.holds_model for c in coordinator.state.epoch_state.clients)
 
 
 @pytest.mark.parametrize("reason", ["clients", "total_steps", "pause"])

@@ -13,6 +13,7 @@ from coordinator import (
     ClientState,
     Coordinator,
     CoordinatorError,
+    StateDecodeError,
     decode_state,
     encode_state,
 )
@@ -136,10 +137,32 @@ def test_reports_are_bounded_and_cleared_at_the_next_warmup() -> None:
 
 def test_a_version_1_state_still_decodes() -> None:
     state = running().state
-    v2 = encode_state(state)
+    v2 = encode_state(state, version=2)
     tail = struct.calcsize("<QB")
     assert v2[-tail:] == struct.pack("<QB", 99, 0)
     v1 = v2[:4] + struct.pack("<H", 1) + v2[6:-tail]
+    assert encode_state(state, version=1) == v1
     decoded = decode_state(v1)
     assert decoded.epoch_state.verification_seed == 0 and decoded.epoch_state.reports == []
     assert decoded.progress == state.progress
+
+
+def test_a_version_2_state_still_decodes_with_no_holders() -> None:
+    """Version 3 added a client's holds_model byte; a version 2 state (a saved one of an
+    older server) decodes with nobody holding the model, the rest unchanged."""
+    state = running().state
+    for client in state.epoch_state.clients:
+        client.holds_model = True
+    decoded = decode_state(encode_state(state, version=2))
+    assert decoded.epoch_state.clients and not any(
+        c.holds_model for c in decoded.epoch_state.clients)
+    for client in state.epoch_state.clients:
+        client.holds_model = False
+    assert decoded == state
+    assert decode_state(encode_state(state)) == state
+    # A holds_model byte other than 0 or 1 is refused by name.
+    data = bytearray(encode_state(state))
+    at = data.index(state.epoch_state.clients[0].id.key) + 32 + 1 + 4
+    data[at] = 2
+    with pytest.raises(StateDecodeError, match="holds_model 2"):
+        decode_state(bytes(data))
