@@ -9,7 +9,12 @@ fallbacks), verifies every tensor against its hash and size, and rebuilds a
 state dict that is bit-identical to the peers'.
 
 Request: frame ``{"v": 1, "kind": "manifest"}``; response: frame
-``status (u8: 0 ok, 1 not sharing) ‖ manifest JSON``.
+``status (u8: 0 ok, 1 not sharing, 2 bad request, 3 loading) ‖ body``: the manifest JSON
+after 0; after 3 a `LoadingNotice` JSON: the peer is loading the model of `step`
+(`bytes` of weights, for `elapsed_s` so far), as a holder that restarted reads its own
+checkpoint. A fetcher waits for such a peer as long as its size says a load may take
+(`ModelFetchOptions.holder_wait_s`), not the fixed manifest timeout: a restarted holder on
+a loaded machine took 11.3 s, its peers gave up after 10 s, and the run lost its model.
 """
 
 from __future__ import annotations
@@ -75,7 +80,26 @@ class NotSharingYet(ModelSharingError):
     """A peer answered but shares no model, or an older one: it may be loading it."""
 
 
+class HolderLoading(NotSharingYet):
+    """A peer answered that it is loading the model of `notice.step`."""
+
+    def __init__(self, message: str, notice: LoadingNotice):
+        super().__init__(message)
+        self.notice = notice
+
+
 MANIFEST_RETRY_S = 0.5  # how often a peer that is not sharing yet is asked again
+STATUS_OK, STATUS_NOT_SHARING, STATUS_BAD_REQUEST, STATUS_LOADING = 0, 1, 2, 3
+
+
+class LoadingNotice(BaseModel):
+    """What a peer that is loading a model says of it (status 3)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: Annotated[int, Field(ge=0)]
+    bytes: Annotated[int, Field(ge=0)]
+    elapsed_s: Annotated[float, Field(ge=0)] = 0.0
 
 
 class ParameterEntry(BaseModel):
@@ -140,7 +164,20 @@ def tensor_from_bytes(data: bytes, entry: ParameterEntry) -> torch.Tensor:
 class ModelFetchOptions:
     max_concurrent_parameter_requests: int = 8
     bandwidth_bytes_per_second: float | None = None
+    # How long a peer that is not sharing the model may keep us waiting, unless it says
+    # it is loading it: then `holder_wait_s` of the size it announces.
     manifest_timeout_s: float = 10.0
+    # The slowest load of a holder's own checkpoint we still wait for (a busy disk and
+    # CPU: reading, then building the model), and the longest wait whatever the size.
+    holder_load_bytes_per_second: float = 5e6
+    max_holder_wait_s: float = 900.0
+
+    def holder_wait_s(self, notice: LoadingNotice) -> float:
+        """How much longer to wait for a peer loading `notice.bytes`, `notice.elapsed_s`
+        into its load: the manifest timeout (its start-up) plus the slowest load of that
+        size, less what it already spent, at most max_holder_wait_s."""
+        budget = self.manifest_timeout_s + notice.bytes / self.holder_load_bytes_per_second
+        return min(self.max_holder_wait_s, max(0.0, budget - notice.elapsed_s))
 
 
 @dataclass
@@ -157,6 +194,7 @@ class ModelSharing:
         self.transport = transport
         self.blobs = blobs
         self._manifest: ModelManifest | None = None
+        self._loading: tuple[int, int, float] | None = None  # step, bytes, monotonic start
         transport.register_protocol(MODEL_SHARING_ALPN, self._handle_connection)
 
     # -- sharing ---------------------------------------------------------------------------
@@ -191,8 +229,22 @@ class ModelSharing:
         )
         return self._manifest
 
+    def announce_loading(self, step: int, total_bytes: int) -> None:
+        """Tell fetchers this node is loading the model of `step` (`total_bytes` of
+        weights): they wait for it as its size allows. `share` ends the announcement."""
+        self.stop_sharing()
+        self._loading = (step, total_bytes, time.monotonic())
+
+    def loading_notice(self) -> LoadingNotice | None:
+        if self._loading is None:
+            return None
+        step, total_bytes, started = self._loading
+        return LoadingNotice(step=step, bytes=total_bytes,
+                             elapsed_s=round(time.monotonic() - started, 3))
+
     def stop_sharing(self) -> None:
         self._manifest = None
+        self._loading = None
         self.blobs.store.remove_tags_where(lambda tag: tag.startswith(MODEL_TAG_PREFIX))
 
     async def _handle_connection(self, connection: iroh.Connection) -> None:
@@ -206,32 +258,38 @@ class ModelSharing:
     async def _serve_manifest(self, send: iroh.SendStream, recv: iroh.RecvStream) -> None:
         try:
             request = await asyncio.wait_for(framing.read_frame(recv, 1024), 10)
-            manifest = self._manifest
-            if request is None or b'"manifest"' not in request or manifest is None:
-                await send.write_all(framing.encode_frame(b"\x01"))
+            manifest, loading = self._manifest, self.loading_notice()
+            if request is None or b'"manifest"' not in request:
+                reply = bytes([STATUS_NOT_SHARING])
+            elif manifest is not None:
+                reply = bytes([STATUS_OK]) + manifest.model_dump_json().encode()
+            elif loading is not None:
+                reply = bytes([STATUS_LOADING]) + loading.model_dump_json().encode()
             else:
-                await send.write_all(
-                    framing.encode_frame(b"\x00" + manifest.model_dump_json().encode())
-                )
+                reply = bytes([STATUS_NOT_SHARING])
+            await send.write_all(framing.encode_frame(reply))
             await send.finish()
         except (TimeoutError, framing.StreamClosed, framing.FrameTooLarge, iroh.IrohError) as error:
             logger.debug("manifest request failed: %s", error)
             with contextlib.suppress(Exception):
-                await send.write_all(framing.encode_frame(b"\x02"))  # bad request
+                await send.write_all(framing.encode_frame(bytes([STATUS_BAD_REQUEST])))
                 await send.finish()
 
     # -- fetching --------------------------------------------------------------------------
     async def _first_manifest(self, peers: list[bytes], step: int | None,
-                              timeout: float) -> ModelManifest:
+                              options: ModelFetchOptions) -> ModelManifest:
         """Ask every source at once; the first manifest (of `step`, if given) wins. One at a
         time, each dead source (a restarted holder, common under churn) cost a whole
         timeout before the next was asked. A source that answers but shares no model (or
-        an older one) is asked again every MANIFEST_RETRY_S until `timeout`: a holder that
-        restarted loads its own checkpoint of the cooldown in a second or two, and a
-        joiner that gave up at once sat the epoch out (a chaos run lost a step so)."""
-        deadline = time.monotonic() + timeout
+        an older one) is asked again every MANIFEST_RETRY_S until the manifest timeout; one
+        that says it is loading the model of `step` is waited for as long as its size
+        allows (`ModelFetchOptions.holder_wait_s`): a joiner that gave up on a restarted
+        holder still reading its checkpoint sat the epoch out, and with it the epoch's only
+        witness (a chaos run lost its model so)."""
+        started = time.monotonic()
 
         async def ask(peer: bytes) -> ModelManifest:
+            deadline = started + options.manifest_timeout_s
             while True:
                 try:
                     offered = await self.fetch_manifest(
@@ -240,6 +298,13 @@ class ModelSharing:
                         raise NotSharingYet(f"peer {peer.hex()[:8]} shares the model of "
                                             f"step {offered.step}, not {step}")
                     return offered
+                except HolderLoading as loading:
+                    if step is None or loading.notice.step == step:
+                        deadline = max(deadline, time.monotonic()
+                                       + options.holder_wait_s(loading.notice))
+                    if time.monotonic() + MANIFEST_RETRY_S >= deadline:
+                        raise
+                    await asyncio.sleep(MANIFEST_RETRY_S)
                 except NotSharingYet:
                     if time.monotonic() + MANIFEST_RETRY_S >= deadline:
                         raise
@@ -277,7 +342,17 @@ class ModelSharing:
             iroh.IrohError,
         ) as error:
             raise ModelSharingError(f"manifest from {source.hex()[:8]} failed: {error}") from None
-        if not reply or reply[0] != 0:
+        if reply and reply[0] == STATUS_LOADING:
+            try:
+                notice = LoadingNotice.model_validate_json(reply[1:])
+            except ValidationError as error:
+                raise ModelSharingError(
+                    f"invalid loading notice from {source.hex()[:8]}: {error.errors()[:3]}"
+                ) from None
+            raise HolderLoading(f"peer {source.hex()[:8]} is still loading the model of "
+                                f"step {notice.step} ({notice.bytes} bytes, "
+                                f"{notice.elapsed_s:.1f} s so far)", notice)
+        if not reply or reply[0] != STATUS_OK:
             raise NotSharingYet(f"peer {source.hex()[:8]} is not sharing a model")
         try:
             manifest = ModelManifest.model_validate_json(reply[1:])
@@ -304,7 +379,7 @@ class ModelSharing:
         peers = list(dict.fromkeys(s for s in sources if s != self.transport.node_id))
         if not peers:
             raise ModelSharingError("no peers to fetch the model from")
-        manifest = await self._first_manifest(peers, step, options.manifest_timeout_s)
+        manifest = await self._first_manifest(peers, step, options)
 
         limiter = (
             RateLimiter(options.bandwidth_bytes_per_second)

@@ -1,10 +1,11 @@
 """The model across epochs: load it at warm-up, checkpoint and share it at cooldown.
 
     load(state, sources)   the run's current model. A P2P checkpoint means the clients of the
-                           last epoch hold it: it comes from `sources` (peers that may have
-                           gone through the last cooldown), at exactly the epoch's start step,
-                           else from this client's own checkpoint of that cooldown (a holder
-                           that restarted), or not at all (never the stale Hub model).
+                           last epoch hold it: from this client's own checkpoint of that
+                           cooldown if it wrote one (a holder that restarted: it reloads and
+                           serves it), else from `sources` (peers that may have gone through
+                           the last cooldown), at exactly the epoch's start step, or not at
+                           all (never the stale Hub model).
                            P2PGcs is loaded the same way. Otherwise from the Hub (or the
                            local directory) it names, or a Gcs checkpoint downloaded from
                            its bucket and prefix (training/gcs_checkpoint.py).
@@ -90,28 +91,19 @@ class ModelKeeper:
         start_step = state.epoch_state.start_step
         started = time.monotonic()
         if isinstance(checkpoint, P2PCheckpoint | P2PGcsCheckpoint):
-            try:
-                if not sources:
-                    raise ModelUnavailable(
-                        f"the run's model of step {start_step} is held by the last epoch's "
-                        "clients and none of them is in this epoch: sitting this epoch out")
-                fetched = await self.peers.fetch_model(sources, start_step)
-            except ModelUnavailable as exc:
-                # No peer can serve it. If this client went through the last cooldown
-                # before it restarted, its own checkpoint of that cooldown is the model,
-                # bit for bit (the bf16 weights it shared): load it and serve it, or the
-                # run would restart from the stored checkpoint with its holder alive.
-                local = self.own_checkpoint(state)
-                if local is None:
-                    raise
-                config_json, tokenizer_json, weights = await asyncio.to_thread(
-                    read_checkpoint, local)
-                await self.worker.load_from_peers(config_json, tokenizer_json, weights, llm,
-                                                  start_step)
-                await self._serve(start_step)
-                self.events.emit(ModelLoaded(source="local", repo=str(local), detail=str(exc)[:200],
-                                             seconds=round(time.monotonic() - started, 2)))
+            # A holder that restarted: its own checkpoint of the last cooldown is the model,
+            # bit for bit (the bf16 weights it shared). Loaded first, not after the peers
+            # failed: asking them first cost a restarted holder the whole manifest timeout,
+            # the joiners waiting for it gave up meanwhile, and the run lost its model.
+            local = self.own_checkpoint(state)
+            if local is not None:
+                await self._load_own(state, local, started)
                 return
+            if not sources:
+                raise ModelUnavailable(
+                    f"the run's model of step {start_step} is held by the last epoch's "
+                    "clients and none of them is in this epoch: sitting this epoch out")
+            fetched = await self.peers.fetch_model(sources, start_step)
             await self.worker.load_from_peers(fetched.config_json, fetched.tokenizer_json,
                                               fetched.state_dict, llm, start_step)
             self.events.emit(ModelLoaded(source="p2p", peers=fetched.peers, bytes=fetched.bytes,
@@ -163,6 +155,20 @@ class ModelKeeper:
                                             options.gcs_prefix), f"upload-{step}")
         # The next epoch starts at this step: joiners ask for exactly this model.
         await self._serve(state.progress.step)
+
+    async def _load_own(self, state: CoordinatorState, local: Path, started: float) -> None:
+        """Load this client's checkpoint `local` of the model of the epoch's start step and
+        serve it; while it loads, fetchers are told so (and how big it is), so they wait
+        for it instead of giving up after the manifest timeout."""
+        start_step = state.epoch_state.start_step
+        size = sum(file.stat().st_size for file in local.glob("*.safetensors"))
+        self.peers.announce_loading(start_step, size)
+        config_json, tokenizer_json, weights = await asyncio.to_thread(read_checkpoint, local)
+        await self.worker.load_from_peers(config_json, tokenizer_json, weights, state.model,
+                                          start_step)
+        await self._serve(start_step)
+        self.events.emit(ModelLoaded(source="local", repo=str(local), bytes=size,
+                                     seconds=round(time.monotonic() - started, 2)))
 
     async def _serve(self, start_step: int) -> None:
         weights, config_json, tokenizer_json = await self.worker.sharing_payload()

@@ -63,3 +63,6 @@ class IrohPeers:
     def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
                     tokenizer_json: str | None, step: int) -> None:
         self.node.model_sharing.share(weights, config_json, tokenizer_json, step=step)
+
+    def announce_loading(self, step: int, total_bytes: int) -> None:
+        self.node.model_sharing.announce_loading(step, total_bytes)

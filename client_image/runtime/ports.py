@@ -81,6 +81,11 @@ class Peers(Protocol):
     def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
                     tokenizer_json: str | None, step: int) -> None: ...
 
+    def announce_loading(self, step: int, total_bytes: int) -> None:
+        """Tell fetchers we are loading the model of `step` (`total_bytes` of weights), so
+        they wait for us as its size allows; `share_model` ends it."""
+        ...
+
 
 class Worker(Protocol):
     @property

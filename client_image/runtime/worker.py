@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -26,6 +25,7 @@ from client_image.runtime.model_loading import (
     hub_model,
     peer_model,
 )
+from client_image.runtime.model_scratch import ModelScratch
 from client_image.runtime.ports import Unrunnable
 from client_image.runtime.trainer_choice import (
     LocalTrainer,
@@ -90,7 +90,8 @@ class TrainingWorker:
         self.followers: Followers | None = None  # shadows of followed trainers, this epoch
         self._fingerprints = FingerprintCache()  # what the checks need of each download
         self.model_dir: Path | None = None  # where config/tokenizer files live
-        self._scratch = tempfile.TemporaryDirectory(prefix="psyche-client-model-")
+        # Also removes the scratch directories SIGKILLed clients left (model_scratch.py).
+        self._scratch = ModelScratch()
         self._lock = asyncio.Lock()
         self._in_flight: asyncio.Future[Any] | None = None  # the worker thread's call
 

@@ -181,6 +181,7 @@ class FakePeers:
         self.me = me
         self.silent = False  # drop everything this runner gossips
         self.shared: list[int] = []  # the steps of the models shared
+        self.loading: list[tuple[int, int]] = []  # the models announced as loading
         self.fetched_from: list[bytes] = []
         self.fetched_step: int | None = None
 
@@ -220,6 +221,9 @@ class FakePeers:
     def share_model(self, weights: dict[str, torch.Tensor], config_json: str,
                     tokenizer_json: str | None, step: int) -> None:
         self.shared.append(step)
+
+    def announce_loading(self, step: int, total_bytes: int) -> None:
+        self.loading.append((step, total_bytes))
 
 
 class FakeCoordinatorLink:

@@ -339,8 +339,31 @@ async def test_holders_restarted_at_once_resume_from_their_own_checkpoints(tmp_p
         assert [e.source for e in loaded] == ["hub", "local"]  # before and after the restart
         assert loaded[-1].repo.endswith(f"local-testnet-step{start - 1}")
         assert swarm.peers(n).shared == [start]  # served to whoever asks next
+        # Announced while it loaded, with the size of its weights: fetchers wait for it.
+        [(step, size)] = swarm.peers(n).loading
+        assert step == start and size > 0
     await swarm.run_until(step_reached(start + 2))
     assert all(swarm.worker(n).trained for n in swarm.nodes)
+
+
+async def test_a_restarted_holder_loads_its_own_checkpoint_before_asking_peers(tmp_path) -> None:
+    """One holder restarted while the others still serve the model: it reloads its own
+    checkpoint of the last cooldown at once (the same bf16 weights) instead of first
+    waiting on peers that may be restarting too, and serves it."""
+    swarm = FakeSwarm(3, checkpoint_dir=tmp_path, epoch_time=12, warmup_time=5,
+                      max_round_train_time=5)
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown)
+    await swarm.settle()
+    restarted = await swarm.restart(swarm.nodes[0])
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain)
+    start = swarm.coordinator.state.epoch_state.start_step
+    peers = swarm.peers(restarted.me)
+    assert [e.source for e in swarm.events_of(ModelLoaded, restarted.me)] == ["hub", "local"]
+    assert peers.fetched_from == [] and peers.fetched_step is None  # no peer was asked
+    assert [step for step, _ in peers.loading] == [start] and peers.shared == [start]
+    await swarm.run_until(step_reached(start + 2))
+    assert swarm.worker(restarted.me).trained
 
 
 async def test_with_no_peer_holding_the_model_a_runner_sits_the_epoch_out() -> None:

@@ -125,6 +125,64 @@ async def test_a_holder_still_loading_its_model_is_asked_again_until_it_shares()
         assert 1.2 <= time.monotonic() - began < 8
 
 
+async def test_a_holder_announcing_its_load_is_waited_for_past_the_manifest_timeout() -> None:
+    """A restarted holder says it is loading the model of the step asked for, and how big
+    it is: the joiner waits as long as that size may take to load (here 1 s timeout +
+    4 MB at 2 MB/s), not just the manifest timeout, and gets the model once shared."""
+    import asyncio
+    import time
+
+    _, state = tiny_llama()
+    options = ModelFetchOptions(manifest_timeout_s=1.0, holder_load_bytes_per_second=2e6)
+    async with started_nodes(2) as (holder, joiner):
+        joiner.add_peer_addresses([holder.address])
+        holder.model_sharing.announce_loading(9, 4_000_000)
+
+        async def load_then_share() -> None:
+            await asyncio.sleep(2.5)  # past the 1 s manifest timeout
+            holder.model_sharing.share(state, step=9)
+
+        began = time.monotonic()
+        sharing = asyncio.create_task(load_then_share())
+        manifest, fetched, _ = await joiner.model_sharing.fetch_model(
+            [holder.node_id], options, step=9)
+        await sharing
+        assert manifest.step == 9 and state_hash(fetched) == state_hash(state)
+        assert 2.5 <= time.monotonic() - began < 5
+
+
+async def test_a_holder_loading_too_long_or_another_step_is_given_up_on() -> None:
+    """The wait follows the announced size: a holder still "loading" well past what its
+    size allows is given up on, and one loading another step's model gets no extension."""
+    import time
+
+    async with started_nodes(2) as (holder, joiner):
+        joiner.add_peer_addresses([holder.address])
+        options = ModelFetchOptions(manifest_timeout_s=0.5, holder_load_bytes_per_second=1e6)
+        holder.model_sharing.announce_loading(9, 2_000_000)  # 0.5 + 2 s from now at most
+        began = time.monotonic()
+        with pytest.raises(ModelSharingError, match="still loading the model of step 9"):
+            await joiner.model_sharing.fetch_model([holder.node_id], options, step=9)
+        # Past the 0.5 s manifest timeout; given up within a retry (0.5 s) of the 2.5 s.
+        assert 1.6 <= time.monotonic() - began < 4.5
+        holder.model_sharing.announce_loading(8, 100_000_000)  # not the step asked for
+        began = time.monotonic()
+        with pytest.raises(ModelSharingError, match="step 8"):
+            await joiner.model_sharing.fetch_model([holder.node_id], options, step=9)
+        assert time.monotonic() - began < 2
+
+
+def test_the_wait_for_a_loading_holder_follows_its_size_and_elapsed_time() -> None:
+    from client_image.p2p.model_sharing import LoadingNotice
+
+    options = ModelFetchOptions(manifest_timeout_s=10, holder_load_bytes_per_second=5e6,
+                                max_holder_wait_s=100)
+    assert options.holder_wait_s(LoadingNotice(step=1, bytes=50_000_000)) == 20
+    assert options.holder_wait_s(LoadingNotice(step=1, bytes=50_000_000, elapsed_s=15)) == 5
+    assert options.holder_wait_s(LoadingNotice(step=1, bytes=50_000_000, elapsed_s=30)) == 0
+    assert options.holder_wait_s(LoadingNotice(step=1, bytes=10**12)) == 100
+
+
 async def test_fetch_fails_clearly_without_sharing_sources() -> None:
     async with started_nodes(2) as (idle, joiner):
         joiner.add_peer_addresses([idle.address])
