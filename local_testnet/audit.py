@@ -8,6 +8,7 @@ hub_fallback_epochs   epochs after the first that restarted from the stored chec
 clients_at_cooldown   per epoch, the clients listed when its cooldown began (its holders)
 checkpoint_agreement  the steps saved by two or more clients, and those whose
                       safetensors differ (clients that diverged)
+checkpoint_pairs      every pair of clients compared at every step both saved
 """
 
 from __future__ import annotations
@@ -61,6 +62,29 @@ def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
             savers[step] = savers.get(step, 0) + 1
     shared = sorted(step for step, count in savers.items() if count >= 2)
     return len(shared), [step for step in shared if len(digests[step]) > 1]
+
+
+def checkpoint_pairs(work_dir: Path, clients: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """Every pair of clients compared at every step both checkpointed: (pairs compared,
+    the (step, client, client) whose safetensors differ)."""
+    digests: dict[int, dict[int, str]] = {}  # step -> client -> digest
+    for i in range(1, clients + 1):
+        for directory in (work_dir / f"client-{i}" / "checkpoints").glob("*-step*"):
+            files = sorted(directory.glob("*.safetensors"))
+            if not files:
+                continue
+            digest = hashlib.sha256()
+            for file in files:
+                digest.update(file.name.encode() + file.read_bytes())
+            step = int(directory.name.rsplit("-step", 1)[1])
+            digests.setdefault(step, {})[i] = digest.hexdigest()
+    compared, differing = 0, []
+    for step, by_client in sorted(digests.items()):
+        for a, b in itertools.combinations(sorted(by_client), 2):
+            compared += 1
+            if by_client[a] != by_client[b]:
+                differing.append((step, a, b))
+    return compared, differing
 
 
 def hub_fallback_epochs(work_dir: Path, clients: int, *, lossy_only: bool = False,

@@ -27,6 +27,12 @@ def describe_summary(summary: dict[str, Any]) -> list[str]:
         lines.append("checkpoints: none to compare yet")
     lines.append(f"clients killed {summary.get('killed', 0)}, rejoined "
                  f"{summary.get('rejoined', 0)}")
+    resets, with_holder = summary.get("models_reset", 0), summary.get("models_reset_with_holder", 0)
+    if resets:
+        lines.append(f"MODEL RESET {resets} time{'' if resets == 1 else 's'}: an epoch went back "
+                     f"to the stored checkpoint, its training since lost"
+                     + (f" ({with_holder} while a client holding the model was alive)"
+                        if with_holder else " (no client holding the model was left)"))
     if summary.get("error"):
         lines.append(f"error: {summary['error']}")
     return lines

@@ -60,6 +60,7 @@ from coordinator.config import (
 )
 from coordinator_tcp.stopping import StopSignals, say
 from local_testnet.client_log import log_path, parse_event
+from local_testnet.model_resets import ModelResets, checkpoint_finder
 from local_testnet.ports import pick_metrics_ports
 from local_testnet.watchdog import group_alive, signal_group
 from psyche_common.identity import Identity
@@ -166,6 +167,7 @@ class Testnet:
         self.run_id = self.state_file.run_id
         self.server: asyncio.subprocess.Process | None = None
         self.clients = {i: ClientProcess(i) for i in range(1, options.num_clients + 1)}
+        self._client_keys = {i: client_key(i) for i in self.clients}
         self.state: CoordinatorState | None = None
         # What the last state update also said: the clients connected and asking to take
         # part (None: not said), and the server's unix time then, with our monotonic time.
@@ -174,6 +176,8 @@ class Testnet:
         self.state_received = 0.0
         self.killed = 0
         self.rejoined = 0
+        # epochs started from the stored checkpoint although the clients held a newer model
+        self.model_resets = ModelResets(checkpoint_finder(options.work_dir, self.run_id))
         # step -> whether its round had batches to train (the clients' rule: a batch
         # assigned, and not one of an epoch's last two apply-only rounds)
         self.trainable: dict[int, bool] = {}
@@ -353,6 +357,7 @@ class Testnet:
                             self.state_received = time.monotonic()
                             self._track_rejoins(self.state)
                             self._track_rounds(self.state)
+                            self.model_resets.observe(self.state, self._client_keys)
                             for listener in list(self.state_listeners):
                                 listener(self.state)
             finally:
@@ -398,6 +403,7 @@ class Testnet:
                     await client.process.wait()
                     self._tell_watchdog(f"-{client.process.pid}")
                 self.killed += 1
+                self.model_resets.killed(i)
                 client.awaiting_rejoin = "killed"
                 await self.start_client(i)
 
@@ -448,6 +454,11 @@ class Testnet:
             # where a run that timed out stood (None: the observer never got a state)
             "run_state": self.state.run_state.name if self.state else None,
             "checkpoints_compared": checked,
+            # epochs that went back to the stored checkpoint (the run's initial model unless
+            # an upload moved it), throwing away the training applied since; and those of
+            # them while a client that held the newer model was alive (must be 0)
+            "models_reset": self.model_resets.count,
+            "models_reset_with_holder": self.model_resets.with_holder,
             "error": error,
         }
 
