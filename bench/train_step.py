@@ -3,6 +3,12 @@ in loss. Prints its figures, then ONE JSON line.
 
     .venv/bin/python bench/train_step.py [--device auto] [--dtype auto] [--model DIR |
         --generate 125m|1b] [--steps 20] [--batch 8] [--micro-batch 4] [--seq-len 128]
+        [--peers 1] [--activation-checkpointing] [--speed-only] [--profile FILE]
+
+A --model directory holding only a config.json (config/models/llama-1b) is trained from
+random weights. --peers: results applied per step (the step's own, P times). --speed-only
+leaves out the loss ratios and layout checks (their fields null); --profile writes a
+torch.profiler table of two more steps, by device time (bench/gpu_suite.sh speed).
 
 Throughput is the client's real step (client_image.training.DistroTrainer: forward and
 backward over micro-batches, then DisTrO's compress/encode and the apply of a result) on
@@ -12,8 +18,12 @@ fp32 vs bf16 DisTrO buffers (--loss-steps).
 
 device, dtype, params            what ran (dtype: the compute dtype; weights are fp32)
 tokens_per_s                     trained tokens per second of whole steps
-mfu                              6 x params x tokens_per_s over the device's dense bf16
-                                 peak (null on CPU, or a GPU not in PEAK_BF16_FLOPS)
+mfu                              nanoGPT's (6 x non-embedding params + 12 x layers x heads x
+                                 head_dim x seq_len) x tokens_per_s over the device's dense
+                                 bf16 peak (client_image/training/flops.py; null on CPU, or
+                                 a GPU not in its table)
+plan_over_peak                   `psyche-client plan`'s bytes (training/memory_plan.py, no
+                                 reserve) over peak_mem_mb: above 1 the plan is cautious
 distro_overhead_pct              (compress + encode + decompress + apply) / (fwd + bwd)
 peak_mem_mb                      CUDA: max allocated; CPU: the process's max RSS
 bf16_vs_fp32_loss_ratio          final loss (mean of the last 10 steps), bf16 / fp32 compute
@@ -48,11 +58,13 @@ import transformers  # noqa: E402
 
 from client_image.host import resolve_device  # noqa: E402
 from client_image.training import DistroTrainer, load_causal_lm  # noqa: E402
+from client_image.training.flops import mfu, model_flops_per_token, peak_bf16_flops  # noqa: E402
 from client_image.training.layout_check import check_layout  # noqa: E402
 from client_image.training.parallel import ParallelDims  # noqa: E402
 from client_image.training.precision import (  # noqa: E402
     ComputeDType,
     configure_backends,
+    enable_activation_checkpointing,
     resolve_compute_dtype,
 )
 from client_image.training.simulate import Simulation, SimulationConfig  # noqa: E402
@@ -61,7 +73,6 @@ from coordinator.config import CosineLR, DistroOptimizer  # noqa: E402
 
 TINY = ROOT / "assets" / "tiny-llama"
 DATA = ROOT / "assets" / "data" / "train"
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 GENERATED: dict[str, dict[str, Any]] = {  # Llama shapes, random init (no download): for a GPU
     "125m": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
              "num_attention_heads": 12, "num_key_value_heads": 12},
@@ -79,9 +90,50 @@ def generated_model(size: str, directory: Path) -> Path:
     return directory
 
 
+def random_init_model(config_dir: Path, directory: Path) -> Path:
+    """A directory with only a config.json (config/models/llama-1b), given random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir)).save_pretrained(
+        directory)
+    return directory
+
+
+def planned_bytes(model: torch.nn.Module, args: argparse.Namespace,
+                  compute: ComputeDType) -> int:
+    """`psyche-client plan`'s total for this step: the model's shape, this bench's DisTrO
+    settings and peers, no CUDA reserve (max_memory_allocated does not see the context)."""
+    from client_image.training.memory_plan import DistroSettings, RunSettings, plan_memory
+    from client_image.training.model_shape import describe_model
+
+    run = RunSettings("bench", args.seq_len, args.peers, DistroSettings(64, 8, True))
+    return plan_memory(describe_model(model), run, micro_batch_size=args.micro_batch,
+                       compute=compute,
+                       activation_checkpointing=args.activation_checkpointing).total
+
+
+def write_profile(trainer: DistroTrainer, batches: list[torch.Tensor], device: str,
+                  path: Path) -> None:
+    """Two more steps under torch.profiler: its table of kernels by self device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for step, batch in enumerate(batches, start=10_000):
+            trainer.train(step, batch.to(device), batch_id=(step, step))
+        if cuda:
+            torch.cuda.synchronize()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
+
+
 def throughput(args: argparse.Namespace, model_dir: Path, device: str,
                compute: ComputeDType) -> dict[str, float | int | str | None]:
     model = load_causal_lm(model_dir, device=device)
+    if args.activation_checkpointing:
+        enable_activation_checkpointing(model)
     vocab = int(getattr(model.config, "vocab_size"))  # noqa: B009 (nn.Module types .config as a tensor)
     optimizer = DistroOptimizer(compression_decay=0.999, compression_topk=8,
                                 compression_chunk=64, quantize_1bit=True, clip_grad_norm=1.0)
@@ -103,7 +155,7 @@ def throughput(args: argparse.Namespace, model_dir: Path, device: str,
                 torch.cuda.synchronize()
             started = time.perf_counter()
         if step - 2 in payloads:
-            trainer.apply(step, [trainer.decode(payloads.pop(step - 2))])
+            trainer.apply_payloads(step, [payloads.pop(step - 2)] * args.peers)
         out = trainer.train(step, batch.to(device), batch_id=(step, step))
         assert out.payload is not None
         payloads[step] = out.payload
@@ -117,15 +169,19 @@ def throughput(args: argparse.Namespace, model_dir: Path, device: str,
     overhead = (timings.compress_s + timings.decompress_s + timings.apply_s) / max(
         timings.forward_backward_s, 1e-9)
     name = torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu"
-    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    utilization = mfu(model_flops_per_token(model, args.seq_len), tokens_per_s,
+                      peak_bf16_flops(name) if name != "cpu" else None)
     if torch.device(device).type == "cuda":
         peak_mem = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.profile is not None:
+        write_profile(trainer, batches[:2], device, args.profile)
     return {
         "device_name": name, "params": params, "tokens_per_s": round(tokens_per_s, 1),
-        "mfu": round(6 * params * tokens_per_s / peak, 4) if peak else None,
+        "mfu": round(utilization, 4) if utilization is not None else None,
         "distro_overhead_pct": round(100 * overhead, 2), "peak_mem_mb": round(peak_mem, 1),
+        "plan_over_peak": round(planned_bytes(model, args, compute) / (peak_mem * 2**20), 3),
     }
 
 
@@ -135,6 +191,32 @@ def final_loss(device: str, steps: int, **overrides: object) -> float:
     losses = [report.loss for report in Simulation(config).run()]
     tail = losses[-10:]
     return sum(tail) / len(tail)
+
+
+QUALITY_FIELDS = ("dp_result_max_abs_diff", "tp_logits_max_abs_diff", "layouts_weights_identical",
+                  "bf16_vs_fp32_loss_ratio", "bf16_buffers_vs_fp32_loss_ratio")
+
+
+def quality_checks(device: str, loss_steps: int) -> dict[str, Any]:
+    """The loss ratios (tiny model on `device`) and the layout checks (CPU, gloo)."""
+    fp32 = final_loss(device, loss_steps, compute="fp32")
+    bf16 = final_loss(device, loss_steps, compute="bf16")
+    bf16_buffers = final_loss(device, loss_steps, compute="fp32", buffer_dtype="bf16")
+    print(f"tiny model, {loss_steps} steps: final loss fp32 {fp32:.4f}, bf16 compute {bf16:.4f}, "
+          f"bf16 DisTrO buffers {bf16_buffers:.4f}")
+    dp = check_layout(ParallelDims(2, 1))
+    tp = check_layout(ParallelDims(1, 2))
+    print(f"layouts vs one device (tiny model, CPU/gloo): D=2 result diff "
+          f"{dp['result_max_abs_diff']:.3g}, grad diff {dp['grad_max_abs_diff']:.3g}; T=2 logits "
+          f"diff {tp['logits_max_abs_diff']:.3g}, result diff {tp['result_max_abs_diff']:.3g}; "
+          f"weights identical: {dp['weights_identical'] and tp['weights_identical']}")
+    return {
+        "dp_result_max_abs_diff": dp["result_max_abs_diff"],
+        "tp_logits_max_abs_diff": tp["logits_max_abs_diff"],
+        "layouts_weights_identical": dp["weights_identical"] and tp["weights_identical"],
+        "bf16_vs_fp32_loss_ratio": round(bf16 / fp32, 4),
+        "bf16_buffers_vs_fp32_loss_ratio": round(bf16_buffers / fp32, 4),
+    }
 
 
 def main() -> None:
@@ -149,6 +231,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--loss-steps", type=int, default=50,
                         help="steps of the tiny-model runs behind the loss ratios")
+    parser.add_argument("--peers", type=int, default=1, help="results applied per step")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="leave out the loss ratios and the layout checks")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a torch.profiler table of two more steps here")
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -156,33 +244,27 @@ def main() -> None:
     compute = resolve_compute_dtype(args.dtype, device)
     configure_backends(device)
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = generated_model(args.generate, Path(scratch)) if args.generate else args.model
+        if args.generate:
+            model_dir = generated_model(args.generate, Path(scratch))
+        elif not any(args.model.glob("*.safetensors")):
+            model_dir = random_init_model(args.model, Path(scratch))
+        else:
+            model_dir = args.model
         speed = throughput(args, model_dir, device, compute)
     print(f"{speed['device_name']}: {speed['params']:,} parameters, {compute} compute: "
           f"{speed['tokens_per_s']:,} tokens/s, DisTrO overhead {speed['distro_overhead_pct']}%, "
           f"peak memory {speed['peak_mem_mb']} MB, MFU {speed['mfu']}")
-    fp32 = final_loss(device, args.loss_steps, compute="fp32")
-    bf16 = final_loss(device, args.loss_steps, compute="bf16")
-    bf16_buffers = final_loss(device, args.loss_steps, compute="fp32", buffer_dtype="bf16")
-    print(f"tiny model, {args.loss_steps} steps: final loss fp32 {fp32:.4f}, bf16 compute {bf16:.4f}, "
-          f"bf16 DisTrO buffers {bf16_buffers:.4f}")
-    dp = check_layout(ParallelDims(2, 1))
-    tp = check_layout(ParallelDims(1, 2))
-    print(f"layouts vs one device (tiny model, CPU/gloo): D=2 result diff "
-          f"{dp['result_max_abs_diff']:.3g}, grad diff {dp['grad_max_abs_diff']:.3g}; T=2 logits "
-          f"diff {tp['logits_max_abs_diff']:.3g}, result diff {tp['result_max_abs_diff']:.3g}; "
-          f"weights identical: {dp['weights_identical'] and tp['weights_identical']}")
+    checks = dict.fromkeys(QUALITY_FIELDS) if args.speed_only else quality_checks(
+        device, args.loss_steps)
     print(json.dumps({
         "device": device, "dtype": compute, "params": speed["params"],
         "tokens_per_s": speed["tokens_per_s"], "mfu": speed["mfu"],
+        "plan_over_peak": speed["plan_over_peak"],
         "distro_overhead_pct": speed["distro_overhead_pct"], "peak_mem_mb": speed["peak_mem_mb"],
-        "dp_result_max_abs_diff": dp["result_max_abs_diff"],
-        "tp_logits_max_abs_diff": tp["logits_max_abs_diff"],
-        "layouts_weights_identical": dp["weights_identical"] and tp["weights_identical"],
-        "bf16_vs_fp32_loss_ratio": round(bf16 / fp32, 4),
-        "bf16_buffers_vs_fp32_loss_ratio": round(bf16_buffers / fp32, 4),
+        **checks,
         "model": str(args.generate or args.model.name), "batch": args.batch,
-        "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+        "micro_batch": args.micro_batch, "seq_len": args.seq_len, "peers": args.peers,
+        "activation_checkpointing": args.activation_checkpointing,
     }))
 
 
