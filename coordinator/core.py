@@ -88,6 +88,8 @@ class CoordinatorCore:
         if not previous.intersection(pending):
             # Nobody holds the model of the last epoch: fall back to the stored checkpoint.
             checkpoint = state.model.checkpoint
+            if isinstance(checkpoint, P2PCheckpoint | P2PGcsCheckpoint):
+                state.model_resets = min(state.model_resets + 1, 2**16 - 1)
             if isinstance(checkpoint, P2PCheckpoint) and not checkpoint.repo_id:
                 # A Dummy run of the built-in model has no repository: rebuild it.
                 state.model = _with_checkpoint(state.model, DummyCheckpoint(repo_id=""))

@@ -122,6 +122,11 @@ class CoordinatorState:
     pending_pause: bool = False
     client_version: str = "latest"
     rewards: Rewards = field(default_factory=Rewards)
+    # Epochs that started from the stored checkpoint instead of the model the last epoch's
+    # clients held (a P2P checkpoint; none of them came back): the training since the
+    # stored checkpoint is lost, unless an upload moved it or nothing was applied. The run
+    # says so (TUIs, telemetry, the testnet's summary); u16, saturating.
+    model_resets: int = 0
 
     @property
     def current_round(self) -> Round:

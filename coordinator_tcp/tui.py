@@ -29,6 +29,7 @@ from coordinator_tcp.server import CoordinatorServer
 from coordinator_tcp.stopping import hangup_safe_driver
 from coordinator_tcp.summary import summarize
 from coordinator_tcp.telemetry import ejected_clients
+from psyche_common.ui.view import describe_model_resets
 
 MAX_EJECTED_NAMES = 4
 
@@ -104,8 +105,13 @@ class CoordinatorApp(App[None]):
             f"clients {len(s.clients)}   connected {len(self.server.peers)}   "
             f"checkpoint {s.checkpoint}   Ctrl+P pause/resume"
             + (f"\n{verification}" if (verification := self.verification_text()) else "")
+            + (f"\n{reset}" if (reset := self.model_reset_text()) else "")
             + (f"\n{self.last_action}" if self.last_action else "")
             + (f"\nstopping… ({self.stopping})" if self.stopping else ""))
+
+    def model_reset_text(self) -> str:
+        """How often the run went back to its stored checkpoint; "" while never."""
+        return describe_model_resets(self.server.state.model_resets) or ""
 
     def verification_text(self) -> str:
         """The epoch's verification reports and ejected clients; "" while verification is

@@ -459,6 +459,8 @@ class Testnet:
             # them while a client that held the newer model was alive (must be 0)
             "models_reset": self.model_resets.count,
             "models_reset_with_holder": self.model_resets.with_holder,
+            # the coordinator's own count (CoordinatorState.model_resets)
+            "coordinator_model_resets": self.state.model_resets if self.state else 0,
             "error": error,
         }
 

@@ -117,6 +117,9 @@ class RunSnapshot(_Frozen):
     joined: int | None = Field(default=None, ge=0)
     """Clients asking to take part in the next epoch (connected to the TCP server, or
     joined on Solana); None where the source cannot tell."""
+    model_resets: int = Field(default=0, ge=0)
+    """Epochs that went back to the run's stored checkpoint, no holder of the newer model
+    having come back (CoordinatorState.model_resets)."""
 
 
 @dataclass(frozen=True)
@@ -239,4 +242,5 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
         verification=run_verification(state),
         init_min_clients=state.config.init_min_clients,
         joined=observed.joined,
+        model_resets=state.model_resets,
     )

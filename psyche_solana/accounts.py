@@ -59,7 +59,7 @@ CONFIG_FIELDS = ("warmup_time", "cooldown_time", "max_round_train_time", "round_
                  "global_batch_size_end", "verification_percent",
                  "waiting_for_members_extra_time")
 _MODEL = struct.Struct("<IIBB2xI64s64s")                        # 296 .. 440, rest .. 1464
-_PROGRESS_EPOCH = struct.Struct("<H2xIQIIIHHQ")                 # 1464 .. 1504
+_PROGRESS_EPOCH = struct.Struct("<HHIQIIIHHQ")                  # 1464 .. 1504
 _ROUND = struct.Struct("<QQIHHI4x")                             # 32-byte round header
 _WITNESS = struct.Struct("<QQB7x24Q24Q32s")                     # 440
 _CLIENT = struct.Struct("<32sBB2xI")                            # 40 (holds_model: v3)
@@ -181,8 +181,8 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
         config = CoordinatorConfig.model_validate(config_values)
     except ValidationError as exc:
         raise AccountDecodeError(f"config: {exc}") from None
-    epoch, step, esdi, head, start_step, last_step, n_clients, n_exited, start_ts = (
-        _PROGRESS_EPOCH.unpack_from(data, 1464))
+    (epoch, model_resets, step, esdi, head, start_step, last_step, n_clients, n_exited,
+     start_ts) = _PROGRESS_EPOCH.unpack_from(data, 1464)
     if head >= 4 or n_clients > 256 or n_exited > 256:
         raise AccountDecodeError("epoch state out of range")
     rounds = []
@@ -216,7 +216,8 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
                                last_step, start_ts, bool(first_round), bool(cold_start),
                                verification_seed, reports),
         run_state_start_unix_timestamp=state_start, pending_pause=bool(pending_pause),
-        client_version=account.client_version, rewards=Rewards(entries, *rates[:4]))
+        client_version=account.client_version, rewards=Rewards(entries, *rates[:4]),
+        model_resets=model_resets)
     return account
 
 

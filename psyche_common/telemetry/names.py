@@ -208,6 +208,9 @@ COORDINATOR_METRICS: tuple[MetricSpec, ...] = (
             "verification reports recorded in the current epoch"),
     _server("psyche_coordinator_ejected_clients", "gauge",
             "clients of the current epoch ejected by their followers' reports"),
+    _server("psyche_coordinator_model_resets", "gauge",
+            "epochs that started from the run's stored checkpoint because no client holding "
+            "the newer model came back (its training since was lost)"),
     _server("psyche_coordinator_round_duration_seconds", "gauge",
             "seconds between the starts of the last two training rounds", "s"),
     _server("psyche_coordinator_phase_duration_seconds", "gauge",

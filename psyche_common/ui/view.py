@@ -88,6 +88,14 @@ def describe_wait(phase: str, *, init_min_clients: int, joined: int | None = Non
     return None
 
 
+def describe_model_resets(resets: int) -> str | None:
+    """The run's model resets (CoordinatorState.model_resets) in words; None while none."""
+    if not resets:
+        return None
+    return (f"MODEL RESET {resets} time{'' if resets == 1 else 's'}: an epoch went back to "
+            "the stored checkpoint, no client holding the newer model came back")
+
+
 def describe_run(run: RunSnapshot | None) -> list[str]:
     if run is None:
         return ["run: no coordinator data"]
@@ -102,7 +110,8 @@ def describe_run(run: RunSnapshot | None) -> list[str]:
     wait = describe_wait(run.phase, init_min_clients=run.init_min_clients, joined=run.joined,
                          warmup_ready=len(run.witnesses.received),
                          warmup_target=run.witnesses.target)
-    return lines if wait is None else [*lines, wait]
+    reset = describe_model_resets(run.model_resets)
+    return [*lines, *(line for line in (wait, reset) if line is not None)]
 
 
 def describe_witnesses(run: RunSnapshot | None) -> list[str]:

@@ -15,7 +15,7 @@
 #define STRING_MAX 64
 #define MAX_REPORTS 32     /* coordinator/verification.py MAX_REPORTS */
 #define ACCOUNT_VERSION 3  /* 2: verification_seed and reports appended; 3: a client's
-                              holds_model in what was padding (0 before: false) */
+                              holds_model and model_resets in what was padding */
 
 enum RunState { Uninitialized, WaitingForMembers, Warmup, RoundTrain, RoundWitness, Cooldown,
                 Finished, Paused };
@@ -67,7 +67,8 @@ typedef struct {
   u64 run_state_start_unix_timestamp;
   Config config;
   Model model;
-  u16 epoch; u16 pad1; u32 step; u64 epoch_start_data_index;             /* progress */
+  u16 epoch; u16 model_resets; u32 step; u64 epoch_start_data_index;     /* progress */
+  /* model_resets (v3, was padding): CoordinatorState.model_resets */
   u32 rounds_head; u32 start_step; u32 last_step; u16 clients_len; u16 exited_len;
   u64 start_timestamp;
   Round rounds[NUM_STORED_ROUNDS];

@@ -124,6 +124,8 @@ static void start_warmup(State *s, u64 now) {
     n++;
   }
   if (!previous_member) {  /* nobody holds the last epoch's model: use the stored one */
+    u8 tag = s->model.checkpoint_tag;
+    if ((tag == CkP2P || tag == CkP2PGcs) && s->model_resets < 0xffff) s->model_resets += 1;
     if (s->model.checkpoint_tag == CkP2P) s->model.checkpoint_tag = CkHub;
     else if (s->model.checkpoint_tag == CkP2PGcs) s->model.checkpoint_tag = CkGcs;
   }

@@ -280,6 +280,7 @@ def test_a_first_round_without_witnesses_keeps_the_last_epochs_clients() -> None
     assert state.run_state is RunState.Warmup
     assert isinstance(state.model.checkpoint, P2PCheckpoint)  # not the stored model
     assert [c.holds_model for c in state.epoch_state.clients] == [True, False]
+    assert state.model_resets == 0
 
 
 def test_an_epoch_from_the_stored_checkpoint_has_no_holders() -> None:
@@ -362,8 +363,11 @@ def test_next_epoch_demotes_p2p_without_previous_clients() -> None:
     coordinator.tick([], now + 3, 1)
     coordinator.resume(now + 4)
     assert isinstance(coordinator.state.model.checkpoint, P2PCheckpoint)
+    assert coordinator.state.model_resets == 0
     coordinator.tick([node(50), node(51)], now + 10, 1)
     assert isinstance(coordinator.state.model.checkpoint, HubCheckpoint)
+    assert coordinator.state.model_resets == 1  # the run says its model went back
+    assert decode_state(encode_state(coordinator.state)).model_resets == 1
 
 
 # ---------------------------------------------------------------- events
