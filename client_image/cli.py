@@ -340,6 +340,13 @@ def train(
                                                           checkpoint_dir):
         typer.echo(f"error: {upload_problem}", err=True)
         raise typer.Exit(code=2)
+    if checkpoint_dir is not None:
+        # Checked now, not at the first cooldown: an epoch later every save would fail.
+        from client_image.training.checkpoint import checkpoint_dir_problem
+
+        if dir_problem := checkpoint_dir_problem(checkpoint_dir):
+            typer.echo(f"error: --checkpoint-dir {dir_problem}", err=True)
+            raise typer.Exit(code=2)
     options = ClientOptions(
         run_id=run_id,
         server_addr=server_addr,

@@ -6,15 +6,22 @@ last report winning, so one client could steer every later joiner to a model of 
 Here the *location* (the Hub `repo_id`, or the GCS `bucket` and `prefix`) is the one the
 run config's `checkpoint` names, set by the run's authority; the machine's own P2P<->Hub
 and Gcs<->P2PGcs promotion and demotion keep it. A client's report may only advance the
-*revision* within that repository. The machine, the on-chain program
-(`checkpoint` in psyche_solana/programs/coordinator_machine.h) and the client (which
-warns instead of sending a report that would be refused) all follow these functions.
+*revision* within that repository, and the revision must be a commit id (40 lowercase hex
+digits, what an upload to the repository's main branch returns): a branch, a tag or a ref
+such as `refs/pr/1` (on the Hub anyone can open a pull request) names whatever its owner
+points it at, not a state of the run's main history. Whether that commit is on main needs
+the Hub (I/O, not this module): the uploader reports the commit its push to main made.
+The machine, the on-chain program (`checkpoint` in
+psyche_solana/programs/coordinator_machine.h) and the client (which warns instead of
+sending a report that would be refused) all follow these functions.
 
     problem = report_problem(current, report)   # None: acceptable, and then
     updated = after_report(current, report)     # the run's new checkpoint
 """
 
 from __future__ import annotations
+
+import re
 
 from coordinator.config_variants import (
     Checkpoint,
@@ -25,6 +32,12 @@ from coordinator.config_variants import (
 )
 
 Report = HubCheckpoint | GcsCheckpoint
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")
+
+
+def is_commit_id(revision: str | None) -> bool:
+    """Whether `revision` is a full commit id (a Hub / git SHA-1), not a ref name."""
+    return revision is not None and COMMIT_ID.fullmatch(revision) is not None
 
 
 def describe_location(checkpoint: Checkpoint) -> str:
@@ -37,12 +50,11 @@ def describe_location(checkpoint: Checkpoint) -> str:
     return f"Dummy {checkpoint.repo_id!r} (no repository to report to)"
 
 
-def report_problem(current: Checkpoint, report: Report) -> str | None:
-    """Why a client's `report` may not update the run's `current` checkpoint (None: it may).
-
-    A Hub report must name the repo_id of the current Hub or P2P checkpoint; a Gcs report
-    the bucket and prefix of the current Gcs or P2PGcs one. A Hub report on a GCS run, a
-    Gcs report on a Hub run, and any report on a Dummy run name another location.
+def location_problem(current: Checkpoint, report: Report) -> str | None:
+    """Why `report` names another location than the run's `current` checkpoint (None: the
+    same). A Hub report must name the repo_id of the current Hub or P2P checkpoint; a Gcs
+    report the bucket and prefix of the current Gcs or P2PGcs one. A Hub report on a GCS
+    run, a Gcs report on a Hub run, and any report on a Dummy run name another location.
     """
     if isinstance(report, HubCheckpoint):
         if isinstance(current, HubCheckpoint | P2PCheckpoint) and current.repo_id == report.repo_id:
@@ -52,6 +64,21 @@ def report_problem(current: Checkpoint, report: Report) -> str | None:
         return None
     return (f"the report names {describe_location(report)}, the run's checkpoint is "
             f"{describe_location(current)} (set by the run's authority)")
+
+
+def report_problem(current: Checkpoint, report: Report) -> str | None:
+    """Why a client's `report` may not update the run's `current` checkpoint (None: it may):
+    another location (`location_problem`), or a Hub revision that is not a commit id."""
+    problem = location_problem(current, report)
+    if problem is not None or not isinstance(report, HubCheckpoint):
+        return problem
+    if is_commit_id(report.revision):
+        return None
+    named = "no revision" if report.revision is None else f"revision {report.revision!r}"
+    return (f"the report names {named} of {describe_location(report)}, not a commit id (40 "
+            "lowercase hex digits): only the commit an upload to its main branch made ties "
+            "the checkpoint to the run's history (a branch, tag or ref such as refs/pr/1 "
+            "points wherever its owner sets it)")
 
 
 def after_report(current: Checkpoint, report: Report) -> Checkpoint:
@@ -85,5 +112,5 @@ def with_configured_location(current: Checkpoint, configured: Checkpoint) -> Che
     return configured
 
 
-__all__ = ["Report", "after_report", "describe_location", "report_problem",
-           "with_configured_location"]
+__all__ = ["COMMIT_ID", "Report", "after_report", "describe_location", "is_commit_id",
+           "location_problem", "report_problem", "with_configured_location"]

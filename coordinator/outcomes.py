@@ -31,8 +31,8 @@ class CoordinatorError(Enum):
     CannotResume = "only a Paused or Uninitialized run can resume"
     InvalidCheckpoint = "a checkpoint report must be a Hub or Gcs repository"
     # Appended last: psyche_solana/errors.py numbers the program's errors in this order.
-    CheckpointNotRunRepository = ("a checkpoint report must name the run's own repository "
-                                  "(set by its authority)")
+    CheckpointNotRunRepository = ("a checkpoint report must name a commit of the run's own "
+                                  "repository (set by its authority)")
     InvalidVerificationReport = ("a verification report must come from one of the trainer's "
                                  "followers, once, about a step of this epoch")
 

@@ -240,6 +240,19 @@ class Checkpointed(RuntimeEvent):
 
 
 @dataclass(frozen=True)
+class CheckpointFailed(RuntimeEvent):
+    """Warning: the cooldown's checkpoint could not be written under `directory` (disk
+    full, a directory that went away). Only the local copy is lost: the model is still
+    shared from memory with the next epoch's joiners, and nothing is uploaded."""
+
+    NAME: ClassVar[str] = "checkpoint_failed"
+    step: int
+    epoch: int
+    directory: str
+    error: str
+
+
+@dataclass(frozen=True)
 class Uploaded(RuntimeEvent):
     NAME: ClassVar[str] = "uploaded"
     step: int

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from client_image.runtime.events import (
     Checkpointed,
+    CheckpointFailed,
     CheckpointNotReported,
     ModelLoaded,
     Uploaded,
@@ -39,9 +40,9 @@ from client_image.runtime.events import (
 from client_image.runtime.observability import EventLog
 from client_image.runtime.ports import CoordinatorLink, ModelUnavailable, Peers, Worker
 from client_image.runtime.tasks import Spawn
-from client_image.training.checkpoint import checkpoint_name, read_checkpoint
+from client_image.training.checkpoint import CheckpointError, checkpoint_name, read_checkpoint
 from coordinator import CoordinatorError, CoordinatorState, NodeIdentity
-from coordinator.checkpoint_reports import Report, report_problem
+from coordinator.checkpoint_reports import Report, location_problem, report_problem
 from coordinator.config import (
     Checkpoint,
     DummyCheckpoint,
@@ -60,7 +61,7 @@ def hub_repo_problem(hub_repo: str | None, checkpoint: Checkpoint) -> str | None
     checkpoint is `checkpoint` (None: it would accept them, or nothing is uploaded)."""
     if not hub_repo:
         return None
-    return report_problem(checkpoint, HubCheckpoint(repo_id=hub_repo))
+    return location_problem(checkpoint, HubCheckpoint(repo_id=hub_repo))
 
 
 @dataclass(frozen=True)
@@ -145,14 +146,24 @@ class ModelKeeper:
         await self.worker.round_to_bf16()
         if options.checkpoint_dir is not None:
             keep = options.keep_steps if options.delete_old_steps else 1_000_000
-            path = await self.worker.save_checkpoint(options.checkpoint_dir, state.run_id, step,
-                                                     keep)
-            self.events.emit(Checkpointed(step=step, epoch=state.progress.epoch, path=str(path)))
-            if options.hub_repo:
-                self.spawn(self._upload(state, path, step, options.hub_repo), f"upload-{step}")
-            elif options.gcs_bucket:
-                self.spawn(self._upload_gcs(state, path, step, options.gcs_bucket,
-                                            options.gcs_prefix), f"upload-{step}")
+            try:
+                path = await self.worker.save_checkpoint(options.checkpoint_dir, state.run_id,
+                                                         step, keep)
+            except CheckpointError as exc:
+                # Only the local copy is lost: the next epoch's joiners still get the model
+                # from memory (below), or the run would fall back to the stored checkpoint.
+                self.events.emit(CheckpointFailed(step=step, epoch=state.progress.epoch,
+                                                  directory=str(options.checkpoint_dir),
+                                                  error=str(exc)[:300]))
+            else:
+                self.events.emit(Checkpointed(step=step, epoch=state.progress.epoch,
+                                              path=str(path)))
+                if options.hub_repo:
+                    self.spawn(self._upload(state, path, step, options.hub_repo),
+                               f"upload-{step}")
+                elif options.gcs_bucket:
+                    self.spawn(self._upload_gcs(state, path, step, options.gcs_bucket,
+                                                options.gcs_prefix), f"upload-{step}")
         # The next epoch starts at this step: joiners ask for exactly this model.
         await self._serve(state.progress.step)
 

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from client_image.data import DataProviderError, DataServerMismatch
 from client_image.p2p import Finished, ResultAnnouncement
 from client_image.p2p.messages import BatchId as WireBatchId
 from client_image.runtime.consensus_apply import ConsensusApplier, MissingResults
@@ -72,6 +76,7 @@ from coordinator_tcp.protocol import (
     WitnessSubmit,
 )
 
+log = logging.getLogger(__name__)
 RECORDS_KEPT = 4  # steps of records behind the current one (apply needs s-2, health s-2)
 
 
@@ -80,6 +85,7 @@ class RunnerOptions:
     checkpoints: CheckpointOptions = field(default_factory=CheckpointOptions)
     write_gradients_dir: Path | None = None
     apply_download_timeout_s: float = 20.0
+    data_retry_delay_s: float = 2.0  # between fetches of a round's batch (see _batch)
 
 
 class RoundRunner:
@@ -310,9 +316,7 @@ class RoundRunner:
 
     async def _train(self, state: CoordinatorState, record: StepRecord, batch: BatchKey) -> None:
         step = record.step
-        assert self.data is not None, "warm-up opens the data before any round"
-        tokens, data_wait_s = await self.prefetch.take(
-            step, batch, batch_fetch(self.data, batch, state.model.data_type))
+        tokens, data_wait_s = await self._batch(state, record, batch)
         cold_start = record.height == 0 and state.epoch_state.cold_start_epoch
         started = time.monotonic()
         out = await self.worker.train(step, tokens, batch, cold_start)
@@ -340,6 +344,41 @@ class RoundRunner:
                                  ranks=out.ranks, data_wait_s=round(data_wait_s, 3),
                                  learning_rate=out.learning_rate, grad_norm=out.grad_norm,
                                  batch_tokens=sequences * state.model.max_seq_len))
+
+    async def _batch(self, state: CoordinatorState, record: StepRecord,
+                     batch: BatchKey) -> tuple[torch.Tensor, float]:
+        """The round's batch and the seconds waited for it. A fetch that fails is tried
+        again for as long as the round lasts: a TCP data server lives in the coordinator's
+        process, so a coordinator that restarts takes it down while it holds the round for
+        its clients, and giving up would lose a result the round still waits for. Once the
+        round is over, or for a data server of another run, the failure stands (the round
+        task fails and the runner desyncs)."""
+        assert self.data is not None, "warm-up opens the data before any round"
+        fetch = batch_fetch(self.data, batch, state.model.data_type)
+        started = time.monotonic()
+        try:
+            tokens, _ = await self.prefetch.take(record.step, batch, fetch)
+            return tokens, time.monotonic() - started
+        except DataServerMismatch:
+            raise
+        except DataProviderError as exc:
+            failure = exc
+        while self._round_lasts(record):
+            log.warning("step %d: the batch %s could not be fetched (%s): trying again while "
+                        "the round lasts", record.step, batch, failure)
+            await asyncio.sleep(self.options.data_retry_delay_s)
+            try:
+                return await fetch(), time.monotonic() - started
+            except DataServerMismatch:
+                raise
+            except DataProviderError as exc:
+                failure = exc
+        raise failure
+
+    def _round_lasts(self, record: StepRecord) -> bool:
+        state = self.state
+        return (state is not None and not self.desynced and state.progress.step == record.step
+                and state.run_state is RunState.RoundTrain)
 
     # ------------------------------------------------------------------ witnessing
     async def _maybe_finish(self, step: int) -> None:

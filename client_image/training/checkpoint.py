@@ -25,11 +25,15 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from copy import deepcopy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
+from safetensors import SafetensorError
+
+from coordinator.checkpoint_reports import is_commit_id
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -144,6 +148,21 @@ def bf16_state_dict(model: torch.nn.Module, *, copy: bool = False) -> dict[str, 
     return state
 
 
+def checkpoint_dir_problem(directory: Path) -> str | None:
+    """Why checkpoints cannot be written under `directory` (None: they can): a file, a
+    directory that cannot be created, or one this process cannot write to (tried with a
+    temporary file: permission bits say nothing to root or of a read-only mount)."""
+    if directory.exists() and not directory.is_dir():
+        return f"{directory} is a file, not a directory"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        return f"{directory}: cannot write there ({exc.strerror or exc})"
+    return None
+
+
 def save_checkpoint(
     model: torch.nn.Module,
     checkpoint_dir: str | Path,
@@ -160,13 +179,29 @@ def save_checkpoint(
     checkpoint's config keeps, and its tokenizer and generation files are copied (default:
     the directory the model was loaded from). The model itself is left as it is: rounding
     the weights kept in memory to bf16 is the cooldown's job (`round_to_bf16_`).
+
+    A write that fails (a full disk, a directory gone or turned read-only) is a
+    CheckpointError naming the step, the directory and the cause; its partial files are
+    removed, the checkpoints already there are left as they were.
     """
     if keep_steps < 1:
         raise CheckpointError(f"keep_steps must be >= 1, got {keep_steps}")
     root = Path(checkpoint_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(run_id, step)
     staging = root / f".{final.name}.partial"
+    try:
+        return _write_checkpoint(model, root, final, staging, run_id, tokenizer_dir,
+                                 keep_steps, max_shard_bytes)
+    except (OSError, SafetensorError) as exc:  # safetensors' own error for a failed write
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"the checkpoint of step {step} was not written to {root}: "
+                              f"{exc}") from exc
+
+
+def _write_checkpoint(model: torch.nn.Module, root: Path, final: Path, staging: Path,
+                      run_id: str, tokenizer_dir: str | Path | None, keep_steps: int,
+                      max_shard_bytes: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(staging, ignore_errors=True)
     source = model_source_dir(model, tokenizer_dir)
     # nn.Module types `model.save_pretrained` as Tensor | Module; checkpoints are of
@@ -278,7 +313,10 @@ def upload_checkpoint(
     revision: str | None = None,
     api: HubUploader | None = None,
 ) -> str:
-    """Upload a checkpoint directory to the hub; returns the commit id (Psyche's revision)."""
+    """Upload a checkpoint directory to the hub; returns the commit id (Psyche's revision).
+
+    The id is what the client reports to the coordinator, which takes only a full commit
+    id (coordinator/checkpoint_reports.py): an answer without one is a CheckpointError."""
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} is not a checkpoint (no config.json)")
@@ -291,4 +329,8 @@ def upload_checkpoint(
         folder_path=str(folder), repo_id=repo_id, repo_type="model",
         revision=revision, commit_message=f"step {step}",
     )
-    return str(getattr(info, "oid", info))
+    oid = getattr(info, "oid", None)
+    if not isinstance(oid, str) or not is_commit_id(oid):
+        raise CheckpointError(f"the Hub answered the upload of {folder} to {repo_id} without a "
+                              f"commit id (got {oid!r})")
+    return oid

@@ -378,9 +378,22 @@ static u64 health_check(State *s, const Pubkey *sender, const u8 *wire) {
 
 /* Checkpoint wire: index u64 | tag u8 (1 Hub, 3 Gcs) | has_second u8 | first[64] | second[64].
  * The location (first; for Gcs also the prefix) is the authority's: a report must name the
- * run's own repository and may only advance its revision (coordinator/checkpoint_reports.py).
- * Strings are compared as their zero-padded 64 bytes, as update_model stored them. */
+ * run's own repository and may only advance its revision, which must be a commit id
+ * (coordinator/checkpoint_reports.py): a ref such as refs/pr/1 points wherever its owner
+ * sets it. Strings are compared as their zero-padded 64 bytes, as update_model stored them. */
 #define CHECKPOINT_WIRE_SIZE 138
+#define COMMIT_ID_LEN 40
+
+/* 40 lowercase hex digits, then zero padding (is_commit_id in checkpoint_reports.py) */
+static bool is_commit_id(const u8 *revision) {
+  for (int i = 0; i < STRING_MAX; i++) {
+    u8 c = revision[i];
+    bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+    if (i < COMMIT_ID_LEN ? !hex : c != 0) return false;
+  }
+  return true;
+}
+
 static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
   if (halted(s)) return E_Halted;
   u64 index = rd_u64(wire);
@@ -393,10 +406,10 @@ static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
   bool same_repo = bytes_eq(s->model.first, first, STRING_MAX);
   if (repo == CkHub) {
     if (!(current == CkHub || current == CkP2P) || !same_repo) return E_CheckpointNotRunRepository;
+    if (!has_second || !is_commit_id(second)) return E_CheckpointNotRunRepository;
     /* the new revision; Hub stays Hub and P2P stays P2P */
-    s->model.has_second = has_second;
-    if (has_second) sol_memcpy_(s->model.second, second, STRING_MAX);
-    else sol_memset_(s->model.second, 0, STRING_MAX);
+    s->model.has_second = true;
+    sol_memcpy_(s->model.second, second, STRING_MAX);
     return SUCCESS;
   }
   bool same_prefix = s->model.has_second == has_second &&

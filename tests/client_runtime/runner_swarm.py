@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from client_image.data import DataProviderError
 from client_image.p2p import Finished, ResultAnnouncement
 from client_image.runtime.events import RuntimeEvent
 from client_image.runtime.model_keeper import CheckpointOptions
@@ -31,6 +32,7 @@ from client_image.runtime.observability import EventLog
 from client_image.runtime.ports import Broadcast, FetchedModel, ModelUnavailable
 from client_image.runtime.round_runner import RoundRunner, RunnerOptions
 from client_image.training import TrainStepOutput
+from client_image.training.checkpoint import CheckpointError
 from client_image.verification.followers import Checked
 from client_image.verification.replay import Verdict
 from client_image.verification.similarity import Distances
@@ -78,6 +80,9 @@ class FakeWorker:
         self.saved: list[int] = []
         self.rounded = 0  # round_to_bf16 calls (one per cooldown)
         self.fail_training: str | None = None  # train raises RuntimeError(this) while set
+        # save_checkpoint raises CheckpointError(this) while set, as the real one does
+        # when its write fails (tests/training/test_checkpoint_and_model.py)
+        self.fail_saves: str | None = None
         # verification: a cheater publishes results no replay reproduces
         self.cheat = False
         self.delta_resets = 0
@@ -157,6 +162,8 @@ class FakeWorker:
                               keep_steps: int) -> Path:
         from safetensors.torch import save_file
 
+        if self.fail_saves is not None:
+            raise CheckpointError(self.fail_saves)
         self.saved.append(step)
         path = checkpoint_dir / f"{run_id}-step{step}"
         path.mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,17 @@ class FakeWorker:
 
 
 class FakeData:
+    """Serves zeros; raises DataProviderError, as a data server that is down does, while
+    its runner is in `swarm.data_down`."""
+
+    def __init__(self, swarm: FakeSwarm | None = None, me: NodeIdentity | None = None):
+        self.swarm, self.me = swarm, me
+        self.failed = 0
+
     async def fetch(self, start: int, end: int) -> torch.Tensor:
+        if self.swarm is not None and self.me in self.swarm.data_down:
+            self.failed += 1
+            raise DataProviderError("data server 127.0.0.1:9: fetch failed (stand-in)")
         return torch.zeros((end - start + 1, 8), dtype=torch.int64)
 
 
@@ -259,6 +276,8 @@ class FakeSwarm:
         self.corrupt_results_of: dict[tuple[bytes, int], Callable[[bytes], bytes]] = {}
         self.deaf: set[NodeIdentity] = set()  # runners that hear no coordinator state
         self.muted: set[NodeIdentity] = set()  # runners whose messages never arrive
+        self.data_down: set[NodeIdentity] = set()  # runners whose data fetches fail
+        self.data: dict[NodeIdentity, FakeData] = {}
         self.inbox: list[tuple[NodeIdentity, BaseModel]] = []
         self.sent: list[tuple[NodeIdentity, BaseModel, object]] = []  # with the coordinator's answer
         self.events: list[tuple[NodeIdentity, RuntimeEvent]] = []
@@ -275,12 +294,12 @@ class FakeSwarm:
         events.listeners.append(lambda event: self.events.append((me, event)))
 
         async def open_data(state: CoordinatorState) -> FakeData:
-            return FakeData()
+            return self.data.setdefault(me, FakeData(self, me))
 
         return RoundRunner(
             me, backend=FakeCoordinatorLink(self, me), peers=FakePeers(self, me),
             worker=FakeWorker(me), open_data=open_data, events=events,
-            options=RunnerOptions(apply_download_timeout_s=timeout_s,
+            options=RunnerOptions(apply_download_timeout_s=timeout_s, data_retry_delay_s=0.01,
                                   checkpoints=checkpoints))
 
     # ------------------------------------------------------------------ driving

@@ -37,14 +37,18 @@ RUN_REPO = "assets/tiny-llama"  # the local testnet's checkpoint
 FAST = {"epoch_time": 12, "warmup_time": 5, "max_round_train_time": 5}
 
 
+def commit_of(step: int) -> str:
+    return f"{step:040x}"
+
+
 @pytest.fixture
 def uploads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Uploads succeed at once, with revision `rev-{step}`."""
+    """Uploads succeed at once, with the commit id `commit_of(step)`."""
     done: list[tuple[str, int]] = []
 
     def upload(path: Path, repo: str, step: int, *, token: str | None = None) -> str:
         done.append((repo, step))
-        return f"rev-{step}"
+        return commit_of(step)
 
     monkeypatch.setattr(training, "upload_checkpoint", upload)
     return done
@@ -69,7 +73,7 @@ async def test_reports_of_the_runs_repository_advance_its_revision(
     assert [result for _, result in reports(swarm)] == [None] * 3
     checkpoint = swarm.coordinator.state.model.checkpoint
     assert isinstance(checkpoint, HubCheckpoint | P2PCheckpoint)
-    assert (checkpoint.repo_id, checkpoint.revision) == (RUN_REPO, f"rev-{step}")
+    assert (checkpoint.repo_id, checkpoint.revision) == (RUN_REPO, commit_of(step))
     assert not swarm.events_of(CheckpointNotReported)
 
 

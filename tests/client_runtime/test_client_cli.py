@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -107,3 +109,17 @@ def test_an_unknown_relay_is_a_usage_error() -> None:
     result = runner.invoke(app, [*BASE, "--iroh-relay", "nearest"], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert "use psyche, n0 (or default), disabled" in " ".join(result.output.split())
+
+
+def test_a_checkpoint_dir_that_cannot_take_checkpoints_is_a_usage_error(tmp_path) -> None:
+    """Checked at start: found only at the first cooldown, every save would fail an epoch
+    later."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for directory, message in ((a_file, f"--checkpoint-dir {a_file} is a file, not a directory"),
+                               (Path("/proc"), "--checkpoint-dir /proc: cannot write there (")):
+        result = runner.invoke(app, [*BASE, "--device", "cpu", "--checkpoint-dir",
+                                     str(directory)], env={"COLUMNS": "200"})
+        assert result.exit_code == 2, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output

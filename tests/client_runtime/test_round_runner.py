@@ -3,6 +3,7 @@ round logic of the client, from warm-up to cooldown, with no network and no mode
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from client_image.runtime.events import (
     Applied,
     BadResult,
     Checkpointed,
+    CheckpointFailed,
     Desynced,
     HealthCheckSent,
     ModelLoaded,
     ResultLeftOut,
+    TaskFailed,
     Trained,
     WarmupWitnessSent,
     WitnessSent,
@@ -276,6 +279,57 @@ async def test_cooldown_checkpoints_and_shares_the_model(tmp_path: Path) -> None
     assert {e.path for e in swarm.events_of(Checkpointed)} == {str(tmp_path / f"local-testnet-step{step}")}
     # Next epoch: a P2P checkpoint is fetched from the peers that went through cooldown.
     assert all(r.previous_epoch_clients for r in swarm.runners)
+
+
+async def test_a_batch_is_fetched_again_while_its_round_lasts() -> None:
+    """The TCP data server lives in the coordinator's process: while a restarting
+    coordinator holds the round, fetches fail. The runner keeps trying as long as the round
+    is on, so its result is not lost; once the round is over, the failure stands."""
+    swarm = FakeSwarm(3, epoch_time=30, warmup_time=5, max_round_train_time=5)
+    down = swarm.nodes[0]
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.RoundWitness
+                          and s.coordinator.state.current_round.height == 1)
+    step = swarm.coordinator.state.progress.step + 1
+    swarm.data_down.add(down)
+    await swarm.run_until(lambda s: s.coordinator.state.progress.step == step)
+    await asyncio.sleep(0.2)  # the coordinator is away: the round stays as it is
+    assert swarm.data[down].failed > 3 and not swarm.runner(down).desynced
+    swarm.data_down.discard(down)
+    await swarm.run_until(lambda s: s.coordinator.state.progress.step == step + 3)
+    assert step in [e.step for e in swarm.events_of(Trained, down)]
+    assert [(e.results, e.skipped) for e in swarm.events_of(Applied)
+            if e.of_step == step] == [(3, 0)] * 3  # everyone applied all three results
+    assert not swarm.events_of(Desynced)
+    # Down until the round is over: the runner gives up (and rejoins next epoch).
+    swarm.data_down.add(down)
+    await swarm.run_until(lambda s: swarm.runner(down).desynced)
+    [desync] = swarm.events_of(Desynced, down)
+    assert "DataProviderError" in desync.reason and "stand-in" in desync.reason
+    assert swarm.coordinator.state.progress.step > step + 3
+
+
+async def test_a_failed_save_still_shares_the_model_and_says_so(tmp_path: Path) -> None:
+    """A checkpoint that cannot be written (disk full, say) loses the local copy only: the
+    model is still served to the next epoch's joiners, which get it from the peers instead
+    of the run falling back to its stored checkpoint."""
+    swarm = FakeSwarm(3, checkpoint_dir=tmp_path, epoch_time=12, warmup_time=5,
+                      max_round_train_time=5)
+    broken = swarm.nodes[0]
+    why = f"the checkpoint of step 9 was not written to {tmp_path}: [Errno 28] No space left"
+    swarm.worker(broken).fail_saves = why
+    await swarm.run_until(lambda s: s.coordinator.state.run_state is RunState.Cooldown)
+    await swarm.settle()
+    start = swarm.coordinator.state.progress.step
+    [failed] = swarm.events_of(CheckpointFailed, broken)
+    assert (failed.step, failed.directory, failed.error) == (start - 1, str(tmp_path), why)
+    assert not swarm.events_of(Checkpointed, broken) and swarm.worker(broken).saved == []
+    for n in swarm.nodes:
+        assert swarm.peers(n).shared == [start]  # the broken one's too
+    assert not swarm.events_of(TaskFailed) and not swarm.runner(broken).desynced
+    await swarm.run_until(lambda s: s.coordinator.state.progress.epoch == 1
+                          and s.coordinator.state.run_state is RunState.RoundTrain)
+    assert isinstance(swarm.coordinator.state.model.checkpoint, P2PCheckpoint)
+    assert swarm.worker(broken).loads == ["hub:assets/tiny-llama"]  # kept its own model
 
 
 async def test_a_desynced_runner_reloads_the_model_from_the_last_epochs_peers() -> None:

@@ -22,6 +22,8 @@ from coordinator.config import (
 )
 
 RUN = "org/run-model"
+# Commit ids, as an upload to the repository's main branch returns them.
+C1, C2 = "1" * 40, "c0ffee" + "2" * 34
 
 
 def in_warmup(checkpoint: Checkpoint, **config: object) -> Coordinator:
@@ -44,12 +46,10 @@ def rejected(coordinator: Coordinator, call: object, error: CoordinatorError) ->
 
 
 @pytest.mark.parametrize(("current", "report", "expected"), [
-    (HubCheckpoint(repo_id=RUN), HubCheckpoint(repo_id=RUN, revision="r2"),
-     HubCheckpoint(repo_id=RUN, revision="r2")),
-    (P2PCheckpoint(repo_id=RUN, revision="r1"), HubCheckpoint(repo_id=RUN, revision="r2"),
-     P2PCheckpoint(repo_id=RUN, revision="r2")),
-    (P2PCheckpoint(repo_id=RUN, revision="r1"), HubCheckpoint(repo_id=RUN),
-     P2PCheckpoint(repo_id=RUN)),
+    (HubCheckpoint(repo_id=RUN), HubCheckpoint(repo_id=RUN, revision=C2),
+     HubCheckpoint(repo_id=RUN, revision=C2)),
+    (P2PCheckpoint(repo_id=RUN, revision=C1), HubCheckpoint(repo_id=RUN, revision=C2),
+     P2PCheckpoint(repo_id=RUN, revision=C2)),
     # a GCS location has no revision: an acceptable report changes nothing
     (GcsCheckpoint(bucket="b", prefix="p/"), GcsCheckpoint(bucket="b", prefix="p/"),
      GcsCheckpoint(bucket="b", prefix="p/")),
@@ -103,12 +103,12 @@ def test_the_other_checks_come_first() -> None:
 
 def test_reported_revision_survives_the_demotion_to_hub() -> None:
     """The next epoch without the last epoch's clients loads the reported revision."""
-    coordinator = in_warmup(P2PCheckpoint(repo_id=RUN, revision="r1"), total_steps=100)
-    assert coordinator.checkpoint(node(2), 2, HubCheckpoint(repo_id=RUN, revision="r2")) is None
+    coordinator = in_warmup(P2PCheckpoint(repo_id=RUN, revision=C1), total_steps=100)
+    assert coordinator.checkpoint(node(2), 2, HubCheckpoint(repo_id=RUN, revision=C2)) is None
     assert coordinator.pause(101) is None  # Warmup: paused at once
     assert coordinator.resume(102) is None
     coordinator.tick([node(50), node(51)], 110, 1)
-    assert coordinator.state.model.checkpoint == HubCheckpoint(repo_id=RUN, revision="r2")
+    assert coordinator.state.model.checkpoint == HubCheckpoint(repo_id=RUN, revision=C2)
 
 
 @pytest.mark.parametrize(("saved", "configured", "expected"), [
@@ -148,8 +148,8 @@ def test_the_authority_moves_the_repository_of_a_halted_run() -> None:
     coordinator.tick([node(i) for i in range(4)], 110, 1)
     assert state.run_state is RunState.Warmup
     assert coordinator.checkpoint(node(0), 0, HubCheckpoint(repo_id=new.repo_id,
-                                                             revision="r1")) is None
-    assert state.model.checkpoint == HubCheckpoint(repo_id=new.repo_id, revision="r1")
+                                                             revision=C1)) is None
+    assert state.model.checkpoint == HubCheckpoint(repo_id=new.repo_id, revision=C1)
     rejected(coordinator, lambda: coordinator.checkpoint(node(0), 0, HubCheckpoint(repo_id=RUN)),
              CoordinatorError.CheckpointNotRunRepository)
 
@@ -158,4 +158,25 @@ def test_report_problem_names_both_locations() -> None:
     problem = report_problem(GcsCheckpoint(bucket="b", prefix="p/"), HubCheckpoint(repo_id="me/x"))
     assert problem == ("the report names Hub repository 'me/x', the run's checkpoint is "
                        "GCS bucket 'b' prefix 'p/' (set by the run's authority)")
-    assert report_problem(HubCheckpoint(repo_id="me/x"), HubCheckpoint(repo_id="me/x")) is None
+    assert report_problem(HubCheckpoint(repo_id="me/x"),
+                          HubCheckpoint(repo_id="me/x", revision=C1)) is None
+
+
+@pytest.mark.parametrize("revision", [
+    "refs/pr/1", "main", "refs/heads/main", "v1.0", None, "", C1[:7], C1 + "0", C2.upper(),
+    C1[:39] + "g", " " + C1[1:], "refs/pr/" + C1[8:]])
+@pytest.mark.parametrize("current", [HubCheckpoint(repo_id=RUN),
+                                     P2PCheckpoint(repo_id=RUN, revision=C1)])
+def test_a_revision_that_is_not_a_commit_id_is_refused_with_the_reason(
+        current: Checkpoint, revision: str | None) -> None:
+    """Anyone can open a pull request on the Hub: a report pointing the run at refs/pr/1
+    (or a branch, a tag, an abbreviated id) would steer every later joiner to a model of
+    its choosing. Only a full commit id, the one an upload to main returns, is taken."""
+    coordinator = in_warmup(current)
+    refused = rejected(coordinator, lambda: coordinator.checkpoint(
+        node(1), 1, HubCheckpoint(repo_id=RUN, revision=revision)),
+        CoordinatorError.CheckpointNotRunRepository)
+    named = "no revision" if revision is None else f"revision {revision!r}"
+    assert refused.detail.startswith(f"the report names {named} of Hub repository '{RUN}', "
+                                     "not a commit id"), refused.detail
+    assert coordinator.state.model.checkpoint == current

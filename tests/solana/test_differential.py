@@ -50,11 +50,16 @@ assert BASE.model.checkpoint == HubCheckpoint(repo_id=RUN_REPO)
 RUN_CHECKPOINTS: list[Checkpoint] = [
     HubCheckpoint(repo_id=RUN_REPO), GcsCheckpoint(bucket="bucket", prefix="run/"),
     GcsCheckpoint(bucket="bucket"), DummyCheckpoint(repo_id=RUN_REPO)]
+# A revision must be a commit id: a ref (a pull request's, a branch) or none is refused.
+COMMIT = "0123456789abcdef" * 2 + "01234567"
 REPORTS: list[HubCheckpoint | GcsCheckpoint] = [
-    HubCheckpoint(repo_id=RUN_REPO, revision="abc"), HubCheckpoint(repo_id=RUN_REPO),
-    HubCheckpoint(repo_id="someone/else", revision="abc"),
+    HubCheckpoint(repo_id=RUN_REPO, revision=COMMIT), HubCheckpoint(repo_id=RUN_REPO),
+    HubCheckpoint(repo_id="someone/else", revision=COMMIT),
     GcsCheckpoint(bucket="bucket", prefix="run/"), GcsCheckpoint(bucket="bucket"),
-    GcsCheckpoint(bucket="other", prefix="run/")]
+    GcsCheckpoint(bucket="other", prefix="run/"),
+    HubCheckpoint(repo_id=RUN_REPO, revision="refs/pr/1"),
+    HubCheckpoint(repo_id=RUN_REPO, revision=COMMIT.upper()),
+    HubCheckpoint(repo_id=RUN_REPO, revision=COMMIT[:39])]
 
 
 def _state_file(init_min: int, min_clients: int, witness_nodes: int, warmup_pow: int,
@@ -357,8 +362,8 @@ def test_a_whole_epoch_is_identical_on_chain():
     assert harness.python.state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO)
     assert harness.apply(("checkpoint", 1, 0)) is None
     assert harness.python.state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO,
-                                                                  revision="abc")
-    for foreign in (2, 3):  # another Hub repository; a GCS bucket
+                                                                  revision=COMMIT)
+    for foreign in (2, 3, 1, 6, 7, 8):  # another Hub repository; a GCS bucket; no commit id
         assert harness.apply(("checkpoint", 0, foreign)) == "CheckpointNotRunRepository"
 
 
@@ -407,7 +412,7 @@ def test_only_the_authority_moves_the_checkpoint_repository():
     harness.svm.advance(2)
     harness.apply(("tick",))
     assert harness.python.state.run_state is RunState.Warmup
-    foreign, own = REPORTS.index(HubCheckpoint(repo_id="someone/else", revision="abc")), 0
+    foreign, own = REPORTS.index(HubCheckpoint(repo_id="someone/else", revision=COMMIT)), 0
     assert harness.apply(("checkpoint", 0, foreign)) == "CheckpointNotRunRepository"
     assert harness.apply(("checkpoint", 1, own)) is None
     assert harness.python.state.model.checkpoint == REPORTS[own]

@@ -4,7 +4,10 @@ config, normal file modes, shards; the cooldown's bf16 rounding."""
 import copy
 import json
 import os
+import re
+import resource
 import shutil
+import signal
 import stat
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from client_image.training.checkpoint import (
     CheckpointError,
     checkpoint_config,
+    checkpoint_dir_problem,
     list_checkpoints,
     save_checkpoint,
     upload_checkpoint,
@@ -246,17 +250,70 @@ def test_bad_checkpoint_arguments_are_rejected(tmp_path):
         upload_checkpoint(tmp_path, "org/repo", 1, api=_RecordingHubApi())
 
 
+def test_a_failed_write_is_a_checkpoint_error_and_keeps_the_earlier_checkpoints(tmp_path):
+    """The file system refuses the write midway (here: a file size limit, as a full disk
+    would): one CheckpointError naming the step, the directory and the cause; no partial
+    files left, the earlier checkpoint untouched."""
+    model = load_causal_lm(TINY_MODEL, device="cpu")
+    earlier = save_checkpoint(model, tmp_path, "run-f", 1)
+    before = {p.name: p.stat().st_size for p in earlier.iterdir()}
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limits[1]))
+    try:
+        with pytest.raises(CheckpointError) as failed:
+            save_checkpoint(model, tmp_path, "run-f", 2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert str(failed.value).startswith(
+        f"the checkpoint of step 2 was not written to {tmp_path}: "), failed.value
+    assert "File too large" in str(failed.value) or "27" in str(failed.value), failed.value
+    assert [s for s, _ in list_checkpoints(tmp_path, "run-f")] == [1]
+    assert not list(tmp_path.glob(".*partial"))
+    assert {p.name: p.stat().st_size for p in earlier.iterdir()} == before
+    # A checkpoint directory that became a file: the same, at the first step of the write.
+    (tmp_path / "gone").write_text("")
+    with pytest.raises(CheckpointError, match=f"not written to {tmp_path / 'gone'}: "):
+        save_checkpoint(model, tmp_path / "gone", "run-f", 3)
+
+
+@pytest.mark.parametrize(("make", "problem"), [
+    (lambda d: d.write_text("x"), "is a file, not a directory"),
+    (lambda d: None, None),  # missing: created, as the first save would
+    (lambda d: d.mkdir(), None),
+])
+def test_the_checkpoint_dir_is_checked_before_the_run(tmp_path, make, problem):
+    directory = tmp_path / "checkpoints"
+    make(directory)
+    found = checkpoint_dir_problem(directory)
+    assert found == (None if problem is None else f"{directory} {problem}")
+    if problem is None:
+        assert directory.is_dir() and list(directory.iterdir()) == []  # the probe is gone
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_is_named_with_the_cause(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert checkpoint_dir_problem(tmp_path / "file" / "sub") == (
+        f"{tmp_path / 'file' / 'sub'}: cannot write there (Not a directory)")
+    # A directory that takes no files: the probe tells (root ignores permission bits, and
+    # /proc takes files from no one).
+    problem = checkpoint_dir_problem(Path("/proc"))
+    assert problem is not None and problem.startswith("/proc: cannot write there ("), problem
+
+
 class _RecordingHubApi:
     """Stands at huggingface_hub.HfApi's call boundary: no hub is reachable from the tests."""
 
-    def __init__(self):
+    def __init__(self, oid: object = "0123abcd" * 5):
         self.calls = []
+        self.oid = oid
 
     def upload_folder(self, **kwargs):
         self.calls.append(kwargs)
 
         class CommitInfo:
-            oid = "0123abcd"
+            oid = self.oid
 
         return CommitInfo()
 
@@ -264,11 +321,16 @@ class _RecordingHubApi:
 def test_hub_upload_up_to_the_call_boundary_no_hub_reachable(tmp_path):
     path = save_checkpoint(load_causal_lm(TINY_MODEL, device="cpu"), tmp_path, "run-c", 4)
     api = _RecordingHubApi()
-    assert upload_checkpoint(path, "org/model", 4, api=api) == "0123abcd"
+    assert upload_checkpoint(path, "org/model", 4, api=api) == "0123abcd" * 5
     assert api.calls == [{
         "folder_path": str(path), "repo_id": "org/model", "repo_type": "model",
         "revision": None, "commit_message": "step 4",
     }]
+    # The coordinator takes only a commit id: an answer without one is an upload error.
+    for oid in ("0123abcd", "refs/pr/1", None, "https://huggingface.co/org/model/commit/x"):
+        expected = f"without a commit id (got {oid!r})"
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            upload_checkpoint(path, "org/model", 4, api=_RecordingHubApi(oid))
 
 
 def test_hub_repo_id_resolves_through_the_local_hf_cache(tmp_path, monkeypatch):
