@@ -3,10 +3,12 @@ client's events until it leaves.
 
 What a join, an event or a leave does to the run is the server's (`Served`, server.py);
 this module only turns a connection's bytes into those three calls. Untrusted input stops
-here (the shared `AcceptGate`): a handshake must finish within a timeout, at most
-`max_handshakes` may be in flight and at most `max_handshakes_per_address` from one
-source address, frames are size-limited before they are read, and a garbage frame or a
-bad signature gets an error reply and a disconnect, never an exception in the server.
+here (the shared `AcceptGate`, docs/tcp-admission.md): a handshake must finish within a
+timeout, at most `max_handshakes_per_address` are in flight from one source address, and
+when `max_handshakes` are (by default half the process's file descriptors) the oldest of
+the busiest address is shed for the newcomer; frames are size-limited before they are
+read, and a garbage frame or a bad signature gets an error reply and a disconnect, never
+an exception in the server.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Protocol
 
 from coordinator_tcp.protocol import Join, ProtocolError, decode_client_message
 from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
+from psyche_common.tcp.admission import AcceptGate
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, read_frame
-from psyche_common.tcp.handshake import AcceptGate, JoinRejected, accept_join, send_fatal
+from psyche_common.tcp.handshake import JoinRejected, accept_join, send_fatal
 from psyche_common.tcp.listener import Listener
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,8 @@ class Connections:
 
     async def listen(self) -> None:
         await self._listener.start()
+        log.info("admission: up to %d connections in handshake, %d per address, %.1f s each",
+                 self._gate.max_pending, self._gate.max_per_address, self._gate.timeout_s)
 
     async def close(self) -> None:
         """Stop listening and close every connection (each handler sees its closed socket
@@ -85,6 +90,9 @@ class Connections:
     def _handshake_refused(self, error: str, cause: BaseException | None) -> None:
         if error == "Busy":
             self.stats.handshakes_refused_busy += 1
+            return
+        if error == "Shed":
+            self.stats.handshakes_shed += 1
             return
         self.stats.handshakes_failed += 1
         self.stats.note(f"handshake: {cause!r}")

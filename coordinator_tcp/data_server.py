@@ -38,13 +38,9 @@ from coordinator_tcp.protocol import (
     ProtocolError,
     encode,
 )
+from psyche_common.tcp.admission import AcceptGate
 from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
-from psyche_common.tcp.handshake import (
-    AcceptGate,
-    JoinRejected,
-    accept_join,
-    send_fatal,
-)
+from psyche_common.tcp.handshake import JoinRejected, accept_join, send_fatal
 from psyche_common.tcp.listener import Listener
 from psyche_common.token_files import DataProviderError, LocalDataProvider
 

@@ -24,11 +24,13 @@ class ServerOptions:
     init_warmup_time: int | None = None
     tick_interval_s: float = 0.5
     heartbeat_interval_s: float = 5.0
-    # Handshakes in flight: a slow or idle peer costs one slot per connection, for at most
-    # handshake_timeout_s, and one source address gets at most max_handshakes_per_address.
+    # Handshakes in flight (docs/tcp-admission.md): a slow or idle peer costs one slot per
+    # connection, for at most handshake_timeout_s; one source address gets at most
+    # max_handshakes_per_address; beyond max_handshakes (None: half the process's file
+    # descriptors) the oldest of the address holding most is shed for the newcomer.
     handshake_timeout_s: float = 3.0
-    max_handshakes: int = 1024
-    max_handshakes_per_address: int = 8
+    max_handshakes: int | None = None
+    max_handshakes_per_address: int = 16
     # After a restart from --save-state-dir, listed clients get this long to reconnect.
     reconnect_grace_s: float = 20.0
 
@@ -37,7 +39,8 @@ class ServerOptions:
 class ServerStats:
     connections_accepted: int = 0
     handshakes_failed: int = 0
-    handshakes_refused_busy: int = 0
+    handshakes_refused_busy: int = 0  # its address already had its share in handshake
+    handshakes_shed: int = 0  # closed in handshake to make room for a newcomer
     protocol_errors: int = 0
     rejected_events: int = 0
     broadcasts: int = 0

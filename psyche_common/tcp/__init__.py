@@ -7,4 +7,7 @@
     connection   Connection.connect(...), JoinRefused, Backoff, keep_connected,
                  parse_host_port, CONNECTION_ERRORS
     handshake    accept_join, send_fatal, JoinRejected (servers)
+    admission    AcceptGate (who may handshake: per-address caps, shedding when full),
+                 raise_fd_limit, handshake_pool (servers)
+    listener     Listener (a listening socket and its connections)
 """

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from psyche_common.tcp.handshake import ACCEPT_BACKLOG
+from psyche_common.tcp.admission import ACCEPT_BACKLOG
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
