@@ -1,9 +1,13 @@
 """Chaos: the local testnet with clients SIGKILLed and restarted at random. Prints its
 figures, then ONE JSON line.
 
-    .venv/bin/python bench/chaos.py [--clients 3] [--kill-interval 20] [--total-steps 80]
-                                    [--epoch-time 30] [--timeout 1200] [--witness-nodes N]
-                                    [--spare I ...] [--gcs]
+    .venv/bin/python bench/chaos.py [--minutes M] [--clients 3] [--kill-interval 30]
+                                    [--total-steps 80] [--epoch-time 30] [--timeout 1200]
+                                    [--witness-nodes N] [--spare I ...] [--gcs]
+
+--minutes M: run for M minutes whatever the steps (total_steps raised out of reach), then
+stop every process: the issue's measure is `--minutes 10` (a kill every 30 s, 3 clients).
+The last step or two in flight when it stops are not counted lost or unapplied.
 
 A real `psyche-coordinator run` and N real `psyche-client train` processes on this
 machine (the bundled tiny Llama and data, config/local-testnet with total_steps and
@@ -17,8 +21,13 @@ when every holder of the model dies the next epoch starts from the last uploaded
 cooldown instead of the initial model. Without it the stored checkpoint never moves.
 
 kills, rejoins       SIGKILLs sent; killed clients seen Healthy in a later epoch
-clients_identical    the final checkpoints of the clients that reached the last one
-                     are byte-identical (SHA-256 of their safetensors)
+clients_identical    every pair of clients compared at every step both checkpointed
+                     (SHA-256 of their safetensors) was identical, and some pair was
+checkpoint_pairs_compared
+                     how many (step, pair of clients) were compared
+final_checkpoints_identical
+                     the final checkpoints of the clients that reached the last one
+                     are byte-identical (the testnet summary's clients_identical)
 checkpoint_steps_compared, checkpoint_steps_differing
                      every step at which two or more clients saved a checkpoint, and
                      those where their safetensors differ (should be none)
@@ -28,10 +37,15 @@ steps_lost           steps the coordinator counted with batches to train (the ru
 steps_unapplied      steps some client trained whose results no client applied: the last
                      one or two steps of an epoch cut short (a missing witness quorum,
                      too few clients), dropped as Psyche drops them
-models_reset         epochs after the first that started from the initial model (the
-                     run's stored checkpoint, never moved without --gcs) because nobody
-                     holding the model was left, throwing away training applied since the
-                     last such start
+models_reset         epochs the coordinator started from the run's stored checkpoint
+                     (the initial model without --gcs) although the last epoch's clients
+                     held a newer model (seen live by the testnet's observer)
+models_reset_with_holder
+                     those of them while a client holding that model was alive (listed at
+                     the last cooldown and not killed since, or restarted with its own
+                     checkpoint of that cooldown on disk): must be 0
+models_reset_lossy   (from the clients' logs) epochs after the first that loaded the
+                     initial model, throwing away training applied since the last such load
 epochs_rolled_back   (--gcs) epochs after the first that started from an uploaded cooldown
                      checkpoint, not the initial model: the dead epoch's steps are lost,
                      the training before it is kept
@@ -66,6 +80,7 @@ sys.path.insert(0, str(ROOT))
 
 from local_testnet.audit import (  # noqa: E402
     checkpoint_agreement,
+    checkpoint_pairs,
     checkpoints_equal_initial,
     clients_at_cooldown,
     hub_fallback_epochs,
@@ -106,8 +121,10 @@ def start_gcs(initial: Path, run_id: str) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="run this long (the run never finishes by itself), then stop")
     parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--kill-interval", type=float, default=20.0)
+    parser.add_argument("--kill-interval", type=float, default=30.0)
     parser.add_argument("--total-steps", type=int, default=80)
     parser.add_argument("--epoch-time", type=int, default=30)
     parser.add_argument("--timeout", type=float, default=1200.0)
@@ -120,6 +137,11 @@ def main() -> None:
     parser.add_argument("--gcs", action="store_true",
                         help="store checkpoints in a GCS bucket (a loopback emulator)")
     args = parser.parse_args()
+    if args.minutes is not None:
+        if args.minutes <= 0:
+            parser.error(f"--minutes must be positive, not {args.minutes}")
+        args.timeout = args.minutes * 60
+        args.total_steps = 100_000  # out of reach: the time ends the run
 
     work = Path(tempfile.mkdtemp(prefix="psyche-chaos-"))
     config = work / "config"
@@ -155,7 +177,9 @@ def main() -> None:
         if emulator is not None:
             emulator.stop()
     expected = sorted(step for step, has in testnet.trainable.items() if has)
-    lost = testnet.untrained_steps()
+    # Stopped by --minutes: the round in flight was not trained (or applied) yet.
+    in_flight = summary["final_step"] if not summary["finished"] else 1 << 62
+    lost = [step for step in testnet.untrained_steps() if step < in_flight]
     equal_initial, examined = checkpoints_equal_initial(work / "run", args.clients, initial)
     fallbacks = hub_fallback_epochs(work / "run", args.clients)
     lossy = hub_fallback_epochs(work / "run", args.clients, lossy_only=True,
@@ -173,7 +197,9 @@ def main() -> None:
     applied = {event["of_step"] for i in range(1, args.clients + 1)
                for event in client_events(work / "run", i, "applied")
                if (event.get("results") or 0) > 0}
-    unapplied = sorted(trained - applied)
+    unapplied = sorted(step for step in trained - applied if step < in_flight - 1)
+    pairs_compared, pairs_differing = checkpoint_pairs(work / "run", args.clients)
+    identical = pairs_compared > 0 and not pairs_differing
     print(f"run: {json.dumps(summary)}")
     print(f"steps with batches: {len(expected)}, trained by someone: "
           f"{len(expected) - len(lost)}, lost: {lost}")
@@ -185,13 +211,19 @@ def main() -> None:
           f"holder left): {no_holder_left}; to an uploaded cooldown (the dead epoch's "
           f"steps lost): {rolled_back}")
     print(f"checkpoints after step 0: {examined}, equal to the initial model: {equal_initial}")
-    print(f"steps checkpointed by 2+ clients: {compared}, differing: {differing}")
+    print(f"steps checkpointed by 2+ clients: {compared}, differing: {differing}; pairs of "
+          f"clients compared at each: {pairs_compared}, differing: {pairs_differing}")
+    print(f"model resets seen live (epoch, start step, holders alive): "
+          f"{[(r.epoch, r.step, r.holders_alive) for r in testnet.model_resets.resets]}")
     print(f"work dir: {work}")
     print(json.dumps({
         "kills": summary["killed"], "rejoins": summary["rejoined"],
-        "clients_identical": summary["clients_identical"], "steps_lost": len(lost),
-        "steps_unapplied": len(unapplied),
-        "models_reset": len(lossy), "epochs_rolled_back": len(rolled_back),
+        "clients_identical": identical, "checkpoint_pairs_compared": pairs_compared,
+        "steps_lost": len(lost), "steps_unapplied": len(unapplied),
+        "models_reset": summary["models_reset"],
+        "models_reset_with_holder": summary["models_reset_with_holder"],
+        "final_checkpoints_identical": summary["clients_identical"],
+        "models_reset_lossy": len(lossy), "epochs_rolled_back": len(rolled_back),
         "fallback_epochs": len(fallbacks),
         "models_reset_no_holder_left": len(no_holder_left), "checkpoints_equal_initial": equal_initial,
         "epochs": summary["epochs"], "checkpoint_steps_compared": compared,
