@@ -15,6 +15,13 @@ Nothing the client says is lost to a restart: a message sent while disconnected 
 for the next connection (up to `reconnect_wait_s`), and the messages sent in the last
 `replay_window_s` before a connection dropped are sent again on the next one (the server
 may have died before reading them; a repeat is refused as a duplicate, harmlessly).
+
+Except a witness for a step that is over: a connection counts as up once its first state
+has come, and a WitnessSubmit goes only while the coordinator is at the step it was made
+for (its `metadata.step`, which the round runner sets). A restarted coordinator already
+at the next step, with the same client elected again, would otherwise take the replayed
+witness as that step's: its blooms vouch for the step before, so none of the results of
+the step in flight would reach a quorum, and every client would skip them.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from coordinator_tcp.protocol import (
     ResyncAddresses,
     StateUpdate,
     VersionMismatch,
+    WitnessSubmit,
 )
 from coordinator_tcp.state_delta import StateMirror
 from psyche_common.identity import Identity
@@ -77,7 +85,8 @@ class TcpBackend:
         self.addresses = AddressMirror()
         self.states = StateMirror()
         self.notice: Notice | None = None  # the last thing the coordinator said we wait for
-        self.connected = asyncio.Event()
+        self.connected = asyncio.Event()  # set once a connection has brought its first state
+        self._step: int | None = None  # the coordinator's step, as this connection last said
 
     async def run(self, on_state: StateCallback, on_error: ErrorCallback,
                   stop: asyncio.Event) -> None:
@@ -105,12 +114,9 @@ class TcpBackend:
             raise BackendRejected(f"the coordinator at {self.host}:{self.port} speaks another "
                                   f"protocol: {mismatch}") from None
         self._connection = connection
+        self._step = None
         self.addresses.reset()
         self.states.reset()
-        self.connected.set()
-        replay, self._replay = self._replay, []
-        for message in replay:
-            await self.send(message)
         try:
             while True:
                 message = await connection.receive()
@@ -130,6 +136,14 @@ class TcpBackend:
                     except (StateDecodeError, ValueError) as exc:
                         log.error("undecodable coordinator state: %s", exc)
                         continue
+                    self._step = state.progress.step
+                    if not self.connected.is_set():
+                        # Up from the first state on: what waits, or is replayed, is sent
+                        # against the step the coordinator is at now (see `send`).
+                        self.connected.set()
+                        replay, self._replay = self._replay, []
+                        for queued in replay:
+                            await self.send(queued)
                     await on_state(ServerState(state, dict(self.addresses.addresses),
                                                message.server_time))
                 elif isinstance(message, Notice):
@@ -155,13 +169,18 @@ class TcpBackend:
     async def send(self, message: BaseModel) -> bool:
         """Send one message, waiting up to `reconnect_wait_s` for a connection; False if
         none came (the caller decides whether it matters)."""
-        if self._connection is None:
+        if not self.connected.is_set():
             try:
                 await asyncio.wait_for(self.connected.wait(), self.reconnect_wait_s)
             except TimeoutError:
                 return False
         connection = self._connection
         if connection is None:
+            return False
+        if (isinstance(message, WitnessSubmit) and self._step is not None
+                and message.metadata.step != self._step):
+            log.warning("a witness of step %d not sent: the coordinator is at step %d",
+                        message.metadata.step, self._step)
             return False
         try:
             await connection.send(message)

@@ -10,7 +10,14 @@ import signal
 from collections.abc import Callable
 
 import pytest
-from e2e_helpers import REPO, checkpoint_digests, events, make_testnet, wait_for
+from e2e_helpers import (
+    REPO,
+    checkpoint_digests,
+    events,
+    log_tails,
+    make_testnet,
+    wait_for,
+)
 
 from coordinator import ClientState, CoordinatorState, RunState
 from local_testnet.audit import checkpoints_equal_initial, hub_fallback_epochs
@@ -90,9 +97,13 @@ def newer_than(before: CoordinatorState) -> Callable[[CoordinatorState], bool]:
 async def test_coordinator_killed_in_every_phase_loses_no_step(tmp_path) -> None:
     """kill -9 of the coordinator once in each phase, restarted 6 s later (longer than a
     round may last) from its state dir: every step is still trained (none counted with
-    its data skipped), nobody falls back to the initial model, the clients end identical.
-    Without the restarted server's hold, a timed-out round with no witnesses withdraws
-    everyone and the run restarts from the initial model."""
+    its data skipped), every result of every step is applied by every client (none
+    dropped by the step in flight when the coordinator died), nobody falls back to the
+    initial model, the clients end identical. Without the restarted server's hold, a
+    timed-out round with no witnesses withdraws everyone and the run restarts from the
+    initial model; a witness the client replays after the restart was taken for the next
+    round (its blooms vouching for the step before), and a batch fetch from the data server
+    (in the coordinator's process) gave up while the server was down."""
     testnet = make_testnet(tmp_path, 2, config={"total_steps": 26, "epoch_time": 21,
                                                 "warmup_time": 20, "init_min_clients": 2,
                                                 "max_round_train_time": 5})
@@ -120,6 +131,12 @@ async def test_coordinator_killed_in_every_phase_loses_no_step(tmp_path) -> None
     assert final.progress.step == 26, restarts
     assert testnet.untrained_steps() == [], restarts
     work = testnet.options.work_dir
+    applied = {i: events(work, i, "applied") for i in (1, 2)}
+    dropped = [(i, e) for i in (1, 2) for e in applied[i] if e["skipped"] or e["left_out"]]
+    assert dropped == [], (restarts, dropped, log_tails(work))
+    # Both applied the same steps, each with both clients' results.
+    assert [e["of_step"] for e in applied[1]] == [e["of_step"] for e in applied[2]], restarts
+    assert all(e["results"] == 2 for i in (1, 2) for e in applied[i]), applied
     assert hub_fallback_epochs(work, 2) == [], restarts
     reset, examined = checkpoints_equal_initial(work, 2, INITIAL_MODEL)
     assert examined >= 2 and reset == 0, restarts
