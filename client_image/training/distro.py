@@ -352,47 +352,47 @@ def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int,
     return rows @ cols
 
 
+def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int, b: int,
+                     mix_rows: bool = True) -> torch.Tensor:
+    """One group's aggregate, spatial: (N, a, b) from idx, val (N, m), the peers' k slots
+    side by side, peer after peer (m = n_peers * k).
+
+    Each coefficient is weighted by 1 / (number of peers that sent it), which makes the sum
+    the scatter-mean G; an empty slot (value 0) adds nothing and is not counted, so a peer
+    whose block was all zero leaves the others' mean alone. The inverse DCT then runs as
+    dense matmuls or, when a block holds fewer than a + b coefficients, as rank-m products.
+    """
+    n_blocks = idx.shape[0]
+    weight = val
+    if n_peers > 1:
+        count = torch.zeros(n_blocks, a * b, dtype=val.dtype, device=val.device)
+        count.scatter_add_(1, idx, (val != 0).to(val.dtype))
+        # An empty slot's coefficient may have no sender at all: 0 / 1, never 0 / 0.
+        weight = val / torch.gather(count, 1, idx).clamp_min(1)
+    if idx.shape[1] < a + b:
+        return sparse_idct_blocks(idx, weight, a, b, mix_rows)
+    dense = torch.zeros(n_blocks, a * b, dtype=val.dtype, device=val.device)
+    dense.scatter_add_(1, idx, weight)
+    return idct_blocks(dense.view(n_blocks, a, b), mix_rows)
+
+
 def decompress_blocks(
     peer_results: Sequence[Sequence[SparseResult]],
     layout: BlockLayout,
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> list[torch.Tensor]:
-    """Aggregate any number of peers' results into spatial group buffers.
-
-    Each coefficient is weighted by 1 / (number of peers that sent it), which makes the sum
-    the scatter-mean G; an empty slot (value 0) adds nothing and is not counted, so a peer
-    whose block was all zero leaves the others' mean alone. The inverse DCT of a whole group
-    then runs at once, as dense matmuls or, when a block holds fewer than a + b
-    coefficients, as rank-m products.
-    """
+    """Aggregate any number of peers' results into spatial group buffers (aggregate_blocks
+    of every group)."""
     if not peer_results:
         raise ValueError("decompress needs at least one result")
-    n_plans = len(layout.plans)
-    idx = [
-        torch.cat([r[i].idx.to(device) for r in peer_results], dim=1) for i in range(n_plans)
-    ]
-    val = [
-        torch.cat([r[i].val.to(device=device, dtype=dtype) for r in peer_results], dim=1)
-        for i in range(n_plans)
-    ]
     out = []
-    for group, ((a, b), n_blocks) in enumerate(zip(layout.shapes, layout.group_sizes, strict=True)):
+    for group, (a, b) in enumerate(layout.shapes):
         members = [i for i, (g, _) in enumerate(layout.slots) if g == group]
-        group_idx = torch.cat([idx[i] for i in members])
-        weight = torch.cat([val[i] for i in members])
-        if len(peer_results) > 1:
-            count = torch.zeros(n_blocks, a * b, dtype=dtype, device=device)
-            count.scatter_add_(1, group_idx, (weight != 0).to(dtype))
-            # An empty slot's coefficient may have no sender at all: 0 / 1, never 0 / 0.
-            weight = weight / torch.gather(count, 1, group_idx).clamp_min(1)
-        mix_rows = layout.group_mix_rows[group]
-        if group_idx.shape[1] < a + b:
-            out.append(sparse_idct_blocks(group_idx, weight, a, b, mix_rows))
-        else:
-            dense = torch.zeros(n_blocks, a * b, dtype=dtype, device=device)
-            dense.scatter_add_(1, group_idx, weight)
-            out.append(idct_blocks(dense.view(n_blocks, a, b), mix_rows))
+        idx = torch.cat([torch.cat([r[i].idx for i in members]) for r in peer_results], dim=1)
+        val = torch.cat([torch.cat([r[i].val for i in members]) for r in peer_results], dim=1)
+        out.append(aggregate_blocks(idx.to(device), val.to(device=device, dtype=dtype),
+                                    len(peer_results), a, b, layout.group_mix_rows[group]))
     return out
 
 

@@ -20,28 +20,22 @@ compression and this project's wire format:
 
 The client's DistroTrainer runs the same math pipelined over rounds (the update of step
 s lands at s + 2, with a lookahead); this optimizer applies each step at once, which is
-what a plain data-parallel loop wants. Workers stay bit-identical: they apply the same
-payloads, in the exchange's order, one parameter at a time.
+what a plain data-parallel loop wants. Both run the one DisTrO step of distro_step.py.
+Workers stay bit-identical: they apply the same payloads, in the exchange's order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from client_image.training.distro import (
-    BlockLayout,
-    SparseResult,
-    compress_blocks,
-    decompress_blocks,
-    decompress_parameter_streamed,
-    plan_model,
-)
-from client_image.training.wire import ResultStream, encode_result
+from client_image.training.distro import plan_model
+from client_image.training.distro_step import DistroStep, WholeParameters, payload_slots
+from client_image.training.wire import ResultStream, encode_slots
 from coordinator.config import DistroOptimizer
 
 
@@ -97,10 +91,8 @@ class DisTrO(torch.optim.Optimizer):
                              "(training/sharded.py)")
         self.plans = plan_model([(f"param{i}", p.shape) for i, p in enumerate(self.params)],
                                 config.compression_chunk, config.compression_topk)
-        self.layout = BlockLayout(self.plans)
-        self.delta = self.layout.zeros(torch.float32, self.params[0].device)
+        self.distro = DistroStep(self.params, self.plans, WholeParameters())  # distro_step.py
         self.steps_taken = 0
-        self._sent: list[SparseResult] | None = None
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]  # no closure: a step exchanges with peers once
@@ -109,26 +101,14 @@ class DisTrO(torch.optim.Optimizer):
         lr = float(self.param_groups[0]["lr"])
         if self.config.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.config.clip_grad_norm)
-        if self._sent is not None:
-            torch._foreach_sub_(self.delta, decompress_blocks(
-                [self._sent], self.layout, torch.float32, self.delta[0].device))
-        if self.config.weight_decay:
-            torch._foreach_mul_(self.params, 1 - lr * self.config.weight_decay)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        torch._foreach_mul_(self.delta, self.config.compression_decay)
-        self.layout.add_from(self.delta, [g.float() for g in grads], alpha=lr)
-        self._sent = compress_blocks(self.delta, self.layout)
-        payload = encode_result(self._sent, self.plans, step=self.steps_taken, trainer_nonce=0,
-                                batch_start=0, batch_end=0, one_bit=self.config.quantize_1bit)
+        distro = self.distro
+        distro.error_feedback()
+        distro.decay_weights(lr, self.config.weight_decay)
+        distro.momentum([p.grad for p in self.params], lr, self.config.compression_decay)
+        one_bit = self.config.quantize_1bit
+        payload = encode_slots(payload_slots(distro.compress(), distro.chunks, one_bit),
+                               self.plans, step=self.steps_taken, trainer_nonce=0,
+                               batch_start=0, batch_end=0, one_bit=one_bit)
         payloads = self.exchange.exchange(self.steps_taken, payload)
-        self._apply(payloads, lr)
+        distro.apply([ResultStream(p, self.plans) for p in payloads], lr)
         self.steps_taken += 1
-
-    def _apply(self, payloads: Sequence[bytes], lr: float) -> None:
-        streams = [ResultStream(p, self.plans) for p in payloads]
-        for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
-            def tensors_of(i: int = i) -> Iterator[SparseResult]:
-                return (stream.tensor(i) for stream in streams)
-            update = decompress_parameter_streamed(tensors_of, len(streams), plan, param.dtype,
-                                                   param.device)
-            param.add_(update.sign_(), alpha=-lr)

@@ -28,20 +28,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import torch
 
-from client_image.training.distro import (
-    BlockLayout,
-    BlockPlan,
-    SparseResult,
-    compress_blocks,
-    decompress_blocks,
-    decompress_parameter_streamed,
-    plan_model,
+from client_image.training.distro import BlockPlan, plan_model
+from client_image.training.distro_step import (
+    DistroStep,
+    ParameterView,
+    ResultSource,
+    WholeParameters,
+    payload_slots,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
 from client_image.training.objective import LossFn, causal_lm_loss
@@ -51,22 +50,20 @@ from client_image.training.wire import (
     ResultDecodeError,
     ResultStream,
     decode_result,
-    encode_result,
+    encode_slots,
 )
 from coordinator.config import AdamWOptimizer, DistroOptimizer, LRSchedule
 
 logger = logging.getLogger(__name__)
 
 
-class _ResultSource(Protocol):
-    """A peer's result as apply reads it: a DistroResult, or a ResultStream over its bytes."""
+class _StepResult(ResultSource, Protocol):
+    """A result that says its step (wire.DistroResult, wire.ResultStream)."""
 
     step: int
 
-    def tensor(self, i: int) -> SparseResult: ...
 
-
-_R = TypeVar("_R", bound=_ResultSource)
+_R = TypeVar("_R", bound=_StepResult)
 
 
 @dataclass
@@ -91,12 +88,6 @@ class TrainStepOutput:
     grad_norm: float  # the gradient's total L2 norm before clipping
     ranks: int = 1  # processes that trained it (D x T, training/sharded.py)
     learning_rate: float = 0.0  # the schedule's at this step (cold-start factor included)
-
-
-@dataclass
-class _PendingOwnResult:
-    step: int
-    tensors: list[SparseResult] = field(default_factory=list)
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -145,6 +136,8 @@ class DistroTrainer:
         compute: ComputeDType = "fp32",
         buffer_dtype: torch.dtype = torch.float32,
         loss_fn: LossFn = causal_lm_loss,
+        view: ParameterView | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -159,19 +152,23 @@ class DistroTrainer:
         named = trainable_parameters(model)
         self.names = [name for name, _ in named]
         self.params: list[torch.Tensor] = [p for _, p in named]
+        # A DTensor's shape is the full parameter's: every layout has the same plans.
         self.plans: list[BlockPlan] = distro_plans(model, named, optimizer)
-        # delta lives in the block layout: one (N, a, b) buffer per block shape; fp32
-        # whatever the parameters' dtype (precision.py, "DisTrO buffers"; bf16 only to
-        # measure why not).
-        self.layout = BlockLayout(self.plans)
-        self.delta = self.layout.zeros(buffer_dtype, self.params[0].device)
+        # The update itself (distro_step.py); delta is fp32 whatever the parameters' dtype
+        # (precision.py, "DisTrO buffers"; bf16 only to measure why not).
+        self.distro = DistroStep(self.params, self.plans, view or WholeParameters(),
+                                 buffer_dtype=buffer_dtype, device=device)
         self.trainer_nonce = 0  # train() calls since this process started
         self.timings = Timings()
-        self._pending: _PendingOwnResult | None = None
+
+    @property
+    def delta(self) -> list[torch.Tensor]:
+        """The momentum buffers, shaped and placed like the parameters."""
+        return self.distro.delta
 
     def delta_tensors(self) -> list[torch.Tensor]:
-        """The momentum buffer as parameter-shaped copies (for inspection and tests)."""
-        return self.layout.scatter(self.delta)
+        """The momentum buffer as whole parameter-shaped copies (for inspection and tests)."""
+        return [t.clone() for t in self.distro.view.full(self.distro.delta)]
 
     def learning_rate(self, step: int) -> float:
         """lr(s) = schedule(s) x cold-start factor."""
@@ -209,13 +206,13 @@ class DistroTrainer:
 
     def apply(self, step: int, results: Sequence[DistroResult]) -> bool:
         """Step 1: theta -= lr(step) * sign(mean of the peers' decoded results). False if none."""
-        return self._apply_sources(step, results)
+        return self._apply_sources(step, self._results_of_step(step, results))
 
     def apply_payloads(self, step: int, payloads: Sequence[bytes]) -> int:
-        """`apply` straight from the peers' wire bytes, decoding one parameter of one peer
-        at a time: the extra memory is a few copies of the largest parameter, whatever the
-        number of peers (docs/distro.md, "Apply"). The payloads were accepted by `decode`
-        on download; one whose header no longer parses is dropped with an error, never
+        """`apply` straight from the peers' wire bytes, decoded a chunk of parameters at a
+        time (distro_step.py): the extra memory is a few chunks, whatever the number of
+        peers (docs/distro.md, "Apply"). The payloads were accepted by `decode` on
+        download; one whose header no longer parses is dropped with an error, never
         half-applied. Returns how many results were applied."""
         streams = []
         for payload in payloads:
@@ -232,44 +229,27 @@ class DistroTrainer:
         return len(current) if self._apply_sources(step, current) else 0
 
     @torch.no_grad()
-    def _apply_sources(self, step: int, sources: Sequence[_R]) -> bool:
-        """theta -= lr(step) * sign(mean of the peers' results), one parameter at a time."""
-        current = self._results_of_step(step, sources)
+    def _apply_sources(self, step: int, current: Sequence[ResultSource]) -> bool:
+        """theta -= lr(step) * sign(mean of the results of step - 2 in `current`)."""
         if not current:
             return False
         started = time.perf_counter()
-        lr = self.learning_rate(step)
-        for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
-            def tensors_of(i: int = i) -> Iterator[SparseResult]:
-                return (source.tensor(i) for source in current)
-            update = decompress_parameter_streamed(tensors_of, len(current), plan, param.dtype,
-                                                   self._apply_device(param))
-            self._add_update(param, update, lr)
-            del update
+        self.distro.apply(current, self.learning_rate(step))
         self.timings.decompress_s += time.perf_counter() - started
         return True
-
-    def _apply_device(self, param: torch.Tensor) -> torch.device | str:
-        return param.device
-
-    def _add_update(self, param: torch.Tensor, update: torch.Tensor, lr: float) -> None:
-        param.add_(update.sign_(), alpha=-lr)
 
     def reset_delta(self) -> None:
         """Forget the momentum and the pending error feedback: with verification on every
         epoch starts here, so a follower can replay this trainer (verification/replay.py)."""
         with torch.no_grad():
-            torch._foreach_zero_(self.delta)
-        self._pending = None
+            self.distro.reset()
 
     @torch.no_grad()
     def idle(self, step: int) -> None:
         """A step this client does not train while its peers do: only what train() does to
         the weights, weight decay, so that they stay bit-identical to the trainers' (train
         restores the lookahead exactly; the results arrive through apply)."""
-        if self.config.weight_decay:
-            for param in self.params:
-                param.mul_(1 - self.learning_rate(step) * self.config.weight_decay)
+        self.distro.decay_weights(self.learning_rate(step), self.config.weight_decay)
 
     def train(
         self,
@@ -286,56 +266,57 @@ class DistroTrainer:
         trainer, verification/replay.py)."""
         lr_now = self.learning_rate(step)
         lr_prev = self.learning_rate(max(step - 1, 0))
+        distro = self.distro
         started = time.perf_counter()
         for param in self.params:
             param.grad = None
         with torch.no_grad():
             if cold_start:
-                torch._foreach_zero_(self.delta)
-                self._pending = None
+                distro.reset()
             # The lookahead is undone by restoring a copy, not by adding the step back:
             # (theta - x) + x is not always theta in floating point, and clients that
             # must hold bit-identical weights each look ahead with their own delta.
-            saved = [p.detach().clone() for p in self.params] if lr_prev else []
+            saved = distro.save_weights() if lr_prev else []
             if lr_prev:
-                self.layout.add_to(self.params, torch._foreach_sign(self.delta), alpha=-lr_prev)
+                distro.lookahead(lr_prev)
         self.timings.apply_s += time.perf_counter() - started
 
         started = time.perf_counter()
-        loss = self.loss_fn(self.model, batch.to(self.params[0].device), self.micro_batch_size,
-                            self.compute)
-        grad_norm = clip_gradients(self.params, self.config.clip_grad_norm)
+        loss, grad_norm = self._forward_backward(batch)
         self.timings.forward_backward_s += time.perf_counter() - started
 
         with torch.no_grad():
             started = time.perf_counter()
             if lr_prev:
-                torch._foreach_copy_(self.params, saved)
+                distro.restore_weights(saved)
             del saved
-            if self.config.weight_decay and decay_weights:
-                torch._foreach_mul_(self.params, 1 - lr_now * self.config.weight_decay)
+            if decay_weights:
+                distro.decay_weights(lr_now, self.config.weight_decay)
             applied_at = time.perf_counter()
             self.timings.apply_s += applied_at - started
-            if self._pending is not None:
-                # Error feedback: what was transmitted last step leaves the buffer.
-                sent = decompress_blocks(
-                    [self._pending.tensors], self.layout, self.delta[0].dtype, self.delta[0].device
-                )
-                torch._foreach_sub_(self.delta, sent)
+            distro.error_feedback()  # what was transmitted last step leaves the buffer
             decompressed_at = time.perf_counter()
             self.timings.decompress_s += decompressed_at - applied_at
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            torch._foreach_mul_(self.delta, self.config.compression_decay)
-            self.layout.add_from(self.delta, grads, alpha=lr_now)
-            sparse = compress_blocks(self.delta, self.layout)
-            payload = encode_result(
-                sparse, self.plans, step=step, trainer_nonce=self.trainer_nonce,
-                batch_start=batch_id[0], batch_end=batch_id[1], one_bit=self.config.quantize_1bit,
+            distro.momentum([p.grad for p in self.params], lr_now, self.config.compression_decay)
+            one_bit = self.config.quantize_1bit
+            slots = payload_slots(distro.compress(), distro.chunks, one_bit)
+            payload = encode_slots(
+                slots, self.plans, step=step, trainer_nonce=self.trainer_nonce,
+                batch_start=batch_id[0], batch_end=batch_id[1], one_bit=one_bit,
             )
             self.timings.compress_s += time.perf_counter() - decompressed_at
-        self._pending = _PendingOwnResult(step, sparse)
         self.trainer_nonce += 1
-        return TrainStepOutput(step, loss, payload, grad_norm, learning_rate=lr_now)
+        return TrainStepOutput(step, loss, payload, grad_norm, ranks=self._ranks(),
+                               learning_rate=lr_now)
+
+    def _forward_backward(self, batch: torch.Tensor) -> tuple[float, float]:
+        """(mean loss, gradient norm before clipping), the gradients clipped in place."""
+        loss = self.loss_fn(self.model, batch.to(self.params[0].device), self.micro_batch_size,
+                            self.compute)
+        return loss, clip_gradients(self.params, self.config.clip_grad_norm)
+
+    def _ranks(self) -> int:
+        return 1
 
 
 class AdamWTrainer:

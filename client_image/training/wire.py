@@ -107,13 +107,49 @@ def encode_result(
     """
     if len(tensors) != len(plans):
         raise ValueError(f"{len(tensors)} tensors for {len(plans)} parameters")
-    encoded = [_encode_tensor(t, plan, one_bit) for t, plan in zip(tensors, plans, strict=True)]
+    slots = [tensor_slots(t, plan, one_bit) for t, plan in zip(tensors, plans, strict=True)]
+    return encode_slots(slots, plans, step=step, trainer_nonce=trainer_nonce,
+                        batch_start=batch_start, batch_end=batch_end, one_bit=one_bit)
+
+
+def tensor_slots(sparse: SparseResult, plan: BlockPlan, one_bit: bool) -> np.ndarray:
+    """One tensor's slots as they go out: int32 (3, n_blocks, k) of [index, sent, value
+    bits], value bits the sign bit (one_bit) or the bfloat16 bits. (The DisTrO step makes
+    the same arrays for all its tensors at once: distro_step.payload_slots.)"""
+    for what, tensor in (("idx", sparse.idx), ("val", sparse.val)):
+        if tuple(tensor.shape) != (plan.n_blocks, plan.topk):
+            raise ValueError(
+                f"{plan.name}: {what} shape {tuple(tensor.shape)} does not fit {plan}"
+            )
+    val = sparse.val.detach().cpu()
+    # Zero is judged on the value as it goes out: a float32 value that rounds to a bfloat16
+    # zero is left out too, or the payload would carry a zero that decoding rejects.
+    wire_val = val if one_bit else val.to(torch.bfloat16)
+    bits = torch.signbit(wire_val) if one_bit else wire_val.view(torch.int16)
+    return np.stack([sparse.idx.detach().cpu().numpy().astype(np.int32),
+                     (wire_val != 0).numpy().astype(np.int32), bits.numpy().astype(np.int32)])
+
+
+def encode_slots(
+    slots: Sequence[np.ndarray],
+    plans: Sequence[BlockPlan],
+    *,
+    step: int,
+    trainer_nonce: int,
+    batch_start: int,
+    batch_end: int,
+    one_bit: bool,
+) -> bytes:
+    """Serialize a result given as each tensor's slots (tensor_slots)."""
+    if len(slots) != len(plans):
+        raise ValueError(f"{len(slots)} tensors for {len(plans)} parameters")
+    encoded = [_encode_tensor(s, plan, one_bit) for s, plan in zip(slots, plans, strict=True)]
     n_short = [int((c < plan.topk).sum()) for (c, _), plan in zip(encoded, plans, strict=True)]
     flags = (FLAG_ONE_BIT if one_bit else 0) | (FLAG_SHORT_BLOCKS if any(n_short) else 0)
     out = bytearray(
         _FIXED.pack(MAGIC, WIRE_VERSION, flags, step, trainer_nonce, batch_start, batch_end)
     )
-    out += encode_varint(len(tensors))
+    out += encode_varint(len(plans))
     for (counts, body), plan, short in zip(encoded, plans, n_short, strict=True):
         out += encode_varint(plan.n_blocks) + encode_varint(plan.block_numel) + encode_varint(plan.topk)
         if flags & FLAG_SHORT_BLOCKS:
@@ -124,29 +160,19 @@ def encode_result(
     return bytes(out)
 
 
-def _encode_tensor(
-    sparse: SparseResult, plan: BlockPlan, one_bit: bool
-) -> tuple[np.ndarray, bytes]:
+def _encode_tensor(slots: np.ndarray, plan: BlockPlan, one_bit: bool) -> tuple[np.ndarray, bytes]:
     """(coefficients sent per block, the packed indices and values)."""
-    for what, tensor in (("idx", sparse.idx), ("val", sparse.val)):
-        if tuple(tensor.shape) != (plan.n_blocks, plan.topk):
-            raise ValueError(
-                f"{plan.name}: {what} shape {tuple(tensor.shape)} does not fit {plan}"
-            )
-    val = sparse.val.detach().cpu()
-    # Zero is judged on the value as it goes out: a float32 value that rounds to a bfloat16
-    # zero is left out too, or the payload would carry a zero that decoding rejects.
-    wire_val = val if one_bit else val.to(torch.bfloat16)
-    sent = (wire_val != 0).numpy()
-    idx = sparse.idx.detach().cpu().numpy().astype(np.uint64)[sent]
-    body = pack_uints(idx, index_bits(plan.block_numel))
-    kept = wire_val[torch.from_numpy(sent)]
+    if slots.shape != (3, plan.n_blocks, plan.topk):
+        raise ValueError(f"{plan.name}: slots of shape {slots.shape} do not fit {plan}")
+    idx, sent_flags, bits = slots
+    sent = sent_flags != 0
+    body = pack_uints(idx[sent].astype(np.uint64), index_bits(plan.block_numel))
+    kept = bits[sent]
     if one_bit:
         # The sign bit, as Psyche's signbit quantization (only nonzero values get here).
-        negative = torch.signbit(kept).numpy().astype(np.uint8)
-        body += np.packbits(negative, bitorder="little").tobytes()
+        body += np.packbits(kept.astype(np.uint8), bitorder="little").tobytes()
     else:
-        body += kept.view(torch.int16).numpy().astype("<i2").tobytes()
+        body += kept.astype("<i2").tobytes()
     return sent.sum(axis=1), body
 
 

@@ -1,0 +1,335 @@
+"""One DisTrO step: the update every trainer drives (the client's DistroTrainer, its
+sharded FSDP2/TP twin, the torch.optim DisTrO), over a view of the parameters.
+
+For parameters theta_i, gradients g_i and momentum delta_i (fp32, shaped and placed like
+theta_i), the step's parts (distro.py has the transforms: C = top-k of the blockwise DCT,
+D = scatter-mean of the peers' coefficients and the inverse DCT):
+
+    lookahead        theta -= lr' * sign(delta)                (undone exactly, restore())
+    error feedback   delta -= D(own last result)               (its unquantized values)
+    weight decay     theta *= 1 - lr * weight_decay
+    momentum         delta  = decay * delta + lr * g
+    compress         result = C(delta)                          -> the wire bytes (wire.py)
+    apply            theta -= lr * sign(D(peers' results))
+
+The trainers decide when each part runs (trainer.py: pipelined over rounds; the
+optimizer: at once); this module is the only place that computes them, so every client,
+layout and wrapper runs the same operations on the same numbers.
+
+Grouping. The parameters are cut into chunks: consecutive parameters of at most
+max(STEP_CHUNK_ELEMENTS, the largest parameter) elements (a pure function of the plans,
+the same on every client). Inside a chunk, every parameter's blocks of one block shape
+are stacked into one (N, a, b) tensor, and each group runs one DCT (two matmuls), one
+top-k, one scatter and one inverse DCT. Work on every parameter at once (the copy of its
+blocks into the stacks, the elementwise updates) is one torch._foreach_* call. So the
+operators a step dispatches grow with the model's bytes over the chunk (a handful of
+chunks), not with its number of tensors; the chunk bounds the scratch memory of the
+stacks and of the decode (a few chunk-sized tensors).
+
+View. A ParameterView says how the tensors a process holds relate to the whole
+parameters: WholeParameters for one device (they are the whole parameters); the sharded
+trainer's view (sharded.py) gathers a DTensor's full value for compress and keeps this
+rank's part of a decoded update. Elementwise work runs on what the process holds.
+
+No host synchronization in the step: nothing reads a device value back, except the one
+copy of the payload's slots (payload_slots) that the wire encoding needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from client_image.training.distro import (
+    BlockLayout,
+    BlockPlan,
+    SparseResult,
+    aggregate_blocks,
+    block_view,
+    dct_blocks,
+    topk_blocks,
+)
+
+STEP_CHUNK_ELEMENTS = 2**24  # 16 Mi coefficients (64 MiB in fp32) per chunk at most
+
+
+class ResultSource(Protocol):
+    """A peer's result as apply reads it (wire.DistroResult, or wire.ResultStream over its
+    bytes): parameter i's coefficients."""
+
+    def tensor(self, i: int) -> SparseResult: ...
+
+
+class ParameterView(Protocol):
+    """How the tensors of one process relate to the whole parameters."""
+
+    def full(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The whole values of these parameter-like tensors."""
+        ...
+
+    def local(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The plain tensors this process holds of them (for elementwise work)."""
+        ...
+
+    def add_blocks(self, targets: Sequence[torch.Tensor], stacks: Sequence[torch.Tensor],
+                   chunk: StepChunk, alpha: float) -> None:
+        """targets (the chunk's parameter-like tensors) += alpha * the whole update
+        held in `stacks` (the chunk's group stacks), on the part this process holds."""
+        ...
+
+
+class WholeParameters:
+    """One device: the tensors are the whole parameters."""
+
+    def full(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return list(tensors)
+
+    def local(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return list(tensors)
+
+    def add_blocks(self, targets: Sequence[torch.Tensor], stacks: Sequence[torch.Tensor],
+                   chunk: StepChunk, alpha: float) -> None:
+        torch._foreach_add_(chunk.block_views(targets), chunk.stack_views(stacks), alpha=alpha)
+
+
+@dataclass(frozen=True)
+class StepChunk:
+    """Parameters first..stop-1, their blocks grouped by block shape (layout)."""
+
+    first: int
+    stop: int
+    layout: BlockLayout
+
+    @property
+    def numel(self) -> int:
+        return sum(plan.numel for plan in self.layout.plans)
+
+    def members(self, group: int) -> list[int]:
+        """The chunk's parameters (chunk-local indices) with blocks in `group`, in order."""
+        return [i for i, (g, _) in enumerate(self.layout.slots) if g == group]
+
+    def block_views(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each parameter-shaped tensor seen as its blocks (distro.block_view), no copy."""
+        return [block_view(t, plan) for t, plan in zip(tensors, self.layout.plans, strict=True)]
+
+    def stack_views(self, stacks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each parameter's blocks inside the group stacks, shaped as block_views."""
+        return [self.layout.view(stacks, i) for i in range(len(self.layout.plans))]
+
+
+def plan_chunks(plans: Sequence[BlockPlan],
+                max_elements: int = STEP_CHUNK_ELEMENTS) -> list[StepChunk]:
+    """Consecutive parameters of at most max(max_elements, largest parameter) elements."""
+    if not plans:
+        return []
+    budget = max(max_elements, *(plan.numel for plan in plans))
+    chunks, first, size = [], 0, 0
+    for i, plan in enumerate(plans):
+        if size + plan.numel > budget:
+            chunks.append(StepChunk(first, i, BlockLayout(plans[first:i])))
+            first, size = i, 0
+        size += plan.numel
+    chunks.append(StepChunk(first, len(plans), BlockLayout(plans[first:])))
+    return chunks
+
+
+def stack_blocks(tensors: Sequence[torch.Tensor], chunk: StepChunk) -> list[torch.Tensor]:
+    """The chunk's whole parameter-shaped tensors -> one (N, a, b) stack per group."""
+    like = tensors[0]
+    stacks = [torch.empty(n, a, b, dtype=like.dtype, device=like.device)
+              for n, (a, b) in zip(chunk.layout.group_sizes, chunk.layout.shapes, strict=True)]
+    torch._foreach_copy_(chunk.stack_views(stacks), chunk.block_views(tensors))
+    return stacks
+
+
+def unstack_blocks(stacks: Sequence[torch.Tensor], chunk: StepChunk) -> list[torch.Tensor]:
+    """Inverse of stack_blocks: parameter-shaped tensors (views of one new buffer)."""
+    flat = torch.empty(chunk.numel, dtype=stacks[0].dtype, device=stacks[0].device)
+    out, offset = [], 0
+    for plan in chunk.layout.plans:
+        out.append(flat[offset:offset + plan.numel].view(plan.shape))
+        offset += plan.numel
+    torch._foreach_copy_(chunk.block_views(out), chunk.stack_views(stacks))
+    return out
+
+
+@dataclass
+class CompressedChunk:
+    """One chunk's result, per group: idx (N, k) int64 and val (N, k) (unquantized)."""
+
+    idx: list[torch.Tensor]
+    val: list[torch.Tensor]
+
+
+def compress_chunk(tensors: Sequence[torch.Tensor], chunk: StepChunk) -> CompressedChunk:
+    """C(delta) of one chunk's whole tensors: E = F_a^T X F_b per block, then per block the
+    k nonzero coefficients of largest |E| (distro.topk_blocks)."""
+    layout = chunk.layout
+    picked = [topk_blocks(dct_blocks(stack, mix_rows), k) for stack, k, mix_rows in zip(
+        stack_blocks(tensors, chunk), layout.group_topk, layout.group_mix_rows, strict=True)]
+    return CompressedChunk([idx for idx, _ in picked], [val for _, val in picked])
+
+
+def per_parameter(compressed: Sequence[CompressedChunk], chunks: Sequence[StepChunk]
+                  ) -> list[SparseResult]:
+    """The result parameter by parameter (views into the group tensors)."""
+    out = []
+    for part, chunk in zip(compressed, chunks, strict=True):
+        for plan, (group, first) in zip(chunk.layout.plans, chunk.layout.slots, strict=True):
+            rows = slice(first, first + plan.n_blocks)
+            out.append(SparseResult(part.idx[group][rows], part.val[group][rows]))
+    return out
+
+
+def decode_chunk(sources: Sequence[ResultSource], chunk: StepChunk,
+                 device: torch.device | str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """D(results) of one chunk: the spatial group stacks of the peers' aggregate.
+
+    Per group, the peers' slots side by side (idx, val (N, P * k), peer after peer along a
+    row: one concatenation for all its parameters and peers), then aggregate_blocks."""
+    # Each source's tensors of the chunk, read in parameter order (a ResultStream reads
+    # forward); only this chunk's coefficients are in memory.
+    read = [[source.tensor(i) for i in range(chunk.first, chunk.stop)] for source in sources]
+    layout, n_peers = chunk.layout, len(sources)
+    out = []
+    for group, ((a, b), n_blocks) in enumerate(zip(layout.shapes, layout.group_sizes,
+                                                    strict=True)):
+        members = chunk.members(group)
+
+        def side_by_side(parts: list[torch.Tensor], n_blocks: int = n_blocks) -> torch.Tensor:
+            stacked = torch.cat(parts)  # (P * N, k): peer after peer
+            k = stacked.shape[1]
+            return stacked.view(n_peers, n_blocks, k).transpose(0, 1).reshape(n_blocks, -1)
+        idx = side_by_side([tensors[i].idx for tensors in read for i in members]).to(device)
+        val = side_by_side([tensors[i].val for tensors in read for i in members]).to(
+            device=device, dtype=dtype)
+        out.append(aggregate_blocks(idx, val, n_peers, a, b, layout.group_mix_rows[group]))
+    return out
+
+
+class _OwnResult:
+    """This process's last result read as a ResultSource (for error feedback)."""
+
+    def __init__(self, compressed: Sequence[CompressedChunk], chunks: Sequence[StepChunk]
+                 ) -> None:
+        self.tensors = per_parameter(compressed, chunks)
+
+    def tensor(self, i: int) -> SparseResult:
+        return self.tensors[i]
+
+
+class DistroStep:
+    """DisTrO's state (delta, the last own result) and the step's parts, over `view`.
+
+    `params` are what the process holds (whole tensors, or DTensors for the sharded view);
+    delta is created like them, in `buffer_dtype`."""
+
+    def __init__(self, params: Sequence[torch.Tensor], plans: Sequence[BlockPlan],
+                 view: ParameterView, *, buffer_dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        self.params = list(params)
+        self.plans = list(plans)
+        self.view = view
+        self.chunks = plan_chunks(self.plans)
+        self.delta = [torch.zeros_like(p, dtype=buffer_dtype) for p in self.params]
+        self.device = device if device is not None else self.view.local(self.params[:1])[0].device
+        self.sent: list[CompressedChunk] | None = None
+
+    def reset(self) -> None:
+        """delta = 0 and no pending error feedback."""
+        torch._foreach_zero_(self.view.local(self.delta))
+        self.sent = None
+
+    def save_weights(self) -> list[torch.Tensor]:
+        """A copy of the weights this process holds (to undo a lookahead exactly)."""
+        local = self.view.local(self.params)
+        saved = [torch.empty_like(t) for t in local]
+        torch._foreach_copy_(saved, local)
+        return saved
+
+    def restore_weights(self, saved: Sequence[torch.Tensor]) -> None:
+        torch._foreach_copy_(self.view.local(self.params), list(saved))
+
+    def lookahead(self, lr: float) -> None:
+        """theta -= lr * sign(delta)."""
+        local = self.view.local(self.delta)
+        torch._foreach_add_(self.view.local(self.params), torch._foreach_sign(local), alpha=-lr)
+
+    def decay_weights(self, lr: float, weight_decay: float | None) -> None:
+        """theta *= 1 - lr * weight_decay."""
+        if weight_decay:
+            torch._foreach_mul_(self.view.local(self.params), 1 - lr * weight_decay)
+
+    def error_feedback(self) -> None:
+        """delta -= D(own last result): what was sent leaves the buffer."""
+        if self.sent is None:
+            return
+        own = [_OwnResult(self.sent, self.chunks)]
+        dtype = self.delta[0].dtype
+        for chunk in self.chunks:
+            stacks = decode_chunk(own, chunk, self.device, dtype)
+            self.view.add_blocks(self.delta[chunk.first:chunk.stop], stacks, chunk, alpha=-1.0)
+
+    def momentum(self, grads: Sequence[torch.Tensor | None], lr: float, decay: float) -> None:
+        """delta = decay * delta + lr * g (a missing gradient counts as zero). A gradient
+        of another dtype is added as it is (the sum rounds once, in delta's dtype)."""
+        torch._foreach_mul_(self.view.local(self.delta), decay)
+        pairs = [(d, g) for d, g in zip(self.delta, grads, strict=True) if g is not None]
+        if pairs:
+            torch._foreach_add_(self.view.local([d for d, _ in pairs]),
+                                self.view.local([g for _, g in pairs]), alpha=lr)
+
+    def compress(self) -> list[CompressedChunk]:
+        """C(delta), kept as the next error feedback's own result."""
+        self.sent = [compress_chunk(self.view.full(self.delta[c.first:c.stop]), c)
+                     for c in self.chunks]
+        return self.sent
+
+    def apply(self, sources: Sequence[ResultSource], lr: float) -> None:
+        """theta -= lr * sign(D(results)), chunk by chunk (sources in an order every client
+        agrees on)."""
+        for chunk in self.chunks:
+            stacks = decode_chunk(sources, chunk, self.device, torch.float32)
+            torch._foreach_sign_(stacks)
+            self.view.add_blocks(self.params[chunk.first:chunk.stop], stacks, chunk, alpha=-lr)
+
+
+def payload_slots(compressed: Sequence[CompressedChunk], chunks: Sequence[StepChunk],
+                  one_bit: bool) -> list[np.ndarray]:
+    """Each parameter's slots as they go out, on the host, from ONE device-to-host copy:
+    an int32 array (3, n_blocks, k) of [index, sent, value bits] (wire.encode_slots), where
+    value bits are the sign bit (one_bit) or the bfloat16 bits, and sent is 0 for a slot
+    whose value is zero as sent (empty, or a float32 that rounds to a bfloat16 zero)."""
+    per_group = []
+    for part in compressed:
+        for idx, val in zip(part.idx, part.val, strict=True):
+            wire_val = val if one_bit else val.to(torch.bfloat16)
+            bits = (torch.signbit(wire_val) if one_bit else wire_val.view(torch.int16))
+            per_group.append(torch.stack([idx.to(torch.int32), (wire_val != 0).to(torch.int32),
+                                          bits.to(torch.int32)]).flatten())
+    flat = torch.cat(per_group)
+    if flat.device.type == "cuda":
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        torch.cuda.current_stream(flat.device).synchronize()
+    else:
+        host = flat.cpu()
+    array = host.numpy()
+    out: list[np.ndarray] = []
+    offset = 0
+    for part, chunk in zip(compressed, chunks, strict=True):
+        starts, position = [], offset
+        for idx in part.idx:
+            starts.append(position)
+            position += 3 * idx.numel()
+        for plan, (group, first) in zip(chunk.layout.plans, chunk.layout.slots, strict=True):
+            k = part.idx[group].shape[1]
+            rows = part.idx[group].shape[0]
+            group_slots = array[starts[group]:starts[group] + 3 * rows * k].reshape(3, rows, k)
+            out.append(group_slots[:, first:first + plan.n_blocks])
+        offset = position
+    return out
