@@ -124,7 +124,7 @@ def write_profile(trainer: DistroTrainer, batches: list[torch.Tensor], device: s
             trainer.train(step, batch.to(device), batch_id=(step, step))
         if cuda:
             torch.cuda.synchronize()
-    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
 
