@@ -24,7 +24,8 @@ mfu                              nanoGPT's (6 x non-embedding params + 12 x laye
                                  a GPU not in its table)
 plan_over_peak                   `psyche-client plan`'s bytes (training/memory_plan.py, no
                                  reserve) over peak_mem_mb: above 1 the plan is cautious
-distro_overhead_pct              (compress + encode + decompress + apply) / (fwd + bwd)
+distro_overhead_pct              (compress + encode + decompress + apply) / (fwd + bwd);
+                                 on CUDA (whole steps - fwd + bwd alone) / (fwd + bwd alone)
 peak_mem_mb                      CUDA: max allocated; CPU: the process's max RSS
 bf16_vs_fp32_loss_ratio          final loss (mean of the last 10 steps), bf16 / fp32 compute
 bf16_buffers_vs_fp32_loss_ratio  the same with DisTrO's delta kept in bf16 instead of fp32
@@ -129,6 +130,25 @@ def write_profile(trainer: DistroTrainer, batches: list[torch.Tensor], device: s
     path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
 
 
+def forward_backward_seconds(trainer: DistroTrainer, batches: list[torch.Tensor],
+                             device: str) -> float:
+    """The trainer's loss function (forward and backward over its micro-batches) alone on
+    `batches`, synchronized: what a step would cost without DisTrO."""
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for batch in batches:
+        for param in params:
+            param.grad = None
+        trainer.loss_fn(trainer.model, batch.to(device), trainer.micro_batch_size,
+                        trainer.compute)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
 def throughput(args: argparse.Namespace, model_dir: Path, device: str,
                compute: ComputeDType) -> dict[str, float | int | str | None]:
     model = load_causal_lm(model_dir, device=device)
@@ -168,6 +188,11 @@ def throughput(args: argparse.Namespace, model_dir: Path, device: str,
     params = sum(p.numel() for p in model.parameters())
     overhead = (timings.compress_s + timings.decompress_s + timings.apply_s) / max(
         timings.forward_backward_s, 1e-9)
+    if torch.device(device).type == "cuda":
+        # The trainer's phase timers see kernel launches, not their ends: on CUDA the
+        # overhead is the whole step's time over forward/backward alone, synchronized.
+        fwd_bwd = forward_backward_seconds(trainer, batches[2:], device)
+        overhead = (seconds - fwd_bwd) / fwd_bwd
     name = torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu"
     utilization = mfu(model_flops_per_token(model, args.seq_len), tokens_per_s,
                       peak_bf16_flops(name) if name != "cpu" else None)
