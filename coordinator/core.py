@@ -88,7 +88,7 @@ class CoordinatorCore:
         if not previous.intersection(pending):
             # Nobody holds the model of the last epoch: fall back to the stored checkpoint.
             checkpoint = state.model.checkpoint
-            if isinstance(checkpoint, P2PCheckpoint | P2PGcsCheckpoint):
+            if isinstance(checkpoint, P2PCheckpoint | P2PGcsCheckpoint) and state.model_ahead:
                 state.model_resets = min(state.model_resets + 1, 2**16 - 1)
             if isinstance(checkpoint, P2PCheckpoint) and not checkpoint.repo_id:
                 # A Dummy run of the built-in model has no repository: rebuild it.
@@ -102,6 +102,8 @@ class CoordinatorCore:
         # Who holds the model of this epoch's start step: the last epoch's clients, when
         # the epoch continues from them (not from a stored checkpoint everyone loads).
         continuing = isinstance(state.model.checkpoint, P2PCheckpoint | P2PGcsCheckpoint)
+        if not continuing:
+            state.model_ahead = False  # everyone loads the stored checkpoint
         state.epoch_state = EpochState(
             clients=[Client(node, holds_model=continuing and node in previous)
                      for node in pending[:MAX_CLIENTS]],
@@ -122,6 +124,8 @@ class CoordinatorCore:
                 state.config, state.model.max_seq_len, previous)
         round_ = epoch.rounds[head]
         epoch.rounds_head = head
+        if height > 0:
+            state.model_ahead = True  # this round applies the witnessed one before it
         round_.clients_len = len(epoch.clients)
         round_.height = height
         round_.data_index = data_index

@@ -30,7 +30,7 @@ on-chain arrays).
                 | future slashing u64 | n u16 | n x (key [32] | earned u64 | slashed u64)
     verification (version 2; absent in 1)
                 epoch_state.verification_seed u64 | n u8 | n x report
-    model_resets u16 (version 3; absent before: 0)
+    model_resets u16 | model_ahead u8 (version 3; absent before: 0, False)
     report  = reporter [32] | accused [32] | step u32 | published_hash [32]
               | expected_hash [32] | jaccard_ppm u32 | hamming_ppm u32 | manhattan_ppm u32
 
@@ -187,7 +187,7 @@ def encode_state(state: CoordinatorState, version: int = VERSION) -> bytes:
                          r.expected_hash, r.jaccard_ppm, r.hamming_ppm, r.manhattan_ppm)
             for r in epoch.reports]
     if version >= 3:
-        out.append(struct.pack("<H", state.model_resets))
+        out.append(struct.pack("<HB", state.model_resets, state.model_ahead))
     return b"".join(out)
 
 
@@ -327,11 +327,14 @@ def decode_state(data: bytes) -> CoordinatorState:
             fields = reader.unpack(_REPORT, "verification report")
             epoch.reports.append(VerificationReport(
                 NodeIdentity(fields[0]), NodeIdentity(fields[1]), *fields[2:]))
-    (model_resets,) = reader.unpack("<H", "model resets") if version >= 3 else (0,)
+    model_resets, model_ahead = reader.unpack("<HB", "model resets") if version >= 3 else (0, 0)
+    if model_ahead > 1:
+        raise StateDecodeError(f"model_ahead {model_ahead} is not 0 or 1")
     if reader.offset != len(reader.data):
         raise StateDecodeError(f"{len(reader.data) - reader.offset} trailing bytes")
     return CoordinatorState(
         run_id=run_id, run_state=run_state, model=model, config=config, progress=progress,
         epoch_state=epoch, run_state_start_unix_timestamp=state_start,
         pending_pause=bool(pending_pause), client_version=client_version,
-        rewards=Rewards(entries, *rates), model_resets=model_resets)
+        rewards=Rewards(entries, *rates), model_resets=model_resets,
+        model_ahead=bool(model_ahead))

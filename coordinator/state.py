@@ -123,10 +123,14 @@ class CoordinatorState:
     client_version: str = "latest"
     rewards: Rewards = field(default_factory=Rewards)
     # Epochs that started from the stored checkpoint instead of the model the last epoch's
-    # clients held (a P2P checkpoint; none of them came back): the training since the
-    # stored checkpoint is lost, unless an upload moved it or nothing was applied. The run
-    # says so (TUIs, telemetry, the testnet's summary); u16, saturating.
+    # clients held (a P2P checkpoint; none of them came back) after that model had applied
+    # training (`model_ahead`): the training since the stored checkpoint is lost, unless an
+    # upload moved it. The run says so (TUIs, telemetry, the testnet's summary); u16,
+    # saturating.
     model_resets: int = 0
+    # The clients' model has applied training since an epoch last started from the stored
+    # checkpoint: a round past an epoch's first began (it applies the round before).
+    model_ahead: bool = False
 
     @property
     def current_round(self) -> Round:

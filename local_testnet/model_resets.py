@@ -1,6 +1,7 @@
 """Model resets seen live: epochs the coordinator started from the run's stored checkpoint
 (Hub, GCS, or a Dummy rebuild) although the last epoch's clients held a newer model (a
-P2P checkpoint), and whether a holder of that model was still alive then.
+P2P checkpoint that had applied training: `CoordinatorState.model_ahead`), and whether a
+holder of that model was still alive then.
 
 The testnet's observer feeds it every state; it is told of each SIGKILL. A holder is a
 client listed Healthy when the last epoch's cooldown ended; it stays a holder while its
@@ -37,7 +38,7 @@ class ModelResets:
     # (client, step) -> whether that client has its checkpoint of `step` on disk
     has_checkpoint: Callable[[int, int], bool]
     resets: list[ModelReset] = field(default_factory=list)
-    # the last state's checkpoint was P2P (the clients held the model)
+    # the last state's checkpoint was P2P (the clients held the model), ahead of the stored
     _continuing: bool = field(default=False, init=False)
     # the last cooldown's holders: client -> when first seen listed in it
     _holders: dict[int, float] = field(default_factory=dict, init=False)
@@ -62,7 +63,8 @@ class ModelResets:
 
     def observe(self, state: CoordinatorState, clients: Mapping[int, bytes]) -> None:
         """`clients`: client number -> its node key."""
-        continuing = isinstance(state.model.checkpoint, P2PCheckpoint | P2PGcsCheckpoint)
+        continuing = (isinstance(state.model.checkpoint, P2PCheckpoint | P2PGcsCheckpoint)
+                      and state.model_ahead)
         epoch = state.progress.epoch
         if state.run_state is RunState.Cooldown:
             # The clients listed now are the ones end_cooldown keeps: the model's holders.

@@ -125,12 +125,14 @@ static void start_warmup(State *s, u64 now) {
   }
   if (!previous_member) {  /* nobody holds the last epoch's model: use the stored one */
     u8 tag = s->model.checkpoint_tag;
-    if ((tag == CkP2P || tag == CkP2PGcs) && s->model_resets < 0xffff) s->model_resets += 1;
+    if ((tag == CkP2P || tag == CkP2PGcs) && s->model_ahead && s->model_resets < 0xffff)
+      s->model_resets += 1;
     if (s->model.checkpoint_tag == CkP2P) s->model.checkpoint_tag = CkHub;
     else if (s->model.checkpoint_tag == CkP2PGcs) s->model.checkpoint_tag = CkGcs;
   }
   /* the epoch continues from the last one's clients: they hold its start model */
   bool continuing = s->model.checkpoint_tag == CkP2P || s->model.checkpoint_tag == CkP2PGcs;
+  if (!continuing) s->model_ahead = 0;  /* everyone loads the stored checkpoint */
   sol_memset_(s->rounds, 0, sizeof(s->rounds));
   sol_memset_(s->exited, 0, sizeof(s->exited));
   sol_memset_(s->clients, 0, sizeof(s->clients));
@@ -168,6 +170,7 @@ static void start_round_train(State *s, u64 now, u64 seed) {
   }
   Round *r = &s->rounds[head];
   s->rounds_head = head;
+  if (height > 0) s->model_ahead = 1;  /* this round applies the witnessed one before it */
   r->clients_len = s->clients_len;
   r->height = height;
   r->data_index = data_index;

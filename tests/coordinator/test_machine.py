@@ -358,6 +358,8 @@ def test_pause_when_not_active_pauses_now() -> None:
 def test_next_epoch_demotes_p2p_without_previous_clients() -> None:
     coordinator, _ = make(total_steps=100)
     now = to_round_train(coordinator)
+    now = finish_round(coordinator, now + 1)  # round 1 applies round 0: the model moved on
+    assert coordinator.state.model_ahead
     coordinator.pause(now)
     now = finish_round(coordinator, now + 1)
     coordinator.tick([], now + 3, 1)
@@ -367,7 +369,26 @@ def test_next_epoch_demotes_p2p_without_previous_clients() -> None:
     coordinator.tick([node(50), node(51)], now + 10, 1)
     assert isinstance(coordinator.state.model.checkpoint, HubCheckpoint)
     assert coordinator.state.model_resets == 1  # the run says its model went back
-    assert decode_state(encode_state(coordinator.state)).model_resets == 1
+    assert not coordinator.state.model_ahead  # everyone loads the stored checkpoint now
+    assert decode_state(encode_state(coordinator.state)) == coordinator.state
+
+
+def test_a_fallback_after_an_epoch_that_applied_nothing_is_no_reset() -> None:
+    """The first epoch's only round goes unwitnessed (nobody loaded the model in time):
+    nothing was applied, so its fallback to the stored checkpoint loses nothing and is
+    not counted."""
+    coordinator, _ = make()
+    now = to_round_train(coordinator)
+    coordinator.tick([], now + 5, 1)
+    coordinator.tick([], now + 7, 1)
+    state = coordinator.state
+    coordinator.tick([], now + 7 + state.config.cooldown_time, 1)
+    assert isinstance(state.model.checkpoint, P2PCheckpoint) and not state.model_ahead
+    coordinator.tick([node(i) for i in range(4)], now + 20, 1)
+    coordinator.tick([node(i) for i in range(4)],
+                     now + 20 + state.config.waiting_for_members_extra_time, 1)
+    assert isinstance(state.model.checkpoint, HubCheckpoint)
+    assert state.model_resets == 0
 
 
 # ---------------------------------------------------------------- events

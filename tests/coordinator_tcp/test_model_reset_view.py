@@ -28,9 +28,11 @@ def model_resets_gauge(telemetry: Telemetry) -> float:
 def test_a_model_reset_shows_in_state_telemetry_tui_and_snapshot() -> None:
     coordinator = Coordinator.from_state_file(make_state_file(init_min_clients=2))
     state = coordinator.state
-    # The last epoch's clients held the model (P2P) and none of them is back.
+    # The last epoch's clients held the model (P2P), none of them is back, and it had
+    # trained past its first round (its model moved on from the stored one).
     state.model = state.model.model_copy(update={
         "checkpoint": P2PCheckpoint(repo_id="assets/tiny-llama")})
+    state.model_ahead = True
     server = CoordinatorServer(coordinator, ServerOptions(port=0))
     telemetry = Telemetry.start(TelemetryOptions(prometheus_port=0),
                                 ServiceIdentity("coordinator", "server", "local-testnet"))
