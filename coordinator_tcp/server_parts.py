@@ -27,8 +27,10 @@ class ServerOptions:
     # Handshakes in flight (docs/tcp-admission.md): a slow or idle peer costs one slot per
     # connection, for at most handshake_timeout_s; one source address gets at most
     # max_handshakes_per_address; beyond max_handshakes (None: half the process's file
-    # descriptors) the oldest of the address holding most is shed for the newcomer.
-    handshake_timeout_s: float = 3.0
+    # descriptors) the oldest of the address holding most is shed for the newcomer. The
+    # shedding keeps room for newcomers, so the deadline need not be short: each one
+    # closes a connection a flood reopens at once, the server's own churn.
+    handshake_timeout_s: float = 10.0
     max_handshakes: int | None = None
     max_handshakes_per_address: int = 16
     # After a restart from --save-state-dir, listed clients get this long to reconnect.

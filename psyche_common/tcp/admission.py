@@ -20,7 +20,7 @@ to shed. The pool is sized from the process's file-descriptor limit (`handshake_
 after raising its soft limit to the hard one (`raise_fd_limit`), so that idle
 connections never take the descriptors joined clients need, nor make `accept` fail.
 
-    gate = AcceptGate(max_pending=None, max_per_address=16, timeout_s=3.0)  # None: from fds
+    gate = AcceptGate(max_pending=None, max_per_address=16, timeout_s=10.0)  # None: from fds
     peer = await gate.admit(writer, lambda: handshake(reader, writer))  # None if refused
 """
 
