@@ -53,13 +53,15 @@ then the inverse transform X = F_a G F_b^T puts the block back in place. A slot 
 is zero is an empty slot: it adds nothing and does not count as a sender.
 
 All transforms run as two batched matmuls over every block of every parameter with the
-same block shape at once; there is no Python loop over blocks.
+same block shape at once; there is no Python loop over blocks. The DisTrO step that uses
+them (its state, the grouping into chunks, the trainers' one implementation) is
+distro_step.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -393,89 +395,6 @@ def decompress_blocks(
         val = torch.cat([torch.cat([r[i].val for i in members]) for r in peer_results], dim=1)
         out.append(aggregate_blocks(idx.to(device), val.to(device=device, dtype=dtype),
                                     len(peer_results), a, b, layout.group_mix_rows[group]))
-    return out
-
-
-def compress_parameter(tensor: torch.Tensor, plan: BlockPlan) -> SparseResult:
-    """One parameter's top-k: the same per-block math as compress_blocks, with only this
-    parameter's blocks in memory."""
-    idx, val = topk_blocks(dct_blocks(to_blocks(tensor, plan), plan.mix_rows), plan.topk)
-    return SparseResult(idx, val)
-
-
-def decompress_parameter(peer_tensors: Sequence[SparseResult], plan: BlockPlan,
-                         dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """The aggregate of one parameter, parameter-shaped. Applying results always decodes
-    one parameter at a time (trainer.py, sharded.py): every layout of every client then
-    runs the very same operations on the same bytes, so the weights stay bit-identical
-    (a batched matmul need not round alike for every batch size)."""
-    layout = BlockLayout([plan])
-    return layout.scatter(decompress_blocks([[t] for t in peer_tensors], layout, dtype, device))[0]
-
-
-APPLY_CHUNK_BYTES = 4 * 2**20  # inverse DCT input per call, at most about this (its scratch is 2x)
-
-
-def decompress_parameter_streamed(tensors_of: Callable[[], Iterable[SparseResult]],
-                                  n_peers: int, plan: BlockPlan, dtype: torch.dtype,
-                                  device: torch.device | str) -> torch.Tensor:
-    """decompress_parameter with one peer's coefficients in memory at a time, for apply:
-    `tensors_of()` yields the n_peers peers' SparseResults of this parameter, in order, and
-    is called twice (the counts, then the weighted sum).
-
-    Bit for bit decompress_parameter's result for fp32 (and fp64) parameters, the client's:
-    the per-block additions happen in the same order as in its single scatter over all
-    peers (peer by peer), and the inverse DCT of a few block-rows at a time rounds as the
-    whole one. Reduced-precision parameters (bf16, fp16) are aggregated and inverse-DCT'd
-    in fp32, then rounded once (decompress_parameter does it in their dtype).
-
-    Peak memory: the counts (int16) and the fp32-or-wider coefficients, then the
-    coefficients and the parameter-sized result, whatever n_peers. When n_peers * k < a + b
-    the rank-m decode is used, as decompress_blocks does; its inputs are then smaller than
-    the parameter anyway."""
-    if n_peers >= 2**15:
-        raise ValueError(f"{n_peers} peers: the counts are int16")
-    a, b = plan.block_shape
-    n_blocks = plan.n_blocks
-    work = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    sparse = n_peers * plan.topk < a + b
-    if sparse:
-        peers = list(tensors_of())
-        idx = torch.cat([t.idx.to(device) for t in peers], dim=1)
-        coefficients = torch.cat([t.val.to(device=device, dtype=work) for t in peers], dim=1)
-        del peers
-        if n_peers > 1:
-            senders = torch.zeros(n_blocks, a * b, dtype=torch.int16, device=device)
-            senders.scatter_add_(1, idx, (coefficients != 0).to(torch.int16))
-            coefficients = coefficients / torch.gather(senders, 1, idx).to(work).clamp_min(1)
-            del senders
-    else:
-        count: torch.Tensor | None = None
-        if n_peers > 1:
-            count = torch.zeros(n_blocks, a * b, dtype=torch.int16, device=device)
-            for tensor in tensors_of():
-                count.scatter_add_(1, tensor.idx.to(device),
-                                   (tensor.val.to(device) != 0).to(torch.int16))
-        coefficients = torch.zeros(n_blocks, a * b, dtype=work, device=device)
-        for tensor in tensors_of():
-            index = tensor.idx.to(device)
-            weight = tensor.val.to(device=device, dtype=work)
-            if count is not None:
-                # An empty slot's coefficient may have no sender at all: 0 / 1, never 0 / 0.
-                weight = weight / torch.gather(count, 1, index).to(work).clamp_min(1)
-            coefficients.scatter_add_(1, index, weight)
-        del count
-    out = torch.empty(plan.shape, dtype=dtype, device=device)
-    rows = block_view(out, plan).flatten(0, 1)  # (block-rows, blocks per row, a, b)
-    per_row = rows.shape[1]
-    step = max(1, APPLY_CHUNK_BYTES // max(1, per_row * a * b * coefficients.element_size()))
-    for first in range(0, rows.shape[0], step):
-        blocks = slice(first * per_row, min(rows.shape[0], first + step) * per_row)
-        if sparse:
-            decoded = sparse_idct_blocks(idx[blocks], coefficients[blocks], a, b, plan.mix_rows)
-        else:
-            decoded = idct_blocks(coefficients[blocks].view(-1, a, b), plan.mix_rows)
-        rows[first:first + step].copy_(decoded.view(-1, per_row, a, b))
     return out
 
 

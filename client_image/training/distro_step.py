@@ -234,7 +234,7 @@ class DistroStep:
         self.params = list(params)
         self.plans = list(plans)
         self.view = view
-        self.chunks = plan_chunks(self.plans)
+        self.chunks = plan_chunks(self.plans, STEP_CHUNK_ELEMENTS)
         self.delta = [torch.zeros_like(p, dtype=buffer_dtype) for p in self.params]
         self.device = device if device is not None else self.view.local(self.params[:1])[0].device
         self.sent: list[CompressedChunk] | None = None

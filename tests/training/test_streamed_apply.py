@@ -1,6 +1,6 @@
-"""Apply straight from wire bytes, one parameter of one peer at a time
-(distro.decompress_parameter_streamed, wire.ResultStream, DistroTrainer.apply_payloads):
-bit-identical to decoding every result first, and refusing what it should."""
+"""Apply straight from wire bytes, a chunk of parameters at a time (wire.ResultStream,
+DistroTrainer.apply_payloads): bit-identical to decoding every result first, and refusing
+what it should. (That a chunk's decode is the whole one's: test_distro_step.py.)"""
 
 from __future__ import annotations
 
@@ -8,60 +8,11 @@ import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
-from client_image.training import distro
-from client_image.training.distro import (
-    SparseResult,
-    compress_parameter,
-    decompress_parameter,
-    decompress_parameter_streamed,
-    plan_parameter,
-)
 from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
 from client_image.training.wire import ResultStream, decode_result
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
-
-
-def peer_tensors(shape: tuple[int, ...], peers: int, topk: int, one_bit: bool,
-                 seed: int) -> tuple[list[SparseResult], object]:
-    plan = plan_parameter("w", shape, 16, topk)
-    generator = torch.Generator().manual_seed(seed)
-    out = []
-    for p in range(peers):
-        sparse = compress_parameter(torch.randn(shape, generator=generator), plan)
-        val = torch.sign(sparse.val) if one_bit else sparse.val.to(torch.bfloat16)
-        if p % 3 == 1:  # some empty slots, as short blocks decode
-            val = val.clone()
-            val[:, -1] = 0
-        out.append(SparseResult(sparse.idx, val))
-    return out, plan
-
-
-@pytest.mark.parametrize("peers", [1, 2, 3, 17, 40])
-@pytest.mark.parametrize("one_bit", [False, True])
-@pytest.mark.parametrize("shape", [(64, 48), (96,), (2, 32, 32), (256, 160)])
-@pytest.mark.parametrize("chunk_bytes", [1, 2**25])  # one block-row per inverse DCT, or all
-def test_the_streamed_decode_is_bit_identical_to_the_whole_one(
-        peers: int, one_bit: bool, shape: tuple[int, ...], chunk_bytes: int,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(distro, "APPLY_CHUNK_BYTES", chunk_bytes)
-    tensors, plan = peer_tensors(shape, peers, topk=4, one_bit=one_bit, seed=peers)
-    whole = decompress_parameter(tensors, plan, torch.float32, "cpu")
-    calls = []
-
-    def tensors_of():
-        calls.append(1)
-        return iter(tensors)
-    streamed = decompress_parameter_streamed(tensors_of, peers, plan, torch.float32, "cpu")
-    assert torch.equal(whole, streamed)
-    # bf16 parameters: aggregated in fp32, rounded once (closer to the exact mean)
-    half = decompress_parameter_streamed(lambda: iter(tensors), peers, plan, torch.bfloat16,
-                                         "cpu")
-    assert half.dtype == torch.bfloat16 and torch.equal(half, whole.to(torch.bfloat16))
-    a, b = plan.block_shape
-    assert len(calls) == (1 if peers * plan.topk < a + b else 1 + (peers > 1))
-
 
 OPTIMIZER = DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
                             quantize_1bit=True, clip_grad_norm=1.0, weight_decay=0.0)

@@ -10,7 +10,6 @@ from client_image.training.distro import (
     compress,
     decompress,
     decompress_blocks,
-    decompress_parameter_streamed,
     plan_model,
 )
 from client_image.training.model import load_causal_lm
@@ -39,16 +38,15 @@ def test_identity_rows_keep_an_update_on_the_rows_that_had_one():
     torch.testing.assert_close(back, momentum)
 
 
-def test_streamed_and_grouped_decoding_agree_for_identity_rows():
+def test_each_parameter_alone_and_grouped_decoding_agree_for_identity_rows():
     momentum, square = torch.randn(128, 64), torch.randn(64, 64)
     plans = plan_model([("embed", (128, 64)), ("w", (64, 64))], 64, 8, token_rows={"embed"})
     peers = [compress([momentum * s, square * s], plans) for s in (1.0, -0.5, 2.0)]
     layout = BlockLayout(plans)
     grouped = layout.scatter(decompress_blocks(peers, layout, torch.float32, "cpu"))
     for i, plan in enumerate(plans):
-        streamed = decompress_parameter_streamed(lambda i=i: (p[i] for p in peers), 3, plan,
-                                                 torch.float32, "cpu")
-        torch.testing.assert_close(streamed, grouped[i], rtol=0, atol=1e-6)
+        alone = decompress([[p[i]] for p in peers], [plan], torch.float32, "cpu")[0]
+        torch.testing.assert_close(alone, grouped[i], rtol=0, atol=1e-6)
 
 
 def test_tokens_missing_from_the_batch_keep_their_embeddings():
