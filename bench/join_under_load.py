@@ -2,7 +2,7 @@
 Prints its figures, then ONE JSON line.
 
     .venv/bin/python bench/join_under_load.py [--idle 10000] [--addresses 1000]
-        [--joins 100] [--join-every 0.1] [--reopen-after 0.5] [--server-fd-limit N]
+        [--joins 250] [--join-every 0.1] [--reopen-after 0.5] [--server-fd-limit N]
 
 A real `psyche-coordinator run` in its own process; its handshake pool comes from its own
 file-descriptor limit (half of it, after raising the soft limit to the hard one;
@@ -14,7 +14,9 @@ closes (shed for a newcomer, or past its handshake deadline) is opened again aft
 every idle connection has been opened, this process makes --joins honest joins, one
 started every --join-every seconds whatever the others do (open-loop arrivals), each from
 an address of its own (127.9.x.y) with a key of its own: the Challenge, the signed Join
-and the Welcome (ProtocolConnection.connect, 30 s timeout), then it leaves.
+and the Welcome (ProtocolConnection.connect, 30 s timeout), then it leaves. By default
+the joins span 25 s, more than two of the server's handshake deadlines (10 s): each
+deadline closes the idle connections that came together, and they come back together.
 
 JSON fields:
 idle_connections, idle_addresses
@@ -62,8 +64,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from idle_connections import IdleConnections, idle_addresses  # noqa: E402  (tests/)
-from server_load import _cpu_seconds, _rss_mb, bench_state_toml, free_port  # noqa: E402  (bench/)
-from simulated_clients import RUN_ID  # noqa: E402  (bench/)
+from loopback import free_port  # noqa: E402  (tests/)
+from tcp_helpers import RUN_ID, make_state_file  # noqa: E402  (tests/)
 
 from coordinator_tcp.client import JoinRefused, ProtocolConnection  # noqa: E402
 from psyche_common.identity import Identity  # noqa: E402
@@ -96,7 +98,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         args.addresses - half, first_octet=4), per_address, args.reopen_after)
     with tempfile.TemporaryDirectory() as tmp:
         state_path = Path(tmp) / "state.toml"
-        bench_state_toml(256, 8, state_path)  # 256 to start: the honest joins only wait
+        # 256 clients to start: the honest joins only wait. A Local data location: the
+        # server starts no data server (and loads no torch) for clients that read nothing.
+        state_path.write_text(make_state_file(
+            init_min_clients=256, min_clients=8,
+            model={"data_location": {"Local": str(ROOT / "assets" / "data" / "train")}},
+        ).to_toml())
         server_log = Path(tmp) / "server.log"
         command = [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state_path),
                    "--server-port", str(port), "--bind-host", "127.0.0.1"]
@@ -128,7 +135,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.sleep(min(0.1, args.join_every))
             results = await asyncio.gather(*joins)
             cpu = _cpu_seconds(server.pid) - cpu_before
-            rss, peak = _rss_mb(server.pid), _peak_rss_mb(server.pid)
+            rss, peak = _status_mb(server.pid, "VmRSS"), _status_mb(server.pid, "VmHWM")
             closed = attacker.closed_by_server - closed_before
             failures = attacker.connect_failures
         finally:
@@ -161,18 +168,25 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _peak_rss_mb(pid: int) -> float:
+def _status_mb(pid: int, field: str) -> float:
+    """A memory figure of /proc/PID/status (VmRSS, VmHWM) in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=int, default=10000)
     parser.add_argument("--addresses", type=int, default=1000)
-    parser.add_argument("--joins", type=int, default=100)
+    parser.add_argument("--joins", type=int, default=250)
     parser.add_argument("--join-every", type=float, default=0.1)
     parser.add_argument("--reopen-after", type=float, default=0.5)
     parser.add_argument("--server-fd-limit", type=int, default=None,
