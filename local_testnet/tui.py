@@ -36,6 +36,7 @@ from local_testnet.testnet import client_key
 from local_testnet.widgets import LogPane, LogTail, LossPlot, mean_losses
 from local_testnet.witness_state import witness_states
 from psyche_common.metrics_source import HttpClientMetricsSource
+from psyche_common.ui.view import describe_model_resets
 
 if TYPE_CHECKING:
     from local_testnet.testnet import Testnet
@@ -123,7 +124,19 @@ class TestnetApp(App[None]):
         return (f"run {s.run_id}  phase {s.phase} {s.phase_timer}  epoch {s.epoch}  "
                 f"step {s.step}/{s.total_steps}\n"
                 + "  ·  ".join(run) + "\n"
-                f"killed {net.killed}  rejoined {net.rejoined}  work dir {net.options.work_dir}")
+                f"killed {net.killed}  rejoined {net.rejoined}  work dir {net.options.work_dir}"
+                + self.model_reset_text())
+
+    def model_reset_text(self) -> str:
+        """The coordinator's model resets, and those this testnet saw with a holder of the
+        newer model alive (what must never happen); "" while none."""
+        net = self.testnet
+        said = describe_model_resets(net.state.model_resets if net.state else 0)
+        with_holder = net.model_resets.with_holder
+        if said is None and not with_holder:
+            return ""
+        return ("\n" + (said or "MODEL RESET seen by the testnet")
+                + (f" ({with_holder} with a holder alive)" if with_holder else ""))
 
     def server_now(self) -> float:
         """The coordinator's unix time now: its time in the last state update, plus the

@@ -117,3 +117,22 @@ def test_the_summary_says_a_reset_in_words() -> None:
         "since lost (1 while a client holding the model was alive)")
     assert not any("RESET" in line for line in describe_summary(
         {**summary, "models_reset": 0, "models_reset_with_holder": 0}))
+
+
+def test_the_testnet_tui_says_a_reset_and_whether_a_holder_was_alive(tmp_path) -> None:
+    from tcp_helpers import TESTNET
+
+    from local_testnet.testnet import Testnet, TestnetOptions
+    from local_testnet.tui import TestnetApp
+
+    net = Testnet(TestnetOptions(num_clients=3, config_path=TESTNET, work_dir=tmp_path,
+                                 server_port=1))
+    app = TestnetApp(net)
+    assert app.model_reset_text() == ""
+    coordinator = epoch_then_new_clients(net.model_resets)  # holders 1-3 alive
+    net.state = coordinator.state
+    assert net.state.model_resets == 1
+    assert app.model_reset_text().splitlines()[-1] == (
+        "MODEL RESET 1 time: an epoch went back to the stored checkpoint, no client holding "
+        "the newer model came back (1 with a holder alive)")
+    assert app.server_text().endswith(app.model_reset_text())
