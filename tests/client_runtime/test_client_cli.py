@@ -111,7 +111,7 @@ def test_an_unknown_relay_is_a_usage_error() -> None:
     assert "use psyche, n0 (or default), disabled" in " ".join(result.output.split())
 
 
-def test_a_checkpoint_dir_that_cannot_take_checkpoints_is_a_usage_error(tmp_path) -> None:
+def test_a_checkpoint_dir_that_cannot_take_checkpoints_is_a_usage_error(tmp_path: Path) -> None:
     """Checked at start: found only at the first cooldown, every save would fail an epoch
     later."""
     a_file = tmp_path / "a-file"

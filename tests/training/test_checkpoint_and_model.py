@@ -306,7 +306,7 @@ class _RecordingHubApi:
     """Stands at huggingface_hub.HfApi's call boundary: no hub is reachable from the tests."""
 
     def __init__(self, oid: object = "0123abcd" * 5):
-        self.calls = []
+        self.calls: list[dict[str, object]] = []
         self.oid = oid
 
     def upload_folder(self, **kwargs):
