@@ -241,22 +241,27 @@ def _decode_tensor(
     read_tensor_header(reader, plan)
     n_blocks, k = plan.n_blocks, plan.topk
     idx, used, total, n_short = read_indices(reader, plan, short_blocks)
+    # Filled in numpy (a torch boolean-mask assignment per tensor costs more than the
+    # whole decode of its bits), handed to torch without a copy.
     if one_bit:
         raw = reader.take_packed(total, f"{where} sign bits")
         bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=total, bitorder="little")
-        flat_val = torch.from_numpy(1.0 - 2.0 * bits.astype(np.float32))
-        val = torch.zeros(n_blocks, k, dtype=torch.float32)
+        val = np.zeros((n_blocks, k), dtype=np.float32)
+        val[used] = 1.0 - 2.0 * bits.astype(np.float32)
+        values = torch.from_numpy(val)
     else:
         raw = reader.take(2 * total, f"{where} values")
-        as_int16 = np.frombuffer(raw, dtype="<i2").astype(np.int16)
-        flat_val = torch.from_numpy(as_int16).view(torch.bfloat16)
-        if not bool(torch.isfinite(flat_val).all()):
+        as_uint16 = np.frombuffer(raw, dtype="<u2")
+        # bfloat16: exponent bits 0x7F80 all set is an infinity or a NaN; no bit but the
+        # sign set is a zero.
+        if bool(((as_uint16 & 0x7F80) == 0x7F80).any()):
             raise ResultDecodeError(f"{where}: non-finite value")
-        if bool((flat_val == 0).any()):
+        if bool(((as_uint16 & 0x7FFF) == 0).any()):
             raise ResultDecodeError(f"{where}: zero value (a zero coefficient is never sent)")
-        val = torch.zeros(n_blocks, k, dtype=torch.bfloat16)
-    val[torch.from_numpy(used)] = flat_val
-    return SparseResult(torch.from_numpy(idx.astype(np.int64)), val), n_short > 0
+        val_bits = np.zeros((n_blocks, k), dtype=np.int16)
+        val_bits[used] = as_uint16.view(np.int16)
+        values = torch.from_numpy(val_bits).view(torch.bfloat16)
+    return SparseResult(torch.from_numpy(idx.astype(np.int64)), values), n_short > 0
 
 
 def read_tensor_header(reader: Reader, plan: BlockPlan) -> None:
