@@ -1,7 +1,7 @@
 """Applying P peers' DisTrO results to a model on one device: seconds and peak extra memory.
 Prints one line, then ONE JSON line.
 
-    python bench/gpu_apply.py [--model llama-1b|125m|tiny] [--peers 64] [--device cuda]
+    python -m bench.gpu_apply [--model llama-1b|125m|tiny] [--peers 64] [--device cuda]
 
 The model (random weights, fp32 as the client keeps them) is built on the device; the P
 payloads are bench/apply_memory.py's synthetic ones (random indices and signs, 1-bit,
@@ -16,35 +16,23 @@ JSON fields: apply_s, apply_peak_extra_gib, peers, params, device_name.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# bench/coordinator.py would shadow the coordinator package: the repository root first.
-sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+import torch
 
-import torch  # noqa: E402
+from bench import apply_memory
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GIB = 2**30
-
-
-def _apply_memory_module():  # type: ignore[no-untyped-def]  # a bench script loaded by path
-    spec = importlib.util.spec_from_file_location("bench_apply_memory",
-                                                  ROOT / "bench" / "apply_memory.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def build_model(name: str, device: str) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
-    sys.path.append(str(ROOT / "bench"))
-    from gpu_models import LLAMA_1B, LLAMA_125M, TINY
+    from bench.gpu_models import LLAMA_1B, LLAMA_125M, TINY
 
     config = (LlamaConfig(**LLAMA_125M) if name == "125m"
               else AutoConfig.from_pretrained(LLAMA_1B if name == "llama-1b" else TINY))
@@ -67,7 +55,6 @@ def main() -> None:
     from client_image.training.trainer import DistroTrainer
     from coordinator.config import ConstantLR, DistroOptimizer
 
-    apply_memory = _apply_memory_module()
     cuda = torch.device(args.device).type == "cuda"
     model = build_model(args.model, args.device)
     optimizer = DistroOptimizer(compression_decay=0.999, compression_topk=8,

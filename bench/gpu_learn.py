@@ -2,7 +2,7 @@
 process each at once, as many steps as fit, the same steps (tokens) for every method.
 Prints its progress, then ONE JSON line.
 
-    python bench/gpu_learn.py [--model 125m|tiny] [--device cuda] [--budget-s 400]
+    python -m bench.gpu_learn [--model 125m|tiny] [--device cuda] [--budget-s 400]
         [--probe-steps 16] [--steps N] [--methods M ...] [-- extra optimizers.py arguments]
 
 1. probe: each method runs --probe-steps steps (all at once, as in step 2) and reports its
@@ -34,11 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.gpu_models import NAMES, model_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ROOT / "bench" / "optimizers.py"
-sys.path.append(str(ROOT / "bench"))
-
-from gpu_models import NAMES, model_dir  # noqa: E402
 
 FALLBACK_METHODS = ("adamw", "distro", "distro_tuned", "sparseloco")
 FALLBACK_INNER_STEPS = 16
@@ -79,9 +78,9 @@ def run_all(methods: tuple[str, ...], steps: int, common: list[str], folder: Pat
     for method in methods:
         log = (folder / f"{method}.log").open("w")
         processes[method] = subprocess.Popen(
-            [sys.executable, str(OPTIMIZERS), *common, "--steps", str(steps), "--methods",
+            [sys.executable, "-m", "bench.optimizers", *common, "--steps", str(steps), "--methods",
              method, "--seeds", "0", "--jsonl", str(folder / f"{method}.jsonl")],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     outcomes, errors = {}, {}
     for method, process in processes.items():
         left = max(1.0, timeout_s - (time.monotonic() - started))
@@ -145,9 +144,9 @@ def main() -> None:
                               "learn_steps": steps}))
             raise SystemExit(f"no method finished {steps} steps: {errors}")
         summary_run = subprocess.run(
-            [sys.executable, str(OPTIMIZERS), "--model", str(source), "--from-jsonl",
+            [sys.executable, "-m", "bench.optimizers", "--model", str(source), "--from-jsonl",
              *(str(folder / "run" / f"{m}.jsonl") for m in outcomes)],
-            capture_output=True, text=True, check=True)
+            capture_output=True, text=True, check=True, cwd=ROOT)
         summary = json.loads(summary_run.stdout.strip().splitlines()[-1])
     per_worker_tokens = summary["total_batch"] // summary["peers"] * summary["seq_len"]
     dense_per_token = 4 * summary["params"] / per_worker_tokens

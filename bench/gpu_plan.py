@@ -1,7 +1,7 @@
 """The device, and the micro-batch and activation checkpointing `psyche-client plan` chooses
 for a training step on it. Prints ONE JSON line.
 
-    python bench/gpu_plan.py [--model llama-1b|125m|tiny] [--seq-len 2048] [--batch 16]
+    python -m bench.gpu_plan [--model llama-1b|125m|tiny] [--seq-len 2048] [--batch 16]
         [--peers 16] [--device cuda] [--memory-gib G]
 
 The plan (client_image/training/memory_plan.py, bf16 compute on CUDA, fp32 on CPU, the
@@ -20,18 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"),
-               str(ROOT / "bench")]
+import torch
 
-import torch  # noqa: E402
-from gpu_models import LLAMA_1B, LLAMA_125M, NAMES, TINY  # noqa: E402
-
-from client_image.training.flops import device_slug  # noqa: E402
-from client_image.training.memory_plan import (  # noqa: E402
+from bench.gpu_models import LLAMA_1B, LLAMA_125M, NAMES, TINY
+from client_image.training.flops import device_slug
+from client_image.training.memory_plan import (
     CUDA_RESERVE_BYTES,
     GIB,
     ComputeDType,
@@ -41,7 +36,9 @@ from client_image.training.memory_plan import (  # noqa: E402
     max_micro_batch,
     plan_memory,
 )
-from client_image.training.model_shape import describe_model, load_model_config, meta_model  # noqa: E402
+from client_image.training.model_shape import describe_model, load_model_config, meta_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def largest_divisor(batch: int, limit: int) -> int:

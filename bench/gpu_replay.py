@@ -2,7 +2,7 @@
 verifier's shadow that replays it with another micro-batch size. Prints a line per step,
 then ONE JSON line.
 
-    python bench/gpu_replay.py [--model 125m|tiny|llama-1b] [--device cuda] [--steps 4]
+    python -m bench.gpu_replay [--model 125m|tiny|llama-1b] [--device cuda] [--steps 4]
         [--batch 8] [--micro-batch 4] [--replay-micro-batch 2] [--seq-len 512] [--one-bit]
 
 Two copies of the same weights on the device: the trainer's (DistroTrainer, micro-batch
@@ -22,27 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
+import torch
+import transformers
+
+from bench.gpu_models import DATA, NAMES, model_dir
+from client_image.training.model import load_causal_lm
+from client_image.training.precision import configure_backends
+from client_image.training.trainer import DistroTrainer
+from client_image.training.wire import DistroResult
+from client_image.verification import ReplayVerifier
+from coordinator.config import ConstantLR, DistroOptimizer
+from psyche_common.token_files.local import LocalDataProvider
+
 ROOT = Path(__file__).resolve().parents[1]
-# bench/coordinator.py would shadow the coordinator package: the repository root first,
-# this folder last (for gpu_models).
-sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"),
-               str(ROOT / "bench")]
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from gpu_models import DATA, NAMES, model_dir  # noqa: E402
-
-from client_image.training.model import load_causal_lm  # noqa: E402
-from client_image.training.precision import configure_backends  # noqa: E402
-from client_image.training.trainer import DistroTrainer  # noqa: E402
-from client_image.training.wire import DistroResult  # noqa: E402
-from client_image.verification import ReplayVerifier  # noqa: E402
-from coordinator.config import ConstantLR, DistroOptimizer  # noqa: E402
-from psyche_common.token_files.local import LocalDataProvider  # noqa: E402
 
 
 def main() -> None:

@@ -56,4 +56,4 @@ commit=${GPU_SUITE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unkn
 if [ -z "${GPU_SUITE_COMMIT:-}" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   commit="$commit-dirty"
 fi
-exec "$python" bench/gpu_suite.py "$call" --commit "$commit" "$@"
+exec "$python" -m bench.gpu_suite "$call" --commit "$commit" "$@"

@@ -2,13 +2,13 @@
 processes (real TCP, real iroh on loopback) training a model for a few rounds. Prints the
 run's summary, then ONE JSON line.
 
-    python bench/gpu_testnet.py [--model 125m|tiny] [--clients 2] [--rounds 3]
+    python -m bench.gpu_testnet [--model 125m|tiny] [--clients 2] [--rounds 3]
         [--device cuda] [--dtype bf16] [--timeout 240]
 
 The config is config/local-testnet's (bundled data served by the coordinator's data
 server) with the model replaced (bench/gpu_models.py: the 125 M Llama gets random weights,
 saved to the work folder), `total_steps` = --rounds, every client needed from the start,
-and the learning rate's warm-up one step. Every client gets `--device` and `--dtype`.
+and no learning-rate warm-up (2e-3 from the first round). Every client gets `--device` and `--dtype`.
 
 JSON fields: testnet_clients_identical (every client's last checkpoint has the same
 SHA-256), testnet_loss_fell (the clients' mean loss at the last trained step below the
@@ -25,19 +25,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.gpu_models import model_dir
+from coordinator import load_state_file
+from coordinator.config import CosineLR, HubCheckpoint
+from local_testnet.config_variant import write_config_variant
+from local_testnet.testnet import Testnet, TestnetOptions, run_headless
+from psyche_common.local_ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
-# bench/coordinator.py would shadow the coordinator package: the repository root first,
-# this folder last (for gpu_models).
-sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"),
-               str(ROOT / "bench")]
-
-from gpu_models import model_dir  # noqa: E402
-
-from coordinator import load_state_file  # noqa: E402
-from coordinator.config import CosineLR, HubCheckpoint  # noqa: E402
-from local_testnet.config_variant import write_config_variant  # noqa: E402
-from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
-from psyche_common.local_ports import free_ports  # noqa: E402
 
 
 def write_config(directory: Path, model: Path, rounds: int, clients: int, data_port: int) -> Path:
@@ -45,7 +40,9 @@ def write_config(directory: Path, model: Path, rounds: int, clients: int, data_p
                                   init_min_clients=clients, min_clients=clients,
                                   warmup_time=90, epoch_time=120)
     state = load_state_file(config / "state.toml")
-    schedule = CosineLR(base_lr=2e-3, warmup_init_lr=0.0, warmup_steps=1, total_steps=rounds,
+    # No warm-up: the first round's results already move the weights (a 3-round run has
+    # only the rounds after it to show the loss falling).
+    schedule = CosineLR(base_lr=2e-3, warmup_init_lr=2e-3, warmup_steps=1, total_steps=rounds,
                         final_lr=2e-4)
     llm = state.model.model_copy(update={
         "checkpoint": HubCheckpoint(repo_id=str(model.resolve())), "lr_schedule": schedule})

@@ -3,7 +3,6 @@ JSON line a GPU call runs, at tiny sizes, so that they cannot rot while no GPU i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -93,10 +92,8 @@ def test_an_unknown_call_is_one_usage_line() -> None:
 
 
 def test_steps_that_fit_the_budget() -> None:
-    spec = importlib.util.spec_from_file_location("gpu_learn", ROOT / "bench" / "gpu_learn.py")
-    assert spec is not None and spec.loader is not None
-    gpu_learn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_learn)
+    from bench import gpu_learn
+
     # 300 s left, 20 s of set-up, 0.5 s a step: (300 - 24 - 10) / 0.5 / 1.15 = 462 -> 448
     assert gpu_learn.steps_that_fit(0.5, 20, 300, 16, 100_000) == 448
     assert gpu_learn.steps_that_fit(0.5, 20, 300, 16, 100) == 96  # --max-steps, rounded down
