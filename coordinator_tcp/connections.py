@@ -3,12 +3,12 @@ client's events until it leaves.
 
 What a join, an event or a leave does to the run is the server's (`Served`, server.py);
 this module only turns a connection's bytes into those three calls. Untrusted input stops
-here (the shared `AcceptGate`, docs/tcp-admission.md): a handshake must finish within a
-timeout, at most `max_handshakes_per_address` are in flight from one source address, and
-when `max_handshakes` are (by default half the process's file descriptors) the oldest of
-the busiest address is shed for the newcomer; frames are size-limited before they are
-read, and a garbage frame or a bad signature gets an error reply and a disconnect, never
-an exception in the server.
+here (the shared `AcceptGate`, docs/tcp-admission.md): at most
+`max_handshakes_per_address` handshakes are in flight from one source address; when
+`max_handshakes` are (by default half the process's file descriptors), one past its
+deadline or the oldest of the busiest address is closed for the newcomer; frames are
+size-limited before they are read, and a garbage frame or a bad signature gets an error
+reply and a disconnect, never an exception in the server.
 """
 
 from __future__ import annotations

@@ -24,12 +24,12 @@ class ServerOptions:
     init_warmup_time: int | None = None
     tick_interval_s: float = 0.5
     heartbeat_interval_s: float = 5.0
-    # Handshakes in flight (docs/tcp-admission.md): a slow or idle peer costs one slot per
-    # connection, for at most handshake_timeout_s; one source address gets at most
-    # max_handshakes_per_address; beyond max_handshakes (None: half the process's file
-    # descriptors) the oldest of the address holding most is shed for the newcomer. The
-    # shedding keeps room for newcomers, so the deadline need not be short: each one
-    # closes a connection a flood reopens at once, the server's own churn.
+    # Handshakes in flight (docs/tcp-admission.md): each connection holds a slot until its
+    # signed join; one source address gets at most max_handshakes_per_address; a full
+    # pool (max_handshakes, None: half the process's file descriptors) closes the one
+    # longest past its deadline, else the oldest of the busiest address, for a newcomer.
+    # Past handshake_timeout_s a connection is closed while the pool is at most half
+    # full, else kept first in line: a flood reopens what is closed, all at once.
     handshake_timeout_s: float = 10.0
     max_handshakes: int | None = None
     max_handshakes_per_address: int = 16

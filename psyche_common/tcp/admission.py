@@ -7,13 +7,20 @@ it is, it holds one slot of the handshake pool (`max_pending` slots), for at mos
 `timeout_s`:
 
 - its source address already holds `max_per_address` slots: the newcomer is told `Busy`
-  and closed (one address never takes more than its share);
-- the pool is full: the oldest connection of the address holding the most slots is
-  told `Busy` and closed (shed), and the newcomer takes its slot. An honest client from
+  and closed (one address never takes more than its share), unless the oldest of them
+  is past its deadline, which then makes room;
+- the pool is full: the connection longest past its deadline is told `HandshakeFailed`,
+  or if none is, the oldest connection of the address holding the most slots is told
+  `Busy` (shed); either is closed and the newcomer takes its slot. An honest client from
   an address of its own holds one slot, never the most while any address holds two, so
   however many idle connections fill the pool it gets in, and it finishes its handshake
-  (one round trip) long before a flood of one-slot addresses could shed it;
-- a handshake not done within `timeout_s` is told `HandshakeFailed` and closed.
+  (one round trip) long before it could be past its deadline;
+- a handshake not done within `timeout_s` is told `HandshakeFailed` and closed while the
+  pool is at most half full; in a busier pool it stays, first in line to make room for a
+  newcomer. So a flood that fills the pool is closed only as fast as newcomers arrive,
+  instead of all at once at its deadline, to come back all at once (ten thousand
+  reconnects in a burst overflow the kernel's accept queue, and an honest connect in it
+  waits for SYN retries).
 
 Nothing refuses a newcomer for being one too many in all: the pool's size only says when
 to shed. The pool is sized from the process's file-descriptor limit (`handshake_pool`),
@@ -93,12 +100,14 @@ def handshake_pool(asked: int | None, fd_limit: int) -> int:
 class _Slot:
     """One connection in handshake."""
 
-    __slots__ = ("address", "shed", "writer")
+    __slots__ = ("address", "closed", "expired", "timer", "writer")
 
     def __init__(self, address: str, writer: asyncio.StreamWriter) -> None:
         self.address = address
         self.writer = writer
-        self.shed = False
+        self.closed = False  # shed or past its deadline: told why and closed by the gate
+        self.expired = False  # past its deadline, kept while the pool is busy
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class AcceptGate:
@@ -115,56 +124,91 @@ class AcceptGate:
         # "Shed" (taken out of the full pool for a newcomer), "HandshakeFailed"
         self.on_failure = on_failure
         self.pending = 0
-        self.shed = 0  # connections shed so far
+        self.shed = 0  # connections shed so far (not counting those past their deadline)
         # Each address's slots, oldest first (a dict keeps insertion order).
         self._slots: dict[str, dict[_Slot, None]] = {}
         # Addresses by the number of slots they hold, in the order they reached it.
         self._holding: dict[int, dict[str, None]] = {}
+        # Slots past their deadline kept while the pool is busy, in the order they expired.
+        self._expired: dict[_Slot, None] = {}
 
     def held_by(self, address: str) -> int:
         return len(self._slots.get(address, ()))
 
+    @property
+    def expired(self) -> int:
+        return len(self._expired)
+
     async def admit(self, writer: asyncio.StreamWriter,
                     handshake: Callable[[], Awaitable[T]]) -> T | None:
         address = source_address(writer)
-        if self.held_by(address) >= self.max_per_address:
-            self.on_failure("Busy", None)
-            _refuse(writer, BUSY_FRAME)
-            return None
+        held = self._slots.get(address)
+        if held is not None and len(held) >= self.max_per_address:
+            oldest = next(iter(held))
+            if not oldest.expired:
+                self.on_failure("Busy", None)
+                _refuse(writer, BUSY_FRAME)
+                return None
+            self._time_out(oldest)  # its own address's stale one makes room
         if self.pending >= self.max_pending:
             self._shed_one()
         slot = _Slot(address, writer)
         self._take(slot)
+        slot.timer = asyncio.get_running_loop().call_later(self.timeout_s, self._deadline, slot)
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await handshake()
+            return await handshake()
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, FrameError,
                 ProtocolError) as exc:
-            if slot.shed:  # told Busy and closed already: its read just saw the end
+            if slot.closed:  # told why and closed by the gate: its read just saw the end
                 return None
             self.on_failure("HandshakeFailed", exc)
-            if isinstance(exc, TimeoutError):  # the common case under load: made once
-                _refuse(writer, TIMEOUT_FRAME)
-            else:
-                await send_fatal(writer, "HandshakeFailed", str(exc) or type(exc).__name__)
+            await send_fatal(writer, "HandshakeFailed", str(exc) or type(exc).__name__)
             return None
         finally:
-            if not slot.shed:
+            if not slot.closed:
                 self._release(slot)
 
+    def _deadline(self, slot: _Slot) -> None:
+        """A handshake's deadline: closed now while the pool has room to spare (at most
+        half full); in a busy pool, marked the first to go when a newcomer needs room and
+        looked at again one deadline later. Closing it at once would only make room
+        nobody asked for, and a flood reopens what is closed at once: the server's own
+        churn, ten thousand connections at a time."""
+        if slot.closed:
+            return
+        if 2 * self.pending <= self.max_pending:
+            self._time_out(slot)
+            return
+        if not slot.expired:
+            slot.expired = True
+            self._expired[slot] = None
+        slot.timer = asyncio.get_running_loop().call_later(self.timeout_s, self._deadline, slot)
+
     def _shed_one(self) -> None:
-        """Close the oldest connection of the address holding the most slots (of those
-        holding as many, the one that got there first)."""
+        """Make room in the full pool: close the connection longest past its deadline,
+        or if none is, the oldest connection of the address holding the most slots (of
+        those holding as many, the one that got there first)."""
+        if self._expired:
+            self._time_out(next(iter(self._expired)))
+            return
         most = max(self._holding)
         address = next(iter(self._holding[most]))
         slot = next(iter(self._slots[address]))
-        self._release(slot)
-        slot.shed = True
         self.shed += 1
         self.on_failure("Shed", None)
-        # Its handshake task sees the closed socket at its next read and returns None; a
-        # handshake that finished just now sees it in its first read as a joined peer.
-        _refuse(slot.writer, SHED_FRAME)
+        self._close(slot, SHED_FRAME)
+
+    def _time_out(self, slot: _Slot) -> None:
+        self.on_failure("HandshakeFailed", TimeoutError("no signed join in time"))
+        self._close(slot, TIMEOUT_FRAME)
+
+    def _close(self, slot: _Slot, frame: bytes) -> None:
+        """Free the slot now and close its connection: its handshake task sees the closed
+        socket at its next read and returns None; a handshake that finished just now sees
+        it in its first read as a joined peer."""
+        self._release(slot)
+        slot.closed = True
+        _refuse(slot.writer, frame)
 
     def _take(self, slot: _Slot) -> None:
         held = self._slots.setdefault(slot.address, {})
@@ -173,6 +217,10 @@ class AcceptGate:
         self.pending += 1
 
     def _release(self, slot: _Slot) -> None:
+        if slot.timer is not None:
+            slot.timer.cancel()
+        if slot.expired:
+            del self._expired[slot]
         held = self._slots[slot.address]
         self._move(slot.address, len(held), len(held) - 1)
         del held[slot]

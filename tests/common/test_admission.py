@@ -122,6 +122,35 @@ async def test_a_handshake_past_its_deadline_is_told_so_and_frees_its_slot() -> 
         await server.listener.close()
 
 
+async def test_in_a_busy_pool_a_handshake_past_its_deadline_stays_until_room_is_needed() -> None:
+    server = GatedLineServer(AcceptGate(max_pending=4, max_per_address=3, timeout_s=0.6))
+    await server.listener.start()
+    try:
+        stale = [await server.connect("127.0.0.2") for _ in range(3)]  # 3 of 4: busy
+        await asyncio.sleep(1.2)  # past the deadline: kept, nobody needs the room
+        assert [await still_open(r) for r, _w in stale] == [True, True, True]
+        assert server.gate.expired == 3 and server.refusals == []
+        fresh = await server.connect("127.0.0.3")  # the pool has a slot left
+        assert server.gate.pending == 4 and server.refusals == []
+        newcomer, newcomer_writer = await server.connect("127.0.0.4")  # full: makes room
+        failed = await refusal(stale[0][0])  # the one longest past its deadline
+        assert failed.error == "HandshakeFailed" and server.refusals == ["HandshakeFailed"]
+        assert await still_open(stale[1][0]) and await still_open(fresh[0])
+        # .2 is at its cap, but its oldest is past its deadline: it makes room for .2.
+        again = await server.connect("127.0.0.2")
+        assert (await refusal(stale[1][0])).error == "HandshakeFailed"
+        newcomer_writer.write(b"in\n")  # a handshake done: its slot is free
+        assert await asyncio.wait_for(newcomer.readline(), 2) == b"welcome in\n"
+        fresh[1].close()  # 2 of 4 left: room to spare, the last stale one goes at its next look
+        assert (await refusal(stale[2][0])).error == "HandshakeFailed"
+        assert (await refusal(again[0])).error == "HandshakeFailed"  # and at its deadline
+        assert server.gate.pending == 0 and server.gate.expired == 0
+        for _reader, writer in (*stale, again, (newcomer, newcomer_writer)):
+            writer.close()
+    finally:
+        await server.listener.close()
+
+
 def test_the_pool_is_half_the_descriptors_left_and_says_when_asked_for_more(
         caplog: pytest.LogCaptureFixture) -> None:
     assert handshake_pool(None, 20000) == (20000 - FD_RESERVE) // 2 == 9968

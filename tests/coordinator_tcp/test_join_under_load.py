@@ -7,14 +7,14 @@ this process whose handshake pool is 1024 (the fixed global limit they used to f
 that every honest join got `Busy`); both processes raise their descriptor limit to the
 hard one.
 Honest clients, each from an address of its own, then join one after another: every one
-gets in within 5 s while the pool stays full, because the pool sheds the oldest
-connection of the busiest address for each newcomer (docs/tcp-admission.md).
+gets in within 5 s while the pool stays full, because the pool makes room for each
+newcomer by shedding the oldest connection of the busiest address, or one past its
+deadline (docs/tcp-admission.md).
 bench/join_under_load.py does the same with 10,000 from 1,000 addresses."""
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 
 import pytest
@@ -30,9 +30,9 @@ IDLE_ADDRESSES = 200
 PER_ADDRESS = 10
 POOL = 1024
 HONEST_JOINS = 20
-JOIN_LIMIT_S = 10.0  # each join; the bench measures the p99 (target 5 s) on a quieter load
+JOIN_LIMIT_S = 5.0
 REOPEN_AFTER_S = 1.0
-JOIN_EVERY_S = 0.35  # 20 joins over ~7 s: more than two handshake timeouts of the idle
+JOIN_EVERY_S = 0.35  # 20 joins over ~7 s: more than two handshake deadlines (3 s)
 
 
 async def wait_until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -78,11 +78,11 @@ async def test_honest_joins_get_in_while_2000_idle_connections_fill_the_handshak
         pending = {client.key for client in server.pending}
         assert all(identity(100 + i).public_key in pending for i in range(HONEST_JOINS))
         assert max(join_seconds) < JOIN_LIMIT_S, join_seconds
-        # The load held throughout: the pool full at most joins (it empties for a moment
-        # when a wave of idle connections reaches its deadline together), and over the
-        # joins (more than two handshake deadlines) the idle connections came back and
-        # were accepted again, a pool's worth at least.
-        assert statistics.median(pool_seen) >= POOL - 16, pool_seen
+        # The load held throughout: the pool full at every join (a busy pool keeps the idle
+        # connections past their deadline until a newcomer needs the room), and the idle
+        # connections kept coming: those shed came back and shed others, a pool's worth
+        # at least over the joins.
+        assert min(pool_seen) >= POOL - 16, pool_seen
         assert server.stats.connections_accepted - accepted_before >= POOL
         assert idle.closed_by_server >= 2 * POOL
         assert server.stats.protocol_errors == 0 and len(server.peers) == HONEST_JOINS
