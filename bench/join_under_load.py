@@ -11,7 +11,8 @@ connections from --addresses loopback source addresses (tests/idle_connections.p
 of them send nothing, half the first two bytes of a frame header); each one the server
 closes (shed for a newcomer, or past its handshake deadline) is opened again after
 --reopen-after seconds, so the attacker keeps its hold as long as the bench runs. Once
-every idle connection has been opened, this process makes --joins honest joins, one
+every idle connection has been opened and the server has taken in as many as its pool
+holds (its Challenge reached 99% of them), this process makes --joins honest joins, one
 started every --join-every seconds whatever the others do (open-loop arrivals), each from
 an address of its own (127.9.x.y) with a key of its own: the Challenge, the signed Join
 and the Welcome (ProtocolConnection.connect, 30 s timeout), then it leaves. By default
@@ -34,6 +35,9 @@ idle_open_min, idle_open_median
     every 0.1 s during the joins: what the server held of them
 idle_closed_by_server
     idle connections the server closed during the joins (each then reopened)
+idle_opened_in_s, idle_held_in_s
+    from the attacker's start to every connection made (the kernel's side), and to the
+    server's Challenge on as many as its pool holds
 fd_hard_limit
     RLIMIT_NOFILE's hard limit here (the server and the attacker raise their soft limit to it)
 
@@ -123,7 +127,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             began = time.monotonic()
             await attacker.wait_opened(300)
             opened_s = time.monotonic() - began
-            await asyncio.sleep(1.0)  # the server takes in the last of them
+            # The hold is in place once the server has taken in what its pool holds (the
+            # rest wait in its accept queue): its Challenge reached that many.
+            pool = await _pool_from_log(server_log)
+            while attacker.challenged_now < 0.99 * min(args.idle, pool):
+                if time.monotonic() - began > 300:
+                    raise RuntimeError(f"the server took in {attacker.challenged_now} idle "
+                                       f"connections in 300 s (pool {pool})")
+                await asyncio.sleep(0.1)
+            held_s = time.monotonic() - began
             closed_before = attacker.closed_by_server
             cpu_before = _cpu_seconds(server.pid)
             samples: list[int] = []
@@ -145,8 +157,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 server.wait(10)
             if server.poll() is None:
                 server.kill()
-        log_text = server_log.read_text(errors="replace")
-    pool = _POOL_LINE.search(log_text)
     times = sorted(seconds for seconds, _error in results if seconds is not None)
     errors = sorted({error for seconds, error in results if seconds is None})
     return {
@@ -159,13 +169,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "honest_join_max_s": round(times[-1], 4) if times else None,
         "honest_join_errors": errors,
         "server_rss_mb": round(rss, 1), "server_rss_peak_mb": round(peak, 1),
-        "server_handshake_pool": int(pool.group(1)) if pool else None,
+        "server_handshake_pool": pool,
         "server_cpu_s": round(cpu, 2),
         "idle_open_min": min(samples), "idle_open_median": int(statistics.median(samples)),
-        "idle_closed_by_server": closed, "idle_connect_failures": failures, "idle_opened_in_s": round(opened_s, 2),
+        "idle_closed_by_server": closed, "idle_connect_failures": failures, "idle_opened_in_s": round(opened_s, 2), "idle_held_in_s": round(held_s, 2),
         "reopen_after_s": args.reopen_after, "server_fd_limit": args.server_fd_limit,
         "fd_hard_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
     }
+
+
+async def _pool_from_log(log: Path) -> int:
+    """The handshake pool the server's log line says it has."""
+    for _ in range(300):
+        found = _POOL_LINE.search(log.read_text(errors="replace"))
+        if found:
+            return int(found.group(1))
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"the server logged no admission line: {log.read_text()[-500:]}")
 
 
 def _status_mb(pid: int, field: str) -> float:
@@ -209,7 +229,8 @@ def main() -> None:
           f"(peak {row['server_rss_peak_mb']} MB), {row['server_cpu_s']} s CPU during the "
           f"joins; idle open min {row['idle_open_min']} median {row['idle_open_median']}, "
           f"{row['idle_closed_by_server']} closed by the server (and reopened) during the "
-          f"joins; all opened in {row['idle_opened_in_s']} s", flush=True)
+          f"joins; all opened in {row['idle_opened_in_s']} s, taken in by the server in "
+          f"{row['idle_held_in_s']} s", flush=True)
     print(json.dumps(row))
 
 

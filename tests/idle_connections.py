@@ -12,7 +12,7 @@ closes them, so what is measured is the server.
     idle = IdleConnections(port, idle_addresses(200), per_address=10)
     idle.start()             # a process of its own; its descriptor limit raised to the hard one
     await idle.wait_opened(60)   # each connection made once
-    idle.open_now, idle.closed_by_server, idle.connect_failures
+    idle.open_now, idle.challenged_now, idle.closed_by_server, idle.connect_failures
     idle.stop()
 """
 
@@ -43,8 +43,8 @@ class IdleConnections:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._opened = context.Event()
-        # open now, closed by the server, failed connects
-        self._counts = context.Array("q", 3)
+        # open now, closed by the server, failed connects, open and challenged
+        self._counts = context.Array("q", 4)
         self._process = context.Process(target=_hold, daemon=True, args=(
             *self.args, self._counts, self._opened, self._stop))
 
@@ -63,6 +63,12 @@ class IdleConnections:
     @property
     def connect_failures(self) -> int:
         return int(self._counts[2])
+
+    @property
+    def challenged_now(self) -> int:
+        """Open connections the server has sent something (its Challenge): accepted, not
+        just waiting in its accept queue."""
+        return int(self._counts[3])
 
     def start(self) -> None:
         self._process.start()
@@ -101,6 +107,7 @@ def _hold(host: str, port: int, addresses: list[str], per_address: int,
             holder.open(*queue.popleft())
         holder.turn(0.02)
         counts[0], counts[1], counts[2] = holder.open_now, holder.closed, holder.failures
+        counts[3] = holder.challenged
         if not queue and not opened.is_set():
             opened.set()
         queue.extend(holder.due())
@@ -114,10 +121,11 @@ class _Holder:
         self.target = (host, port)
         self.reopen_after_s = reopen_after_s
         self.epoll = select.epoll()
-        # fd -> (socket, source address, sends half a header, connected yet)
+        # fd -> (socket, source address, sends half a header, connected yet, challenged yet)
         self.sockets: dict[int, list[Any]] = {}
         self.later: deque[tuple[float, str, bool]] = deque()  # (when, address, partial)
         self.open_now = 0
+        self.challenged = 0
         self.closed = 0
         self.failures = 0
 
@@ -135,7 +143,7 @@ class _Holder:
             self.failures += 1
             self.later.append((time.monotonic() + self.reopen_after_s, address, partial))
             return
-        self.sockets[sock.fileno()] = [sock, address, partial, False]
+        self.sockets[sock.fileno()] = [sock, address, partial, False, False]
         self.epoll.register(sock.fileno(), select.EPOLLOUT | select.EPOLLIN | select.EPOLLRDHUP)
 
     def turn(self, timeout_s: float) -> None:
@@ -143,7 +151,7 @@ class _Holder:
             entry = self.sockets.get(fd)
             if entry is None:
                 continue
-            sock, _address, partial, connected = entry
+            sock, _address, partial, connected, _challenged = entry
             if not connected and events & select.EPOLLOUT:
                 if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                     self._lost(fd, counted=False)
@@ -162,12 +170,16 @@ class _Holder:
                 if not data or events & (select.EPOLLRDHUP | select.EPOLLERR | select.EPOLLHUP):
                     self._lost(fd, counted=entry[3])
                     self.closed += entry[3]
+                elif not entry[4]:
+                    entry[4] = True
+                    self.challenged += 1
 
     def _lost(self, fd: int, counted: bool) -> None:
-        sock, address, partial, _connected = self.sockets.pop(fd)
+        sock, address, partial, _connected, challenged = self.sockets.pop(fd)
         self.epoll.unregister(fd)
         sock.close()
         self.open_now -= counted
+        self.challenged -= challenged
         self.later.append((time.monotonic() + self.reopen_after_s, address, partial))
 
     def due(self) -> list[tuple[str, bool]]:
