@@ -29,7 +29,7 @@ def start_owner(root: Path) -> tuple[subprocess.Popen[str], Path]:
     return process, Path(process.stdout.readline().strip())
 
 
-def test_a_killed_clients_scratch_is_reclaimed_and_a_live_ones_kept(tmp_path) -> None:
+def test_a_killed_clients_scratch_is_reclaimed_and_a_live_ones_kept(tmp_path: Path) -> None:
     killed, killed_dir = start_owner(tmp_path)
     alive, alive_dir = start_owner(tmp_path)
     try:
@@ -50,7 +50,7 @@ def test_a_killed_clients_scratch_is_reclaimed_and_a_live_ones_kept(tmp_path) ->
     assert reclaim_stale_scratch(tmp_path) == [alive_dir]  # once dead, it goes too
 
 
-def test_unrelated_and_half_made_directories_are_left_alone(tmp_path) -> None:
+def test_unrelated_and_half_made_directories_are_left_alone(tmp_path: Path) -> None:
     (tmp_path / "psyche-client-elsewhere").mkdir()
     half_made = tmp_path / f"{PREFIX}new"  # made, its lock not yet taken: may be live
     half_made.mkdir()

@@ -5,6 +5,8 @@ the cooldown, or restarted with its checkpoint of it on disk)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tcp_helpers import make_state_file
 
 from coordinator import (
@@ -78,7 +80,7 @@ def test_a_reset_with_its_holders_alive_counts_as_one_with_a_holder() -> None:
     assert (resets.count, resets.with_holder) == (1, 1)
 
 
-def test_a_reset_after_every_holder_was_killed_has_none(tmp_path) -> None:
+def test_a_reset_after_every_holder_was_killed_has_none(tmp_path: Path) -> None:
     resets = ModelResets(checkpoint_finder(tmp_path, "run"))
 
     def kill_all() -> None:
@@ -93,7 +95,12 @@ def test_a_reset_after_every_holder_was_killed_has_none(tmp_path) -> None:
     (tmp_path / "client-2" / "checkpoints" / f"run-step{start - 1}").mkdir(parents=True)
     (tmp_path / "client-2" / "checkpoints" / f"run-step{start - 1}" / "config.json").write_text("{}")
     again = ModelResets(checkpoint_finder(tmp_path, "run"))
-    epoch_then_new_clients(again, lambda: [again.killed(i) for i in (1, 2, 3)])
+
+    def kill_all_again() -> None:
+        for i in (1, 2, 3):
+            again.killed(i)
+
+    epoch_then_new_clients(again, kill_all_again)
     assert again.resets[0].holders_alive == (2,) and again.with_holder == 1
 
 
@@ -119,7 +126,7 @@ def test_the_summary_says_a_reset_in_words() -> None:
         {**summary, "models_reset": 0, "models_reset_with_holder": 0}))
 
 
-def test_the_testnet_tui_says_a_reset_and_whether_a_holder_was_alive(tmp_path) -> None:
+def test_the_testnet_tui_says_a_reset_and_whether_a_holder_was_alive(tmp_path: Path) -> None:
     from tcp_helpers import TESTNET
 
     from local_testnet.testnet import Testnet, TestnetOptions
