@@ -400,7 +400,8 @@ async def test_holders_restarted_at_once_resume_from_their_own_checkpoints(tmp_p
     assert all(swarm.worker(n).trained for n in swarm.nodes)
 
 
-async def test_a_restarted_holder_loads_its_own_checkpoint_before_asking_peers(tmp_path) -> None:
+async def test_a_restarted_holder_loads_its_own_checkpoint_before_asking_peers(
+        tmp_path: Path) -> None:
     """One holder restarted while the others still serve the model: it reloads its own
     checkpoint of the last cooldown at once (the same bf16 weights) instead of first
     waiting on peers that may be restarting too, and serves it."""
