@@ -3,8 +3,8 @@ and the data server), so that honest peers get in while idle or slow connections
 the server (docs/tcp-admission.md).
 
 A connection is *unauthenticated* from its accept until its signed Join verifies; while
-it is, it holds one slot of the handshake pool (`max_pending` slots), for at most
-`timeout_s`:
+it is, it holds one slot of the handshake pool (`max_pending` slots). A newcomer, and a
+slot whose deadline (`timeout_s`) comes:
 
 - its source address already holds `max_per_address` slots: the newcomer is told `Busy`
   and closed (one address never takes more than its share), unless the oldest of them
