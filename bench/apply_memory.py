@@ -1,7 +1,7 @@
 """Peak extra memory of applying P peers' DisTrO results to a model of M parameters.
 Prints one line per case, then ONE JSON line.
 
-    .venv/bin/python bench/apply_memory.py [--models tiny,llama-134m,llama-1b]
+    .venv/bin/python -m bench.apply_memory [--models tiny,llama-134m,llama-1b]
                                            [--peers 8,64,256] [--old-peers 8,64]
 
 Each case runs in its own process: the model (random init; `--dtype fp32`, as the client
@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 MODELS = {
     "tiny": REPO / "assets" / "tiny-llama",
@@ -147,9 +146,9 @@ def main() -> None:
                                else [])
             for path in paths:
                 child = subprocess.run(
-                    [sys.executable, __file__, "--case", f"{model_name}:{peers}:{path}",
-                     "--dtype", args.dtype],
-                    capture_output=True, text=True, check=False)
+                    [sys.executable, "-m", "bench.apply_memory", "--case",
+                     f"{model_name}:{peers}:{path}", "--dtype", args.dtype],
+                    capture_output=True, text=True, check=False, cwd=REPO)
                 if child.returncode != 0:
                     print(f"{model_name} P={peers} {path}: failed\n{child.stderr[-2000:]}")
                     continue

@@ -1,6 +1,6 @@
 """Coordinator throughput: full round cycles with 256 clients and 32 witnesses.
 
-    .venv/bin/python bench/coordinator.py [--rounds N]
+    .venv/bin/python -m bench.coordinator_machine [--rounds N]
 
 Prints its figures, then one JSON line: ticks_per_s (coordinator ticks over whole
 RoundTrain -> witnesses -> RoundWitness -> next round cycles, each cycle seeded afresh so
@@ -12,15 +12,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from coordinator import (  # noqa: E402
+from coordinator import (
     Bloom,
     Coordinator,
     NodeIdentity,
@@ -30,7 +26,9 @@ from coordinator import (  # noqa: E402
     participant_item,
     selection_for_round,
 )
-from coordinator.config import state_file_from_dict  # noqa: E402
+from coordinator.config import state_file_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CLIENTS, WITNESSES = 256, 32
 

@@ -1,7 +1,7 @@
 """The token-file sequence index and a batch fetch, before and after the index became arrays.
 Prints one line per figure, then ONE JSON line.
 
-    .venv/bin/python bench/data_index.py [--sequences 500000] [--batch 64] [--repeats 3]
+    .venv/bin/python -m bench.data_index [--sequences 500000] [--batch 64] [--repeats 3]
 
 Index: `--sequences` samples of 2048 two-byte tokens over 100 files (only the sizes: no
 file is needed to build an index), DontShuffle and Seeded. Time is the best of
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -44,20 +43,18 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "data"))
-
-from client_image.data import http as http_module  # noqa: E402
-from coordinator.config import (  # noqa: E402
+from client_image.data import http as http_module
+from coordinator.config import (
     DontShuffle,
     HttpDataLocation,
     SeededShuffle,
     TokenSize,
 )
-from psyche_common.token_files import LocalDataProvider  # noqa: E402
-from psyche_common.token_files.chacha import shuffle_in_place  # noqa: E402
-from psyche_common.token_files.sequences import build_sequence_index  # noqa: E402
+from psyche_common.token_files import LocalDataProvider
+from psyche_common.token_files.chacha import shuffle_in_place
+from psyche_common.token_files.sequences import build_sequence_index
+
+REPO = Path(__file__).resolve().parents[1]
 
 SEQ_LEN = 2048
 SAMPLE_BYTES = SEQ_LEN * 2
@@ -129,7 +126,7 @@ async def _http_fetch_times(root: Path, batch: int, repeats: int,
                             delay_s: float) -> tuple[float, float]:
     from http.server import ThreadingHTTPServer
 
-    from range_http_server import serve_directory
+    from tests.data.range_http_server import serve_directory
 
     # The stdlib server listens with a backlog of 5: 16 connects at once overflow it and
     # the dropped SYNs come back after the kernel's 1 s retransmit. Any real web server

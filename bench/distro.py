@@ -1,6 +1,6 @@
 """DisTrO vs AdamW on the tiny model and bundled data, with P simulated peers.
 
-    .venv/bin/python bench/distro.py [--steps 300] [--peers 4] [--device cpu|cuda] ...
+    .venv/bin/python -m bench.distro [--steps 300] [--peers 4] [--device cpu|cuda] ...
 
 Both optimizers see the same data in the same order (seeded ChaCha8 shuffle) from the
 same initial weights, with a warm-up + cosine schedule at their tuned peak rates. Prints
@@ -17,22 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Literal
 
-ROOT = Path(__file__).resolve().parent.parent
-# Running this file puts bench/ first on sys.path, where bench/coordinator.py (another
-# benchmark) would shadow the coordinator package: put the repository root first instead.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from client_image.training.defaults import DISTRO_PSYCHE  # noqa: E402
-from client_image.training.simulate import (  # noqa: E402
+from client_image.training.defaults import DISTRO_PSYCHE
+from client_image.training.simulate import (
     DEFAULT_ADAMW_LR,
     DEFAULT_DISTRO_LR,
     Simulation,
@@ -40,6 +33,8 @@ from client_image.training.simulate import (  # noqa: E402
     default_schedule,
     validation_loss,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(optimizer: Literal["distro", "adamw"],

@@ -1,7 +1,7 @@
 """Where DisTrO's loss goes: an ablation of its settings on the tiny model, as a frontier
 of loss ratio (over AdamW) against bytes per step.
 
-    .venv/bin/python bench/distro_frontier.py [--steps 480] [--out bench/results]
+    .venv/bin/python -m bench.distro_frontier [--steps 480] [--out bench/results]
 
 Each setting changes one thing from Psyche's (decay 0.999, top-k 8, chunk 64, 1-bit,
 lr 2e-3, warm-up 5%) or combines the changes that helped; every run trains the same
@@ -17,25 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from client_image.training.defaults import ADAMW_LR, DISTRO_LR, DISTRO_PSYCHE  # noqa: E402
-from client_image.training.simulate import (  # noqa: E402
+from client_image.training.defaults import ADAMW_LR, DISTRO_LR, DISTRO_PSYCHE
+from client_image.training.simulate import (
     Simulation,
     SimulationConfig,
     default_schedule,
     validation_loss,
 )
-from coordinator.config import CosineLR  # noqa: E402
+from coordinator.config import CosineLR
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # name -> (DistroOptimizer overrides, lr, warm-up fraction)
 SETTINGS: dict[str, tuple[dict[str, Any], float, float]] = {

@@ -1,6 +1,6 @@
 """End-to-end figures of the TCP backend. Prints its measurements, then ONE JSON line.
 
-    .venv/bin/python bench/e2e.py [--counts 8,16,32,64,128,256,512] [--duration 8]
+    .venv/bin/python -m bench.e2e [--counts 8,16,32,64,128,256,512] [--duration 8]
                                   [--skip-round-overhead]
 
 max_clients_p99_100ms
@@ -37,13 +37,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import server_load
+from bench.server_load import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-sys.path.insert(0, str(ROOT / "bench"))
-
-import server_load  # noqa: E402
-from server_load import free_port  # noqa: E402
 
 
 async def measure_count(clients: int, duration_s: float) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """AdamW, DisTrO (Psyche's defaults), tuned DisTrO and SparseLoCo, side by side.
 
-    .venv/bin/python bench/optimizers.py [--steps 480] [--peers 4] [--seeds 0 1 2] ...
+    .venv/bin/python -m bench.optimizers [--steps 480] [--peers 4] [--seeds 0 1 2] ...
 
 Every method trains the bundled tiny Llama on the same samples in the same order (seeded
 shuffle) from the same initial weights, `steps` optimizer steps of `total-batch` samples:
@@ -25,20 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from client_image.training.defaults import (  # noqa: E402
+from client_image.training.defaults import (
     ADAMW_LR,
     DISTRO_LR,
     DISTRO_PSYCHE,
@@ -47,13 +42,15 @@ from client_image.training.defaults import (  # noqa: E402
     DISTRO_TUNED_WARMUP,
     SPARSELOCO,
 )
-from client_image.training.simulate import (  # noqa: E402
+from client_image.training.simulate import (
     Simulation,
     SimulationConfig,
     default_schedule,
     validation_loss,
 )
-from coordinator.config import CosineLR  # noqa: E402
+from coordinator.config import CosineLR
+
+ROOT = Path(__file__).resolve().parent.parent
 
 METHODS = ("adamw", "distro", "distro_tuned", "sparseloco")
 

@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1
 pids=()
 for seed in 0 1 2; do
   for method in adamw distro distro_tuned sparseloco; do
-    timeout "$limit" "${PYTHON:-python3}" bench/optimizers.py "${common[@]}" --methods "$method" \
+    timeout "$limit" "${PYTHON:-python3}" -m bench.optimizers "${common[@]}" --methods "$method" \
       --seeds "$seed" --jsonl "$out/$method-$seed.jsonl" > "$out/$method-$seed.log" 2>&1 &
     pids+=($!)
   done
@@ -25,7 +25,7 @@ done
 for extra in "$@"; do
   name=${extra%%|*}; args=${extra#*|}
   # shellcheck disable=SC2086  # the variant's arguments are words
-  timeout "$limit" "${PYTHON:-python3}" bench/optimizers.py "${common[@]}" $args \
+  timeout "$limit" "${PYTHON:-python3}" -m bench.optimizers "${common[@]}" $args \
     --jsonl "$out/x-$name.jsonl" > "$out/x-$name.log" 2>&1 &
   pids+=($!)
 done
@@ -34,7 +34,7 @@ shopt -s nullglob  # a run cut short by SECONDS wrote no outcome
 done_runs=("$out"/adamw-*.jsonl "$out"/distro-*.jsonl "$out"/distro_tuned-*.jsonl
            "$out"/sparseloco-*.jsonl)
 if (( ${#done_runs[@]} )); then
-  "${PYTHON:-python3}" bench/optimizers.py --from-jsonl "${done_runs[@]}"
+  "${PYTHON:-python3}" -m bench.optimizers --from-jsonl "${done_runs[@]}"
 else
   echo "no run finished within $limit s" >&2; exit 1
 fi

@@ -1,6 +1,6 @@
 """P2P benchmark: one verified blob over iroh vs plain TCP on loopback, and gossip latency.
 
-    .venv/bin/python bench/p2p.py [--size-mib 256] [--gossip-nodes 16] [--unpatched]
+    .venv/bin/python -m bench.p2p [--size-mib 256] [--gossip-nodes 16] [--unpatched]
 
 Prints its figures, then, last, one JSON line:
 ``{"blob_mb_s", "tcp_mb_s", "ratio", "gossip_p99_ms", ...}``.
@@ -17,12 +17,8 @@ import os
 import socket
 import statistics
 import struct
-import sys
 import threading
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client_image.p2p import (
     DownloadConfig,

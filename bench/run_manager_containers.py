@@ -1,7 +1,6 @@
-# ruff: noqa: E402  (bench/ leaves the import path before the package is imported)
 """Benchmark: how fast the run-manager gets the client running, and back after a crash.
 
-  .venv/bin/python bench/run_manager.py [--repeats N] [--real-client]
+  .venv/bin/python -m bench.run_manager_containers [--repeats N] [--real-client]
 
 Needs a running Docker engine (scripts/docker_engine.sh start) and the client image
 (scripts/build_client_image.sh). Measures, with the local image:
@@ -25,11 +24,6 @@ import time
 import tomllib
 import uuid
 from pathlib import Path
-
-# This script shares its name with the package: take bench/ off the import path so
-# `run_manager` below is the package, not this file.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 import docker
 

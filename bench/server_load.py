@@ -1,7 +1,7 @@
 """Coordinator server load: many protocol-level clients on loopback against a real
 `psyche-coordinator run`. Prints its figures, then ONE JSON line.
 
-    .venv/bin/python bench/server_load.py [--counts 100,1000] [--duration 10]
+    .venv/bin/python -m bench.server_load [--counts 100,1000] [--duration 10]
                                           [--witnesses 8] [--client-processes 1]
 
 For each N in --counts: N simulated clients (bench/simulated_clients.py: asyncio
@@ -63,10 +63,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.simulated_clients import RUN_ID, Shared, client_process
 
-from simulated_clients import RUN_ID, Shared, client_process  # noqa: E402  (bench/)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:

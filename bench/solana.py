@@ -1,6 +1,6 @@
 """Compute units of our coordinator program and transactions per round, in LiteSVM.
 
-    .venv/bin/python bench/solana.py [--clients 16] [--witness-nodes 0] [--rounds 6]
+    .venv/bin/python -m bench.solana [--clients 16] [--witness-nodes 0] [--rounds 6]
                                      [--big 256]
 
 A run of N clients (permissionless) is driven round by round like live clients do:
@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+from solders.keypair import Keypair
+
+from coordinator import RunState, load_state_file
+from coordinator.config import CoordinatorConfig
+from psyche_solana.scenario import SvmRun
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from solders.keypair import Keypair  # noqa: E402
-
-from coordinator import RunState, load_state_file  # noqa: E402
-from coordinator.config import CoordinatorConfig  # noqa: E402
-from psyche_solana.scenario import SvmRun  # noqa: E402
 
 CU_LIMIT = 1_400_000
 

@@ -1,6 +1,6 @@
 """A local swarm of N clients exchanging training results over real iroh endpoints.
 
-    .venv/bin/python bench/swarm.py [--sizes 4,16,64] [--rounds 2] [--result-bytes 3406]
+    .venv/bin/python -m bench.swarm [--sizes 4,16,64] [--rounds 2] [--result-bytes 3406]
 
 Each simulated client is a real ``P2PNode`` (iroh endpoint on 127.0.0.1, blob
 server with the holder policy), all in this process; no training and no
@@ -33,23 +33,19 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-# bench/ first on sys.path would let bench/coordinator.py shadow the coordinator package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
-
-from client_image.p2p import (  # noqa: E402
+from client_image.p2p import (
     DownloadConfig,
     NodeConfig,
     P2PNode,
     fetch_from_holders,
     step_tag,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY_LLAMA_RESULT_BYTES = 3406  # measured, see the docstring
 

@@ -2,7 +2,7 @@
 against seven attacks, false positives on honest clients, verifier cost, loss effect.
 Prints its figures, then ONE JSON line.
 
-    .venv/bin/python bench/verification.py [--steps 30] [--peers 4] [--one-bit]
+    .venv/bin/python -m bench.verification [--steps 30] [--peers 4] [--one-bit]
 
 A swarm in one process (the tiny model, CPU): `--peers` honest clients and one attacker,
 each a DistroTrainer on its own copy of the model (the copies stay bit-identical: all
@@ -38,26 +38,24 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+import transformers
+
+from client_image.training.distro import SparseResult
+from client_image.training.model import load_causal_lm
+from client_image.training.trainer import DistroTrainer
+from client_image.training.wire import DistroResult, encode_result
+from client_image.verification import ReplayVerifier, Thresholds, cheap_checks
+from client_image.verification.adversary import ATTACKS, attacked_tensors
+from client_image.verification.similarity import Distances
+from coordinator.config import ConstantLR, DistroOptimizer
+from psyche_common.token_files.local import LocalDataProvider
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from client_image.training.distro import SparseResult  # noqa: E402
-from client_image.training.model import load_causal_lm  # noqa: E402
-from client_image.training.trainer import DistroTrainer  # noqa: E402
-from client_image.training.wire import DistroResult, encode_result  # noqa: E402
-from client_image.verification import ReplayVerifier, Thresholds, cheap_checks  # noqa: E402
-from client_image.verification.adversary import ATTACKS, attacked_tensors  # noqa: E402
-from client_image.verification.similarity import Distances  # noqa: E402
-from coordinator.config import ConstantLR, DistroOptimizer  # noqa: E402
-from psyche_common.token_files.local import LocalDataProvider  # noqa: E402
 
 TINY = REPO / "assets" / "tiny-llama"
 DATA = REPO / "assets" / "data" / "train"

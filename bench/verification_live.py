@@ -3,7 +3,7 @@ coordinator, 3 client processes, the tiny model, CPU) where client 3 publishes d
 results (`psyche-client train --test-adversary KIND`), and one honest run. Prints one
 line per run, then ONE JSON line. About a minute per run on 2 cores.
 
-    .venv/bin/python bench/verification_live.py [--steps 16] [--attacks random_signs,...]
+    .venv/bin/python -m bench.verification_live [--steps 16] [--attacks random_signs,...]
 
 `verification_percent = 67`: every client is followed by both others (docs/
 verification.md), one client trains per round. Per attack: whether the attacker was
@@ -26,12 +26,9 @@ import argparse
 import asyncio
 import json
 import socket
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from local_testnet.client_log import client_events
 from local_testnet.config_variant import write_config_variant

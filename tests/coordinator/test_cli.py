@@ -72,9 +72,9 @@ def test_module_entry_point_runs() -> None:
 
 
 def test_benchmark_smoke() -> None:
-    completed = subprocess.run([sys.executable, str(ROOT / "bench" / "coordinator.py"),
+    completed = subprocess.run([sys.executable, "-m", "bench.coordinator_machine",
                                 "--rounds", "3"],
-                               capture_output=True, check=False, text=True, timeout=120)
+                               capture_output=True, check=False, text=True, timeout=120, cwd=ROOT)
     assert completed.returncode == 0, completed.stderr
     import json
 

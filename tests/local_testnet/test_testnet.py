@@ -119,7 +119,7 @@ def test_headless_run_that_cannot_start_times_out_and_stops_everything(tmp_path:
 
 def test_e2e_bench_smoke() -> None:
     result = subprocess.run(
-        [sys.executable, "bench/e2e.py", "--counts", "2", "--duration", "1",
+        [sys.executable, "-m", "bench.e2e", "--counts", "2", "--duration", "1",
          "--skip-round-overhead"],
         cwd=ROOT, capture_output=True, check=False, text=True, timeout=180)
     assert result.returncode == 0, result.stderr

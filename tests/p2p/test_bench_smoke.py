@@ -15,7 +15,8 @@ def test_bench_p2p_prints_its_figures_as_the_last_json_line() -> None:
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "p2p.py"),
+            "-m",
+            "bench.p2p",
             "--size-mib=2",
             "--parallel-streams=2",
             "--gossip-nodes=4",

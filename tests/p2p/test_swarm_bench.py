@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SWARM = ROOT / "bench" / "swarm.py"
+SWARM = ["-m", "bench.swarm"]  # run from ROOT, as every benchmark
 
 
 @pytest.mark.timeout(90)
 def test_a_four_client_swarm_reports_its_figures_and_the_producer_uploads_less_than_n_minus_1(
 ) -> None:
-    result = subprocess.run([sys.executable, str(SWARM), "--sizes", "4", "--rounds", "1"],
+    result = subprocess.run([sys.executable, *SWARM, "--sizes", "4", "--rounds", "1"],
                             capture_output=True, check=False, text=True, timeout=80, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
@@ -27,7 +27,7 @@ def test_a_four_client_swarm_reports_its_figures_and_the_producer_uploads_less_t
 
 
 def test_bad_sizes_are_a_one_line_error() -> None:
-    result = subprocess.run([sys.executable, str(SWARM), "--sizes", "4,x"],
+    result = subprocess.run([sys.executable, *SWARM, "--sizes", "4,x"],
                             capture_output=True, check=False, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 2
     assert "--sizes wants numbers like 4,16,64" in result.stderr

@@ -205,10 +205,10 @@ def test_sigterm_to_the_run_manager_stops_and_removes_the_container(
 
 
 def test_the_benchmark_runs_and_ends_with_its_json_line(client_image: str) -> None:
-    bench = Path(__file__).resolve().parents[2] / "bench" / "run_manager.py"
     result = subprocess.run(
-        [sys.executable, str(bench), "--repeats", "1"],
+        [sys.executable, "-m", "bench.run_manager_containers", "--repeats", "1"],
         capture_output=True, check=False, text=True, timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert result.returncode == 0, result.stdout + result.stderr
     import json

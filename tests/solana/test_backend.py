@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from solders.keypair import Keypair
@@ -139,8 +140,9 @@ async def test_a_corrupt_account_does_not_stop_the_watcher(net):
 
 
 def test_bench_smoke():
-    out = subprocess.run([sys.executable, "bench/solana.py", "--clients", "3", "--rounds", "2",
-                          "--big", "4"], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-m", "bench.solana", "--clients", "3", "--rounds", "2",
+                          "--big", "4"], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert 0 < figures["cu_join"] < 1_400_000 and 0 < figures["cu_witness"] < 1_400_000
     assert figures["tx_per_round"] == 4.0  # 3 witnesses + 1 tick
