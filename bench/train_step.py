@@ -36,11 +36,19 @@ tp_logits_max_abs_diff           T = 2 (tensor parallel) vs one device: max |log
 layouts_weights_identical        after applying the same results, every layout's weights
                                  are bit-identical to one device's (client_image/training/
                                  layout_check.py)
+distro_ops_per_step, distro_ops_growth, distro_step_over_fwd_bwd_125m
+                                 bench/distro_step_cost.py, always on the CPU: the kernels
+                                 of one DisTrO step (tiny model), their growth with twice
+                                 the layers, and the step's time over forward+backward for
+                                 the generated 125m Llama, batch 4 x 512, 16 peers
+                                 (--distro-cost-size tiny: the tiny model's; none, or
+                                 --speed-only: null)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import sys
@@ -244,6 +252,17 @@ def quality_checks(device: str, loss_steps: int) -> dict[str, Any]:
     }
 
 
+def distro_step_cost(size: str) -> dict[str, Any]:
+    """bench/distro_step_cost.py's figures (on the CPU, whatever --device is)."""
+    spec = importlib.util.spec_from_file_location("distro_step_cost",
+                                                  ROOT / "bench" / "distro_step_cost.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    figures: dict[str, Any] = module.measure(module.parser().parse_args(["--size", size]))
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto")
@@ -262,6 +281,8 @@ def main() -> None:
                         help="leave out the loss ratios and the layout checks")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write a torch.profiler table of two more steps here")
+    parser.add_argument("--distro-cost-size", choices=("125m", "tiny", "none"), default="125m",
+                        help="model of distro_step_over_fwd_bwd_<size> (CPU; none: skip)")
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -281,12 +302,18 @@ def main() -> None:
           f"peak memory {speed['peak_mem_mb']} MB, MFU {speed['mfu']}")
     checks = dict.fromkeys(QUALITY_FIELDS) if args.speed_only else quality_checks(
         device, args.loss_steps)
+    skip_cost = args.speed_only or args.distro_cost_size == "none"
+    distro_cost = {} if skip_cost else distro_step_cost(args.distro_cost_size)
+    size = "125m" if args.distro_cost_size == "none" else args.distro_cost_size
     print(json.dumps({
         "device": device, "dtype": compute, "params": speed["params"],
         "tokens_per_s": speed["tokens_per_s"], "mfu": speed["mfu"],
         "plan_over_peak": speed["plan_over_peak"],
         "distro_overhead_pct": speed["distro_overhead_pct"], "peak_mem_mb": speed["peak_mem_mb"],
         **checks,
+        "distro_ops_per_step": distro_cost.get("distro_ops_per_step"),
+        "distro_ops_growth": distro_cost.get("distro_ops_growth"),
+        f"distro_step_over_fwd_bwd_{size}": distro_cost.get(f"distro_step_over_fwd_bwd_{size}"),
         "model": str(args.generate or args.model.name), "batch": args.batch,
         "micro_batch": args.micro_batch, "seq_len": args.seq_len, "peers": args.peers,
         "activation_checkpointing": args.activation_checkpointing,
