@@ -1,8 +1,8 @@
-"""The README's operator walkthrough, run as written: its bash blocks, in order, in one real
-bash (real coordinator, client, localnet and run-manager processes on loopback), with only
-the ports changed. Each command's "# →" lines must appear in that command's own output, the
-claimed reward must show in the trainer's balance, and the walkthrough's own `kill`s must
-leave no process behind."""
+"""The operator's guide's walkthrough (docs/operators.md), run as written: its bash blocks,
+in order, in one real bash (real coordinator, client, localnet and run-manager processes on
+loopback), with only the ports changed. Each command's "# →" lines must appear in that
+command's own output, the claimed reward must show in the trainer's balance, and the
+walkthrough's own `kill`s must leave no process behind."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from psyche_common.local_ports import port_is_free
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+GUIDE = REPO_ROOT / "docs" / "operators.md"
 SECTION = "## Operator walkthrough"
 EXPECT = "# → "
 STEP_MARK = "@@walkthrough-step "
-# The README's ports, replaced by free ones: a second run on this host must not collide.
+# The guide's ports, replaced by free ones: a second run on this host must not collide.
 TCP_PORT, RPC_PORT = "20000", "8899"  # the localnet's WebSocket is RPC_PORT + 1
 
 
@@ -35,12 +36,12 @@ class Step:
     expected: list[str] = field(default_factory=list)
 
 
-def walkthrough_steps(readme: str) -> list[Step]:
+def walkthrough_steps(guide: str) -> list[Step]:
     """The commands of the section's bash blocks (backslash continuations joined), each
     with the "# →" lines that follow it."""
-    start = readme.index(SECTION)
-    end = readme.find("\n## ", start + len(SECTION))
-    section = readme[start:end if end != -1 else None]
+    start = guide.index(SECTION)
+    end = guide.find("\n## ", start + len(SECTION))
+    section = guide[start:end if end != -1 else None]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     steps: list[Step] = []
     for block in blocks:
@@ -93,7 +94,7 @@ def group_gone(pgid: int, within_s: float) -> bool:
 
 
 def test_the_walkthrough_has_every_step_the_issue_asks_for() -> None:
-    commands = " ".join(s.command for s in walkthrough_steps((REPO_ROOT / "README.md").read_text()))
+    commands = " ".join(s.command for s in walkthrough_steps(GUIDE.read_text()))
     for needed in ("psyche-coordinator run", "psyche-client train --run-id", "psyche-localnet",
                    "wallet new", "wallet airdrop", "token create-mint", "create-run",
                    "--treasurer-collateral-mint", "update-config", "set-paused", "--resume",
@@ -103,8 +104,8 @@ def test_the_walkthrough_has_every_step_the_issue_asks_for() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_the_readme_operator_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    steps = walkthrough_steps((REPO_ROOT / "README.md").read_text())
+def test_the_operator_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    steps = walkthrough_steps(GUIDE.read_text())
     tcp_port, rpc_port = free_port(), two_free_ports()
     script = script_of(steps, tcp_port, rpc_port)
     env = {**os.environ, "TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}

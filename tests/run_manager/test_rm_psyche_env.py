@@ -173,9 +173,9 @@ def test_local_refuses_to_pull_a_missing_image() -> None:
         engine.ensure_image(Client(), "psyche-client:9.9", pull=False)
 
 
-def test_the_readme_env_table_lists_every_ignored_and_refused_key() -> None:
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("| Psyche's env key"):]
+def test_the_operators_guide_env_table_lists_every_ignored_and_refused_key() -> None:
+    guide = (REPO / "docs" / "operators.md").read_text()
+    table = guide[guide.index("| Psyche's env key"):]
     rows = [line.split("|")[1:3] for line in table[:table.index("\n\n")].splitlines()[2:]]
 
     def keys(group: str) -> set[str]:
