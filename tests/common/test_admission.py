@@ -123,11 +123,12 @@ async def test_a_handshake_past_its_deadline_is_told_so_and_frees_its_slot() -> 
 
 
 async def test_in_a_busy_pool_a_handshake_past_its_deadline_stays_until_room_is_needed() -> None:
-    server = GatedLineServer(AcceptGate(max_pending=4, max_per_address=3, timeout_s=0.6))
+    # A deadline long enough for the three to be in before the first one's comes.
+    server = GatedLineServer(AcceptGate(max_pending=4, max_per_address=3, timeout_s=1.0))
     await server.listener.start()
     try:
         stale = [await server.connect("127.0.0.2") for _ in range(3)]  # 3 of 4: busy
-        await asyncio.sleep(1.2)  # past the deadline: kept, nobody needs the room
+        await asyncio.sleep(2.0)  # past the deadline: kept, nobody needs the room
         assert [await still_open(r) for r, _w in stale] == [True, True, True]
         assert server.gate.expired == 3 and server.refusals == []
         fresh = await server.connect("127.0.0.3")  # the pool has a slot left
