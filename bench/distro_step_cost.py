@@ -1,7 +1,7 @@
 """What one DisTrO step costs beside forward/backward: its kernel count, and how that count
 grows with the number of parameter tensors; and its time over forward+backward.
 
-    .venv/bin/python bench/distro_step_cost.py [--ops-only] [--size 125m|tiny]
+    .venv/bin/python -m bench.distro_step_cost [--ops-only] [--size 125m|tiny]
         [--batch 4] [--seq-len 512] [--peers 16] [--repeats 1]
 
 Kernel count (`distro_ops_per_step`): torch.profiler over one client step of the bundled
@@ -29,25 +29,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+import transformers
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from client_image.training import trainer as trainer_module
+from client_image.training.model import load_causal_lm
+from client_image.training.trainer import DistroTrainer, Timings
+from coordinator.config import ConstantLR, DistroOptimizer
+
 ROOT = Path(__file__).resolve().parent.parent
-# bench/coordinator.py would shadow the coordinator package: the repository root first.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
-
-from client_image.training import trainer as trainer_module  # noqa: E402
-from client_image.training.model import load_causal_lm  # noqa: E402
-from client_image.training.trainer import DistroTrainer, Timings  # noqa: E402
-from coordinator.config import ConstantLR, DistroOptimizer  # noqa: E402
 
 TINY = ROOT / "assets" / "tiny-llama"
 MODEL_WORK = "bench.forward_backward"
