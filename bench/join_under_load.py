@@ -1,7 +1,7 @@
 """Honest joins while idle connections are held against the coordinator server (issue 32).
 Prints its figures, then ONE JSON line.
 
-    .venv/bin/python bench/join_under_load.py [--idle 10000] [--addresses 1000]
+    .venv/bin/python -m bench.join_under_load [--idle 10000] [--addresses 1000]
         [--joins 250] [--join-every 0.1] [--reopen-after 0.5] [--server-fd-limit N]
 
 A real `psyche-coordinator run` in its own process; its handshake pool comes from its own
@@ -63,17 +63,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator_tcp.client import JoinRefused, ProtocolConnection
+from psyche_common.identity import Identity
+from psyche_common.tcp.admission import raise_fd_limit
+from tests.idle_connections import IdleConnections, idle_addresses
+from tests.loopback import free_port
+from tests.tcp_helpers import RUN_ID, make_state_file
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from idle_connections import IdleConnections, idle_addresses  # noqa: E402  (tests/)
-from loopback import free_port  # noqa: E402  (tests/)
-from tcp_helpers import RUN_ID, make_state_file  # noqa: E402  (tests/)
-
-from coordinator_tcp.client import JoinRefused, ProtocolConnection  # noqa: E402
-from psyche_common.identity import Identity  # noqa: E402
-from psyche_common.tcp.admission import raise_fd_limit  # noqa: E402
 
 _POOL_LINE = re.compile(r"admission: up to (\d+) connections in handshake")
 
