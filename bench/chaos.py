@@ -1,7 +1,7 @@
 """Chaos: the local testnet with clients SIGKILLed and restarted at random. Prints its
 figures, then ONE JSON line.
 
-    .venv/bin/python bench/chaos.py [--minutes M] [--clients 3] [--kill-interval 30]
+    .venv/bin/python -m bench.chaos [--minutes M] [--clients 3] [--kill-interval 30]
                                     [--total-steps 80] [--epoch-time 30] [--timeout 1200]
                                     [--witness-nodes N] [--spare I ...] [--gcs]
 
@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import tomllib
 from pathlib import Path
@@ -75,19 +74,17 @@ from typing import Any
 
 import tomli_w
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from local_testnet.audit import (  # noqa: E402
+from local_testnet.audit import (
     checkpoint_agreement,
     checkpoint_pairs,
     checkpoints_equal_initial,
     clients_at_cooldown,
     hub_fallback_epochs,
 )
-from local_testnet.client_log import client_events  # noqa: E402
-from local_testnet.testnet import Testnet, TestnetOptions, run_headless  # noqa: E402
+from local_testnet.client_log import client_events
+from local_testnet.testnet import Testnet, TestnetOptions, run_headless
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "local-testnet"
 BUCKET, PREFIX = "chaos", "checkpoints"
 
