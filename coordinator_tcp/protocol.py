@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from coordinator import Bloom, Committee, CommitteeProof, NodeIdentity, Witness, WitnessProof
 from coordinator.config import GcsCheckpoint, HubCheckpoint
 from coordinator.limits import BLOOM_KEYS, BLOOM_WORDS
+from coordinator.messages import MAX_WITNESS_EVALS, witness_eval_scores
 from coordinator.state import VerificationReport
 from psyche_common.tcp.messages import (
     JOIN_DOMAIN,
@@ -111,7 +112,6 @@ class WitnessEval(BaseModel):
     value: float
 
 
-MAX_WITNESS_EVALS = 8  # Psyche's FixedVec of eval results in the witness metadata
 
 
 class WitnessMetadata(BaseModel):
@@ -127,17 +127,9 @@ class WitnessMetadata(BaseModel):
 
     @classmethod
     def evals_of(cls, scores: dict[str, dict[str, float]]) -> list[WitnessEval]:
-        """The first MAX_WITNESS_EVALS tasks of `scores` (task -> metric -> value, as the
-        client's counters keep them), by name: acc_norm where the task has it, else acc
-        (the metric Psyche reports per task)."""
-        picked = []
-        for task in sorted(scores)[:MAX_WITNESS_EVALS]:
-            metrics = scores[task]
-            value = metrics.get("acc_norm", metrics.get("acc"))
-            if value is not None:
-                picked.append(WitnessEval(name=task.encode()[:32].decode(errors="ignore"),
-                                          value=float(value)))
-        return picked
+        """`coordinator.messages.witness_eval_scores` of `scores`, as wire models."""
+        return [WitnessEval(name=score.name, value=score.value)
+                for score in witness_eval_scores(scores)]
 
 
 class HealthCheckEntry(BaseModel):

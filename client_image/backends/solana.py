@@ -3,7 +3,7 @@
     backend = SolanaBackend(SolanaBackendOptions(rpc=[RPC, RPC_2], ws_rpc=[WS_RPC, WS_RPC_2],
                             wallet=keypair, run_id=..., p2p_address=node.address.to_string()))
     await backend.run(on_state, on_error, stop)   # delivers ServerState(state, p2p, time)
-    await backend.send(WitnessSubmit(...))        # -> a witness transaction
+    await backend.send_witness(RoundWitness(...)) # -> a witness transaction
 
 What it does:
 - follows the coordinator account over Solana's PubSub WebSocket (`accountSubscribe`,
@@ -19,11 +19,12 @@ What it does:
   and sends the tick transaction only if the state has not advanced meanwhile (another
   client's tick landed first), and at most one per `min_tick_interval_s`. So of N clients
   about one sends each due tick.
-`send` maps the TCP protocol's messages to transactions: WarmupWitness, WitnessSubmit,
-HealthCheck (one transaction per entry), CheckpointReport, VerificationReportMessage (a
-verification_report signed by this key, the reporter); Withdraw has no on-chain form
-(a leaving client is dropped by the health checks). An on-chain refusal is reported to
-`on_error` as an `ErrorReply` carrying the program error's name.
+The typed port (`base.py`) maps each domain message of `coordinator.messages` to its
+instruction: a warm-up witness, a round witness, a health check (one transaction per
+trainer), a checkpoint report, a verification report (signed by this key, the reporter);
+a withdrawal has no on-chain form (a leaving client is dropped by the health checks). An
+on-chain refusal is reported to `on_error` as a `Refusal` carrying the program error's
+name.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel
 from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
@@ -49,14 +50,14 @@ from client_image.backends.base import (
     StateCallback,
 )
 from coordinator import Coordinator, NodeIdentity
-from coordinator_tcp.protocol import (
+from coordinator.messages import (
     CheckpointReport,
-    ErrorReply,
     HealthCheck,
-    VerificationReportMessage,
+    Refusal,
+    RoundWitness,
     WarmupWitness,
-    WitnessSubmit,
 )
+from coordinator.state import VerificationReport
 from psyche_solana import instructions as ix
 from psyche_solana.accounts import AccountDecodeError, CoordinatorAccount, decode_coordinator
 from psyche_solana.rpc import (
@@ -141,7 +142,7 @@ class SolanaBackend:
         except ProgramError as exc:
             log.info("transaction refused: %s", exc)
             if self._on_error is not None:
-                self._on_error(ErrorReply(error=exc.name, detail=str(exc)))
+                self._on_error(Refusal(error=exc.name, detail=str(exc)))
             return False
         except RpcError as exc:
             log.warning("transaction not sent: %s", exc)
@@ -273,27 +274,42 @@ class SolanaBackend:
         self.ticks_sent += 1
         await self._transact([ix.tick(self.address)])
 
-    # ---------------------------------------------------------------- messages
-    async def send(self, message: BaseModel) -> bool:
-        """Send one client message as transaction(s); False if it was not accepted."""
+    # ---------------------------------------------------------------- the typed port
+    async def send_witness(self, witness: RoundWitness) -> bool:
+        if self.address is None:
+            return False
+        me = self.options.wallet.pubkey()
+        return await self._transact([ix.witness(self.address, me, witness.witness)])
+
+    async def send_warmup_witness(self, witness: WarmupWitness) -> bool:
+        if self.address is None:
+            return False
+        me = self.options.wallet.pubkey()
+        return await self._transact([ix.warmup_witness(self.address, me, witness.witness)])
+
+    async def send_health_check(self, check: HealthCheck) -> bool:
         if self.address is None:
             return False
         me, run = self.options.wallet.pubkey(), self.address
-        if isinstance(message, WarmupWitness):
-            return await self._transact([ix.warmup_witness(run, me, message.witness.to_witness())])
-        if isinstance(message, WitnessSubmit):
-            return await self._transact([ix.witness(run, me, message.witness.to_witness())])
-        if isinstance(message, HealthCheck):
-            results = [await self._transact([ix.health_check(run, me, *entry.to_pair())])
-                       for entry in message.checks]
-            return all(results)
-        if isinstance(message, CheckpointReport):
-            repo = message.hub or message.gcs
-            if repo is None:
-                return False
-            return await self._transact([ix.checkpoint(run, me, message.index, repo)])
-        if isinstance(message, VerificationReportMessage):
-            return await self._transact([ix.verification_report(run, me,
-                                                                message.to_report(self.me))])
-        return False  # Withdraw, Join: no on-chain form
+        results = [await self._transact([ix.health_check(run, me, node, proof)])
+                   for node, proof in check.checks]
+        return all(results)
 
+    async def report_checkpoint(self, report: CheckpointReport) -> bool:
+        if self.address is None:
+            return False
+        me = self.options.wallet.pubkey()
+        return await self._transact([ix.checkpoint(self.address, me, report.index,
+                                                   report.repo)])
+
+    async def report_verification(self, report: VerificationReport) -> bool:
+        if self.address is None:
+            return False
+        # The program takes the signer as the reporter (as the TCP server takes the
+        # connection's key): this key's, whatever the report says.
+        signed = dataclasses.replace(report, reporter=self.me)
+        me = self.options.wallet.pubkey()
+        return await self._transact([ix.verification_report(self.address, me, signed)])
+
+    async def withdraw(self) -> bool:
+        return False  # no on-chain form: a leaving client is dropped by the health checks

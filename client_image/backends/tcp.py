@@ -16,6 +16,10 @@ for the next connection (up to `reconnect_wait_s`), and the messages sent in the
 `replay_window_s` before a connection dropped are sent again on the next one (the server
 may have died before reading them; a repeat is refused as a duplicate, harmlessly).
 
+The runtime speaks the domain messages of `coordinator.messages` (the typed port of
+`base.py`); this backend wraps each in its wire message of `coordinator_tcp.protocol`,
+and hands a refusal (`ErrorReply`) to the runtime as a `Refusal`.
+
 Except a witness for a step that is over: a connection counts as up once its first state
 has come, and a WitnessSubmit goes only while the coordinator is at the step it was made
 for (its `metadata.step`, which the round runner sets). A restarted coordinator already
@@ -40,6 +44,17 @@ from client_image.backends.base import (
     StateCallback,
 )
 from coordinator import StateDecodeError, decode_state
+from coordinator.config import HubCheckpoint
+from coordinator.messages import (
+    CheckpointReport,
+    HealthCheck,
+    Refusal,
+    RoundWitness,
+    WarmupWitness,
+    WitnessMetadata,
+)
+from coordinator.state import VerificationReport
+from coordinator_tcp import protocol as wire
 from coordinator_tcp.addresses import AddressMirror
 from coordinator_tcp.client import ProtocolConnection
 from coordinator_tcp.protocol import (
@@ -139,11 +154,11 @@ class TcpBackend:
                     self._step = state.progress.step
                     if not self.connected.is_set():
                         # Up from the first state on: what waits, or is replayed, is sent
-                        # against the step the coordinator is at now (see `send`).
+                        # against the step the coordinator is at now (see `_send_wire`).
                         self.connected.set()
                         replay, self._replay = self._replay, []
                         for queued in replay:
-                            await self.send(queued)
+                            await self._send_wire(queued)
                     await on_state(ServerState(state, dict(self.addresses.addresses),
                                                message.server_time))
                 elif isinstance(message, Notice):
@@ -155,7 +170,7 @@ class TcpBackend:
                 elif isinstance(message, ErrorReply):
                     if message.fatal and message.error in PERMANENT_JOIN_ERRORS:
                         raise BackendRejected(f"{message.error}: {message.detail}")
-                    on_error(message)
+                    on_error(Refusal(error=message.error, detail=message.detail))
                 # Heartbeats only keep the connection alive.
         finally:
             self.connected.clear()
@@ -166,8 +181,31 @@ class TcpBackend:
             self._recent.clear()
             await connection.close()
 
-    async def send(self, message: BaseModel) -> bool:
-        """Send one message, waiting up to `reconnect_wait_s` for a connection; False if
+    # ---------------------------------------------------------------- the typed port
+    async def send_witness(self, witness: RoundWitness) -> bool:
+        return await self._send_wire(wire_message(witness))
+
+    async def send_warmup_witness(self, witness: WarmupWitness) -> bool:
+        return await self._send_wire(wire_message(witness))
+
+    async def send_health_check(self, check: HealthCheck) -> bool:
+        return await self._send_wire(wire_message(check))
+
+    async def report_checkpoint(self, report: CheckpointReport) -> bool:
+        return await self._send_wire(wire_message(report))
+
+    async def report_verification(self, report: VerificationReport) -> bool:
+        return await self._send_wire(wire_message(report))
+
+    async def withdraw(self) -> bool:
+        """Send Withdraw only over a connection that is up now: a client that stops does
+        not wait for a coordinator it cannot reach."""
+        if not self.connected.is_set():
+            return False
+        return await self._send_wire(wire.Withdraw())
+
+    async def _send_wire(self, message: BaseModel) -> bool:
+        """Send one wire message, waiting up to `reconnect_wait_s` for a connection; False if
         none came (the caller decides whether it matters)."""
         if not self.connected.is_set():
             try:
@@ -189,3 +227,43 @@ class TcpBackend:
             return False
         self._recent.append((time.monotonic(), message))
         return True
+
+
+
+DomainMessage = RoundWitness | WarmupWitness | HealthCheck | CheckpointReport | VerificationReport
+WireMessage = (wire.WitnessSubmit | wire.WarmupWitness | wire.HealthCheck | wire.CheckpointReport
+               | wire.VerificationReportMessage)
+
+
+def wire_message(message: DomainMessage) -> WireMessage:
+    """The TCP protocol's message for a domain message (the server decodes it back to the
+    same values: `coordinator_tcp.client_events`)."""
+    if isinstance(message, RoundWitness):
+        return wire.WitnessSubmit(witness=wire.WitnessModel.of(message.witness),
+                                  metadata=wire_metadata(message.metadata))
+    if isinstance(message, WarmupWitness):
+        return wire.WarmupWitness(witness=wire.WitnessModel.of(message.witness))
+    if isinstance(message, HealthCheck):
+        return wire.HealthCheck(checks=[
+            wire.HealthCheckEntry.model_validate(
+                {"node": node.key, "committee": proof.committee.name,
+                 "position": proof.position, "index": proof.index})
+            for node, proof in message.checks])
+    if isinstance(message, CheckpointReport):
+        if isinstance(message.repo, HubCheckpoint):
+            return wire.CheckpointReport(index=message.index, hub=message.repo)
+        return wire.CheckpointReport(index=message.index, gcs=message.repo)
+    # No reporter on the wire: the server attributes a report to the connection's key.
+    return wire.VerificationReportMessage(
+        accused=message.accused.key, step=message.step,
+        published_hash=message.published_hash, expected_hash=message.expected_hash,
+        jaccard_ppm=message.jaccard_ppm, hamming_ppm=message.hamming_ppm,
+        manhattan_ppm=message.manhattan_ppm)
+
+
+def wire_metadata(metadata: WitnessMetadata) -> wire.WitnessMetadata:
+    return wire.WitnessMetadata(
+        step=metadata.step, loss=metadata.loss, tokens_per_sec=metadata.tokens_per_sec,
+        bandwidth_per_sec=metadata.bandwidth_per_sec,
+        evals=[wire.WitnessEval(name=score.name, value=score.value)
+               for score in metadata.evals])

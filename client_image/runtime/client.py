@@ -52,7 +52,7 @@ from client_image.training.rank_group import RankSetup
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator.checkpoint_reports import describe_location
 from coordinator.config import ServerDataLocation
-from coordinator_tcp.protocol import ErrorReply, Withdraw
+from coordinator.messages import Refusal
 from psyche_common.exit_codes import CLIENT_EXIT_UNRUNNABLE, CLIENT_EXIT_VERSION_MISMATCH
 from psyche_common.identity import Identity
 from psyche_common.metrics_schema import ClientMetrics
@@ -193,19 +193,20 @@ class PsycheClient:
         return self.exit_code or 0
 
     async def _withdraw(self) -> None:
-        """Tell a TCP coordinator this client leaves (a stop asked by a signal), when it is
-        connected, waiting at most WITHDRAW_TIMEOUT_S: an unreachable coordinator is not
+        """Tell the coordinator this client leaves (a stop asked by a signal), when it is
+        connected (the backend's `withdraw` sends only then; a Solana run has no on-chain
+        withdrawal), waiting at most WITHDRAW_TIMEOUT_S: an unreachable coordinator is not
         waited for. Not between epochs: there the coordinator keeps a client that
         disconnects listed as a holder of the epoch's model (coordinator_tcp/server.py), and
         a Withdraw would undo that."""
         backend, state = self.backend, self.state
-        if not isinstance(backend, TcpBackend) or not backend.connected.is_set():
+        if backend is None or state is None:
             return
-        if state is None or state.run_state in (RunState.Cooldown, RunState.WaitingForMembers,
-                                                 RunState.Finished):
+        if state.run_state in (RunState.Cooldown, RunState.WaitingForMembers,
+                               RunState.Finished):
             return
         with contextlib.suppress(TimeoutError, *CONNECTION_ERRORS):
-            if await asyncio.wait_for(backend.send(Withdraw()), WITHDRAW_TIMEOUT_S):
+            if await asyncio.wait_for(backend.withdraw(), WITHDRAW_TIMEOUT_S):
                 log.info("withdrew from the run")
 
     def _make_backend(self) -> CoordinatorBackend:
@@ -274,7 +275,7 @@ class PsycheClient:
         return snapshot(self.counters, self.options.client_version or "", self.node, self.topic)
 
     # ------------------------------------------------------------------ coordinator state
-    def _on_error(self, reply: ErrorReply) -> None:
+    def _on_error(self, reply: Refusal) -> None:
         self.events.emit(CoordinatorRefused(error=reply.error, detail=reply.detail))
 
     async def _on_state(self, server_state: ServerState) -> None:

@@ -22,7 +22,7 @@ from client_image.runtime.ports import CoordinatorLink, Worker
 from client_image.runtime.rounds import StepRecord, consensus_winners, unhealthy_trainers
 from client_image.runtime.verifying import VerificationDuty, ejected_trainers
 from coordinator import CoordinatorState, NodeIdentity
-from coordinator_tcp.protocol import HealthCheck, HealthCheckEntry
+from coordinator.messages import HealthCheck
 
 
 class MissingResults(RuntimeError):
@@ -94,10 +94,7 @@ class ConsensusApplier:
                   if node != self.me]
         if not checks:
             return
-        entries = [HealthCheckEntry.model_validate(
-            {"node": node.key, "committee": proof.committee.name, "position": proof.position,
-             "index": proof.index}) for node, proof in checks]
-        await self.backend.send(HealthCheck(checks=entries))
+        await self.backend.send_health_check(HealthCheck(checks=tuple(checks)))
         self.events.emit(HealthCheckSent(step=state.progress.step,
                                          unhealthy=tuple(node.key.hex()[:12] for node, _ in checks)))
 

@@ -51,7 +51,7 @@ from coordinator.config import (
     P2PCheckpoint,
     P2PGcsCheckpoint,
 )
-from coordinator_tcp.protocol import CheckpointReport
+from coordinator.messages import CheckpointReport
 
 REFUSED = CoordinatorError.CheckpointNotRunRepository
 
@@ -241,7 +241,4 @@ class ModelKeeper:
             self.events.emit(CheckpointNotReported(step=step, repo=repo, error=REFUSED.name,
                                                    detail=problem))
             return
-        if isinstance(report, HubCheckpoint):
-            await self.backend.send(CheckpointReport(index=index, hub=report))
-        else:
-            await self.backend.send(CheckpointReport(index=index, gcs=report))
+        await self.backend.report_checkpoint(CheckpointReport(index=index, repo=report))

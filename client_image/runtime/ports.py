@@ -1,6 +1,7 @@
 """The small interfaces the round runner drives: nothing else reaches it.
 
-    CoordinatorLink   send a message to the coordinator (a backend: TCP or Solana)
+    CoordinatorLink   what the client tells the coordinator: the typed port of a backend
+                      (TCP or Solana), domain messages of `coordinator.messages`
     Peers             the P2P side: gossip a broadcast, publish and download results,
                       fetch and share the model (iroh in production: peers.IrohPeers)
     Worker            the model and DisTrO trainer, off the event loop (worker.TrainingWorker)
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from pydantic import BaseModel
 
+from client_image.backends.base import CoordinatorPort
 from client_image.p2p import Finished, ResultAnnouncement
 from client_image.training import TrainStepOutput
 from client_image.verification.followers import Checked
@@ -31,8 +32,7 @@ from coordinator.config import LLMConfig
 Broadcast = Finished | ResultAnnouncement
 
 
-class CoordinatorLink(Protocol):
-    async def send(self, message: BaseModel) -> bool: ...
+CoordinatorLink = CoordinatorPort
 
 
 class ModelUnavailable(RuntimeError):

@@ -70,11 +70,7 @@ from client_image.runtime.verifying import VerificationDuty
 from client_image.runtime.warmup import WarmupTracker
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
 from coordinator.config import P2PCheckpoint
-from coordinator_tcp.protocol import (
-    WitnessMetadata,
-    WitnessModel,
-    WitnessSubmit,
-)
+from coordinator.messages import RoundWitness, WitnessMetadata, witness_eval_scores
 
 log = logging.getLogger(__name__)
 RECORDS_KEPT = 4  # steps of records behind the current one (apply needs s-2, health s-2)
@@ -422,12 +418,12 @@ class RoundRunner:
             previous = self.records.get(record.step - 1)
             vouched = previous if record.height > 0 and previous is not None else None
             witness = make_witness(vouched, index, position, True)
-            await self.backend.send(WitnessSubmit(
-                witness=WitnessModel.of(witness),
+            await self.backend.send_witness(RoundWitness(
+                witness=witness,
                 metadata=WitnessMetadata(
                     step=record.step, loss=self.counters.loss,
                     tokens_per_sec=self.counters.tokens_per_sec,
-                    evals=WitnessMetadata.evals_of(self.counters.evals))))
+                    evals=witness_eval_scores(self.counters.evals))))
             self.counters.witnesses_sent += 1
             self.events.emit(WitnessSent(step=record.step,
                                          vouched=len(vouched.accepted_order) if vouched else 0))

@@ -26,8 +26,8 @@ from client_image.runtime.observability import Counters, EventLog
 from client_image.runtime.ports import CoordinatorLink, DataSource, Worker
 from client_image.runtime.rounds import StepRecord
 from coordinator import ClientState, CoordinatorState, NodeIdentity
+from coordinator.state import VerificationReport
 from coordinator.verification import plan_for_epoch, reporters_of, to_ppm
-from coordinator_tcp.protocol import VerificationReportMessage
 
 
 def verification_on(state: CoordinatorState) -> bool:
@@ -97,8 +97,8 @@ class VerificationDuty:
             if sender in self.reported:
                 continue
             self.reported.add(sender)
-            await self.backend.send(VerificationReportMessage(
-                accused=sender, step=of_step, published_hash=checked.published_hash,
+            await self.backend.report_verification(VerificationReport(
+                reporter=self.me, accused=NodeIdentity(sender), step=of_step, published_hash=checked.published_hash,
                 expected_hash=checked.expected_hash, jaccard_ppm=to_ppm(distances.jaccard),
                 hamming_ppm=to_ppm(distances.hamming),
                 manhattan_ppm=to_ppm(distances.manhattan)))

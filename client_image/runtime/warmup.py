@@ -13,7 +13,7 @@ from client_image.runtime.observability import Counters, EventLog
 from client_image.runtime.ports import CoordinatorLink
 from client_image.runtime.rounds import make_witness
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState
-from coordinator_tcp.protocol import WarmupWitness, WitnessModel
+from coordinator.messages import WarmupWitness
 
 
 class WarmupTracker:
@@ -49,6 +49,6 @@ class WarmupTracker:
             return
         self.witnessed_epoch = self.epoch
         witness = make_witness(None, index, index, False)
-        await self.backend.send(WarmupWitness(witness=WitnessModel.of(witness)))
+        await self.backend.send_warmup_witness(WarmupWitness(witness=witness))
         self.counters.witnesses_sent += 1
         self.events.emit(WarmupWitnessSent(epoch=state.progress.epoch))

@@ -15,6 +15,7 @@ per (trainer, step, batch), an apply log) and the data.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from client_image.data import DataProviderError
 from client_image.p2p import Finished, ResultAnnouncement
@@ -46,13 +46,16 @@ from coordinator import (
     encode_state,
 )
 from coordinator.config import LLMConfig, state_file_from_dict
-from coordinator_tcp.protocol import (
+from coordinator.messages import (
     CheckpointReport,
     HealthCheck,
-    VerificationReportMessage,
+    RoundWitness,
     WarmupWitness,
-    WitnessSubmit,
 )
+from coordinator.state import VerificationReport
+
+# What a runner tells the coordinator through its typed port (coordinator.messages).
+Message = RoundWitness | WarmupWitness | HealthCheck | CheckpointReport | VerificationReport
 
 LOCAL_TESTNET = Path(__file__).resolve().parents[2] / "config" / "local-testnet" / "state.toml"
 
@@ -250,10 +253,30 @@ class FakeCoordinatorLink:
     def __init__(self, swarm: FakeSwarm, me: NodeIdentity):
         self.swarm = swarm
         self.me = me
+        self.withdrawn = False
 
-    async def send(self, message: BaseModel) -> bool:
+    def _queue(self, message: Message) -> bool:
         if self.me not in self.swarm.muted:
             self.swarm.inbox.append((self.me, message))
+        return True
+
+    async def send_witness(self, witness: RoundWitness) -> bool:
+        return self._queue(witness)
+
+    async def send_warmup_witness(self, witness: WarmupWitness) -> bool:
+        return self._queue(witness)
+
+    async def send_health_check(self, check: HealthCheck) -> bool:
+        return self._queue(check)
+
+    async def report_checkpoint(self, report: CheckpointReport) -> bool:
+        return self._queue(report)
+
+    async def report_verification(self, report: VerificationReport) -> bool:
+        return self._queue(report)
+
+    async def withdraw(self) -> bool:
+        self.withdrawn = True
         return True
 
 
@@ -278,8 +301,8 @@ class FakeSwarm:
         self.muted: set[NodeIdentity] = set()  # runners whose messages never arrive
         self.data_down: set[NodeIdentity] = set()  # runners whose data fetches fail
         self.data: dict[NodeIdentity, FakeData] = {}
-        self.inbox: list[tuple[NodeIdentity, BaseModel]] = []
-        self.sent: list[tuple[NodeIdentity, BaseModel, object]] = []  # with the coordinator's answer
+        self.inbox: list[tuple[NodeIdentity, Message]] = []
+        self.sent: list[tuple[NodeIdentity, Message, object]] = []  # with the coordinator's answer
         self.events: list[tuple[NodeIdentity, RuntimeEvent]] = []
         self.nodes = [node(i) for i in range(clients)]
         checkpoints = checkpoints or CheckpointOptions(checkpoint_dir=checkpoint_dir,
@@ -358,22 +381,21 @@ class FakeSwarm:
                     return
         await asyncio.sleep(0.01)
 
-    def apply(self, sender: NodeIdentity, message: BaseModel) -> None:
+    def apply(self, sender: NodeIdentity, message: Message) -> None:
         coordinator = self.coordinator
         result: object = None
+        message = copy.deepcopy(message)  # the coordinator's own copy, as over the wire
         if isinstance(message, WarmupWitness):
-            result = coordinator.warmup_witness(sender, message.witness.to_witness(), self.now,
-                                                self.seed())
-        elif isinstance(message, WitnessSubmit):
-            result = coordinator.witness(sender, message.witness.to_witness(), self.now)
+            result = coordinator.warmup_witness(sender, message.witness, self.now, self.seed())
+        elif isinstance(message, RoundWitness):
+            result = coordinator.witness(sender, message.witness, self.now)
         elif isinstance(message, HealthCheck):
-            result = coordinator.health_check(sender, [c.to_pair() for c in message.checks])
-        elif isinstance(message, VerificationReportMessage):
-            result = coordinator.verification_report(sender, message.to_report(sender))
+            result = coordinator.health_check(sender, list(message.checks))
+        elif isinstance(message, VerificationReport):
+            assert message.reporter == sender
+            result = coordinator.verification_report(sender, message)
         elif isinstance(message, CheckpointReport):
-            repo = message.hub or message.gcs
-            assert repo is not None
-            result = coordinator.checkpoint(sender, message.index, repo)
+            result = coordinator.checkpoint(sender, message.index, message.repo)
         self.sent.append((sender, message, result))
 
     def pending(self) -> list[NodeIdentity]:

@@ -29,7 +29,7 @@ from client_image.runtime.events import (
 from client_image.runtime.observability import EventLog
 from coordinator import Coordinator, CoordinatorState, RunState
 from coordinator.config import HubCheckpoint, P2PCheckpoint
-from coordinator_tcp.protocol import CheckpointReport, ErrorReply
+from coordinator.messages import CheckpointReport, Refusal
 from coordinator_tcp.server import CoordinatorServer
 from psyche_common.identity import Identity
 
@@ -117,7 +117,7 @@ async def test_the_tcp_backend_hands_the_refusal_to_the_client_and_keeps_going()
     me = Identity(bytes(31) + b"\x07")
     backend = TcpBackend(f"127.0.0.1:{server.port}", me, RUN_ID, f"{me.node_id}@127.0.0.1:1")
     states: list[CoordinatorState] = []
-    errors: list[ErrorReply] = []
+    errors: list[Refusal] = []
     stop = asyncio.Event()
 
     async def on_state(server_state: ServerState) -> None:
@@ -128,10 +128,12 @@ async def test_the_tcp_backend_hands_the_refusal_to_the_client_and_keeps_going()
         await wait_for(lambda: states)
         clock.now += 2
         await wait_for(lambda: states[-1].run_state is RunState.Warmup)
-        report = CheckpointReport(index=0, hub=HubCheckpoint(repo_id="someone/else", revision="r"))
-        assert await backend.send(report)
+        report = CheckpointReport(index=0, repo=HubCheckpoint(repo_id="someone/else",
+                                                               revision="r"))
+        assert await backend.report_checkpoint(report)
         await wait_for(lambda: errors)
-        assert [e.error for e in errors] == ["CheckpointNotRunRepository"] and not errors[0].fatal
+        assert [e.error for e in errors] == ["CheckpointNotRunRepository"]
+        assert backend.connected.is_set()  # not a fatal refusal: the connection stays
         assert "the run's checkpoint is Hub repository" in errors[0].detail
         seen = len(states)
         clock.now += 20

@@ -28,7 +28,7 @@ from client_image.runtime.model_keeper import CheckpointOptions
 from client_image.training.gcs_checkpoint import upload_checkpoint_to_gcs
 from coordinator import RunState
 from coordinator.config import GcsCheckpoint, P2PGcsCheckpoint
-from coordinator_tcp.protocol import CheckpointReport
+from coordinator.messages import CheckpointReport
 
 FAST = {"epoch_time": 12, "warmup_time": 5, "max_round_train_time": 5}
 TINY_MODEL = Path(__file__).resolve().parents[2] / "assets" / "tiny-llama"
@@ -85,8 +85,8 @@ async def test_a_gcs_run_loads_uploads_and_reports_its_bucket(
     assert manifest["metadata"]["run_id"] == swarm.coordinator.state.run_id
     await swarm.drain(timeout_s=30)
     await swarm.run_until(lambda s: len(reports(s)) == writers, max_turns=50)
-    assert [(m.gcs, m.hub, result) for m, result in reports(swarm)] == [
-        (GcsCheckpoint(bucket="ckpts", prefix="run"), None, None)] * writers
+    assert [(m.repo, result) for m, result in reports(swarm)] == [
+        (GcsCheckpoint(bucket="ckpts", prefix="run"), None)] * writers
     assert sorted(entry["filename"] for entry in manifest["files"]) == [
         "config.json", "model.safetensors"]  # what the fake worker's checkpoint holds
     assert not swarm.events_of(CheckpointNotReported)

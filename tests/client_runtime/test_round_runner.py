@@ -29,7 +29,7 @@ from client_image.runtime.events import (
 from client_image.runtime.rounds import my_witness_proof
 from coordinator import ClientState, CoordinatorState, NodeIdentity, RunState, selection_for_round
 from coordinator.config import HubCheckpoint, P2PCheckpoint
-from coordinator_tcp.protocol import HealthCheck, WitnessSubmit
+from coordinator.messages import HealthCheck, RoundWitness
 
 
 def step_reached(step: int) -> Callable[[FakeSwarm], bool]:
@@ -113,7 +113,7 @@ async def test_only_the_elected_witness_of_a_round_submits_it() -> None:
     await swarm.run_until(step_reached(5))
     messages = [(who, message) for who, message, _ in swarm.sent] + swarm.inbox
     submitted = [(who, message.metadata.step) for who, message in messages
-                 if isinstance(message, WitnessSubmit)]
+                 if isinstance(message, RoundWitness)]
     assert submitted
     assert len({step for _, step in submitted}) == len(submitted)  # one per round (W = 1)
     assert len(swarm.events_of(WitnessSent)) == len(submitted)
@@ -213,7 +213,7 @@ async def test_a_silent_trainer_is_dropped_by_the_witness_health_check() -> None
               if isinstance(message, HealthCheck)]
     assert checks, "no health check was sent"
     accepted = [message for _, message, result in checks if result is None]
-    assert accepted and all(entry.node == silent.key for m in accepted for entry in m.checks)
+    assert accepted and all(node == silent for m in accepted for node, _ in m.checks)
     assert any(silent.key.hex()[:12] in e.unhealthy for e in swarm.events_of(HealthCheckSent))
 
 
@@ -261,7 +261,7 @@ async def test_a_runner_never_reports_itself_unhealthy(monkeypatch: pytest.Monke
     await swarm.run_until(lambda s: s.coordinator.state.current_round.height >= 3)
     sent = [(who, message) for who, message, _ in swarm.sent if isinstance(message, HealthCheck)]
     assert judged and sent
-    assert all(entry.node != who.key for who, message in sent for entry in message.checks)
+    assert all(node != who for who, message in sent for node, _ in message.checks)
     assert all(len(message.checks) == 2 for _, message in sent)
 
 

@@ -21,14 +21,8 @@ from coordinator import (
     WitnessProof,
     selection_for_round,
 )
+from coordinator.messages import Refusal, RoundWitness, WarmupWitness, WitnessMetadata
 from coordinator_tcp.persistence import StateStore
-from coordinator_tcp.protocol import (
-    ErrorReply,
-    WarmupWitness,
-    WitnessMetadata,
-    WitnessModel,
-    WitnessSubmit,
-)
 from coordinator_tcp.server import CoordinatorServer
 from psyche_common.identity import Identity
 
@@ -52,7 +46,7 @@ async def test_a_witness_sent_while_the_coordinator_restarts_reaches_the_new_one
     backend = TcpBackend(f"127.0.0.1:{port}", me, RUN_ID, f"{me.node_id}@127.0.0.1:1",
                          max_backoff_s=0.3)
     phases: list[RunState] = []
-    errors: list[ErrorReply] = []
+    errors: list[Refusal] = []
     stop = asyncio.Event()
 
     async def on_state(server_state: ServerState) -> None:
@@ -67,9 +61,8 @@ async def test_a_witness_sent_while_the_coordinator_restarts_reaches_the_new_one
         await first.stop()  # the coordinator goes down
         await wait_for(lambda: not backend.connected.is_set())
         # The client is ready meanwhile: its warm-up witness must not be lost.
-        witness = WarmupWitness(witness=WitnessModel.of(
-            Witness(WitnessProof(position=0, index=0, witness=False))))
-        sending = asyncio.create_task(backend.send(witness))
+        witness = WarmupWitness(Witness(WitnessProof(position=0, index=0, witness=False)))
+        sending = asyncio.create_task(backend.send_warmup_witness(witness))
         await asyncio.sleep(0.5)
         assert not sending.done()  # waiting for a connection, not dropped
         saved = StateStore(tmp_path).load()
@@ -106,19 +99,18 @@ async def test_a_witness_is_never_replayed_into_a_later_round(tmp_path: Path) ->
     backend = TcpBackend(f"127.0.0.1:{port}", me, RUN_ID, f"{me.node_id}@127.0.0.1:1",
                          max_backoff_s=0.3)
     states: list[CoordinatorState] = []
-    errors: list[ErrorReply] = []
+    errors: list[Refusal] = []
     stop = asyncio.Event()
 
     async def on_state(server_state: ServerState) -> None:
         states.append(server_state.state)
 
-    def witness_of(state: CoordinatorState, mark: bytes) -> WitnessSubmit:
+    def witness_of(state: CoordinatorState, mark: bytes) -> RoundWitness:
         """The only client's witness (it is elected every round), its bloom marked."""
         bloom = Bloom(keys=(1, 2, 3, 4, 5, 6, 7, 8))
         bloom.add(mark)
-        return WitnessSubmit(
-            witness=WitnessModel.of(Witness(selection_for_round(state).witness_of(0),
-                                            broadcast_bloom=bloom)),
+        return RoundWitness(
+            witness=Witness(selection_for_round(state).witness_of(0), broadcast_bloom=bloom),
             metadata=WitnessMetadata(step=state.progress.step))
 
     task = asyncio.create_task(backend.run(on_state, errors.append, stop))
@@ -127,12 +119,12 @@ async def test_a_witness_is_never_replayed_into_a_later_round(tmp_path: Path) ->
         await wait_for(lambda: states)
         clock.now += 2
         await wait_for(lambda: states[-1].run_state is RunState.Warmup)
-        assert await backend.send(WarmupWitness(witness=WitnessModel.of(
-            Witness(WitnessProof(position=0, index=0, witness=False)))))
+        assert await backend.send_warmup_witness(WarmupWitness(
+            Witness(WitnessProof(position=0, index=0, witness=False))))
         await wait_for(lambda: states[-1].run_state is RunState.RoundTrain)
         earlier = states[-1]
         step = earlier.progress.step
-        assert await backend.send(witness_of(earlier, b"vouches for the step before"))
+        assert await backend.send_witness(witness_of(earlier, b"vouches for the step before"))
         await wait_for(lambda: first.state.run_state is RunState.RoundWitness)
         clock.now += 2  # the witness time passes: the next round
         await wait_for(lambda: states[-1].progress.step == step + 1
@@ -150,11 +142,11 @@ async def test_a_witness_is_never_replayed_into_a_later_round(tmp_path: Path) ->
         assert not errors
         # The round's own witness is taken, and the run goes on.
         fresh = witness_of(second.state, b"step s")
-        assert await backend.send(fresh)
+        assert await backend.send_witness(fresh)
         await wait_for(lambda: len(second.state.current_round.witnesses) == 1)
         assert second.state.current_round.witnesses[0].broadcast_bloom.contains(b"step s")
         # A witness of a step that is over is not sent at all (a late one, not a replay).
-        assert not await backend.send(witness_of(earlier, b"too late"))
+        assert not await backend.send_witness(witness_of(earlier, b"too late"))
         await asyncio.sleep(0.3)
         assert len(second.state.current_round.witnesses) == 1 and not errors
     finally:

@@ -15,8 +15,8 @@ from client_image.runtime.events import (
     VerificationReportSent,
 )
 from coordinator import ClientState, NodeIdentity, RunState
+from coordinator.state import VerificationReport
 from coordinator.verification import plan_for_epoch
-from coordinator_tcp.protocol import VerificationReportMessage
 
 
 async def test_an_honest_swarm_with_verification_verifies_every_followed_result_and_reports_none(
@@ -32,7 +32,7 @@ async def test_an_honest_swarm_with_verification_verifies_every_followed_result_
     verified = swarm.events_of(ResultVerified)
     assert len(verified) >= 4 and all(e.ok for e in verified)
     assert not swarm.events_of(VerificationReportSent)
-    assert not any(isinstance(m, VerificationReportMessage) for _, m, _ in swarm.sent)
+    assert not any(isinstance(m, VerificationReport) for _, m, _ in swarm.sent)
     assert all(c.state is ClientState.Healthy for c in state.epoch_state.clients)
     applied = [swarm.worker(n).applied for n in swarm.nodes]
     assert applied[0] == applied[1] == applied[2] == applied[3] and len(applied[0]) >= 4

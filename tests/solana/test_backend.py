@@ -17,7 +17,7 @@ from client_image.backends.base import BackendRejected
 from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
 from coordinator import load_state_file
 from coordinator.config import HubCheckpoint
-from coordinator_tcp.protocol import CheckpointReport, Withdraw
+from coordinator.messages import CheckpointReport
 from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import SolanaRpc
@@ -82,9 +82,10 @@ async def test_the_backend_joins_delivers_state_and_maps_messages(net):
     assert backend.account.pending == [wallet.pubkey()]  # joined by itself
     assert states and states[-1].state.run_id == "open-run"
     # not a client of an epoch yet: the program refuses, the backend reports the word
-    refused = await backend.send(CheckpointReport(index=0, hub=HubCheckpoint(repo_id="a/b")))
+    refused = await backend.report_checkpoint(
+        CheckpointReport(index=0, repo=HubCheckpoint(repo_id="a/b")))
     assert refused is False and errors and errors[-1].error == "InvalidClientIndex"
-    assert await backend.send(Withdraw()) is False
+    assert await backend.withdraw() is False
     # waiting for 3 members: a tick would not change anything yet
     assert backend.tick_would_change(backend.account, 2**40) is False
     stop.set()

@@ -19,7 +19,6 @@ from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
 from coordinator import ClientState, NodeIdentity, RunState
 from coordinator.state import CoordinatorState, VerificationReport
 from coordinator.verification import MAX_REPORTS, FollowPlan, plan_for_epoch
-from coordinator_tcp.protocol import VerificationReportMessage
 from psyche_solana import instructions as ix
 from psyche_solana.svm import TransactionFailed
 from tests.solana.test_differential import Harness, _state_file
@@ -243,14 +242,9 @@ def test_the_backend_sends_a_report_as_a_transaction():
         return True
 
     backend._transact = transact  # type: ignore[method-assign]  # capture, do not send
-    message = VerificationReportMessage(
-        accused=accused_id.key, step=report.step, published_hash=report.published_hash,
-        expected_hash=report.expected_hash, jaccard_ppm=report.jaccard_ppm,
-        hamming_ppm=report.hamming_ppm, manhattan_ppm=report.manhattan_ppm)
-
     async def send() -> bool:
         try:
-            return await backend.send(message)
+            return await backend.report_verification(report)
         finally:
             await backend.rpc.close()
 
