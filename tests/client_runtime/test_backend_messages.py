@@ -5,10 +5,11 @@ server decodes it (`coordinator_tcp.client_events`), as the same values."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
-from client_image.backends.tcp import DomainMessage, wire_message
+from client_image.backends.tcp import DomainMessage, TcpBackend, wire_message
 from coordinator import Bloom, Committee, CommitteeProof, NodeIdentity, Witness, WitnessProof
 from coordinator.config import GcsCheckpoint, HubCheckpoint
 from coordinator.messages import (
@@ -22,6 +23,7 @@ from coordinator.messages import (
 )
 from coordinator.state import VerificationReport
 from coordinator_tcp import protocol as wire
+from psyche_common.identity import Identity
 
 ME, PEER = NodeIdentity(bytes([1]) * 32), NodeIdentity(bytes([2]) * 32)
 
@@ -104,3 +106,13 @@ def test_a_witness_carries_at_most_eight_eval_scores_by_their_psyche_metric() ->
     # The wire keeps the same selection.
     assert [(e.name, e.value) for e in wire.WitnessMetadata.evals_of(scores)] == [
         (score.name, score.value) for score in picked]
+
+
+async def test_the_tcp_backend_withdraws_only_over_a_connection_that_is_up() -> None:
+    """A stopping client does not wait for a coordinator it cannot reach (the runtime no
+    longer checks which backend it has: the backend decides)."""
+    backend = TcpBackend("127.0.0.1:1", Identity(bytes(31) + b"\x05"), "run", "p2p",
+                         reconnect_wait_s=30)
+    started = time.monotonic()
+    assert await backend.withdraw() is False
+    assert time.monotonic() - started < 1  # not the 30 s a queued message would wait

@@ -133,6 +133,7 @@ async def test_the_tcp_backend_hands_the_refusal_to_the_client_and_keeps_going()
         assert await backend.report_checkpoint(report)
         await wait_for(lambda: errors)
         assert [e.error for e in errors] == ["CheckpointNotRunRepository"]
+        assert isinstance(errors[0], Refusal)  # the runtime's type, not the TCP wire's
         assert backend.connected.is_set()  # not a fatal refusal: the connection stays
         assert "the run's checkpoint is Hub repository" in errors[0].detail
         seen = len(states)
