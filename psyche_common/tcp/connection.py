@@ -23,7 +23,7 @@ import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel
 
@@ -91,7 +91,7 @@ class Connection:
         timeout_s: float = 10.0,
         expect_welcome: type[BaseModel] = Welcome,
         local_addr: tuple[str, int] | None = None,
-    ) -> tuple[Connection, Any]:
+    ) -> tuple[Self, Any]:
         """Connect (from `local_addr` when given) and join; returns the connection and the
         server's welcome message. Frames are decoded by `decode`, else `default_decode`."""
         decode = decode or cls.default_decode

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 from idle_connections import IdleConnections, idle_addresses
@@ -35,7 +36,7 @@ REOPEN_AFTER_S = 1.0
 JOIN_EVERY_S = 0.35  # 20 joins over ~7 s: more than two handshake deadlines (3 s)
 
 
-async def wait_until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
