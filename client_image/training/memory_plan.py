@@ -41,10 +41,11 @@ Forward and backward (the larger of this and the optimizer phase counts):
                                and the log-softmax's gradient (the output head is replicated:
                                not divided by T)
 
-Optimizer (apply, error feedback, compress; no activations alive). Applying decodes one
-parameter at a time on every layout; the sharded trainer (D x T > 1) also gathers,
-compresses and feeds back one parameter at a time, so its full-size scratch is that of
-the largest parameter P_max, not the model's (sharded.py). Per block-shape group g of
+Optimizer (apply, error feedback, compress; no activations alive). The DisTrO step
+(distro_step.py) works one chunk of consecutive parameters at a time on every layout (a
+chunk holds at most max(16 Mi elements, P_max) elements, P_max the largest parameter):
+apply, error feedback and, sharded (D x T > 1), the gathered delta of compress are a
+chunk's, not the model's. Per block-shape group g of
 DisTrO's layout (N_g parameters, blocks a x b, m coefficients per block after
 concatenating the peers' top-k), and for one parameter as a group of its own:
 
@@ -52,14 +53,13 @@ concatenating the peers' top-k), and for one parameter as a group of its own:
                      more than one peer) + 4 N_g m (1/a + 1/b) (the rank-m factors) when
                      m < a + b, else 8 N_g (dense coefficients and the inverse DCT's
                      intermediate); then the signed / scattered copy: >= 8 N
-    apply            the decode of the worst single parameter (+ its shard, sharded)
-    error feedback   D x T = 1: the decode of the whole own result (grouped);
-                     sharded: the worst single parameter's
-    compress         D x T = 1: 8 max N_g (the DCT's intermediate and result, then |E|);
-                     sharded: 20 P_max (gathered delta, blocks, DCT intermediate and
-                     result, |E|)
+    apply            the decode of the worst chunk (+ its whole update and shard, sharded)
+    error feedback   the decode of the worst chunk of the own result (+ the same, sharded)
+    compress         16 C_max, C_max the largest chunk (its blocks stacked, the DCT's
+                     intermediate and result, |E|); sharded: 20 C_max (+ the gathered
+                     delta)
     peers' results   32 bytes per kept coefficient per peer on the device during apply,
-                     for one parameter at a time: int64 index and fp32 value, plus the
+                     for one chunk at a time: int64 index and fp32 value, plus the
                      per-slot sender count and weight
     held (host)      the wire bytes of up to two steps of the peers' results (wire.py), in
                      host memory until decoded: shown, not counted per device
@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from client_image.training.distro import BlockLayout, plan_model
+from client_image.training.distro_step import plan_chunks
 from client_image.training.model_shape import (
     ModelShape,
     ParamInfo,
@@ -359,26 +360,25 @@ def plan_memory(shape: ModelShape, run: RunSettings, *, dp: int = 1, tp: int = 1
     else:
         plans = plan_model([(info.name, info.shape) for info in shape.params],
                            run.distro.chunk, run.distro.topk)
-        layout = BlockLayout(plans)
         slots = sum(plan.n_blocks * plan.topk for plan in plans)
         wire = result_wire_bytes(plans, run.distro.one_bit)
         optimizer_state, lookahead = 4 * n_dev, 4 * n_dev
-        del slots  # the device holds one parameter's results at a time (apply)
-        peer_results = max(PEER_SLOT_BYTES * plan.n_blocks * plan.topk * run.peers
-                           for plan in plans)
-        largest_group = max((size * a * b for (a, b), size in
-                             zip(layout.shapes, layout.group_sizes, strict=True)), default=0)
+        del slots  # the device holds one chunk's results at a time (apply)
+        chunks = plan_chunks(plans)
+        peer_results = max(PEER_SLOT_BYTES * run.peers * sum(
+            plan.n_blocks * plan.topk for plan in chunk.layout.plans) for chunk in chunks)
         shard = 0 if dp * tp == 1 else 1
-        apply = max(_decode_scratch(BlockLayout([plan]), run.peers, plan.numel)
-                    + shard * 4 * plan.numel // (dp * tp) for plan in plans)
-        max_numel = max(plan.numel for plan in plans)
-        if dp * tp == 1:  # the delta is already in blocks; feedback decodes whole
-            feedback = _decode_scratch(layout, 1, n)
-            compress = 8 * largest_group
-        else:
-            feedback = max(_decode_scratch(BlockLayout([plan]), 1, plan.numel)
-                           + 4 * plan.numel // (dp * tp) for plan in plans)
-            compress = 20 * max_numel
+        # Sharded, a chunk's decoded update is made whole, then cut into this rank's shard.
+        apply = max(_decode_scratch(chunk.layout, run.peers, chunk.numel)
+                    + shard * (4 * chunk.numel + 4 * chunk.numel // (dp * tp))
+                    for chunk in chunks)
+        feedback = max(_decode_scratch(chunk.layout, 1, chunk.numel)
+                       + shard * (4 * chunk.numel + 4 * chunk.numel // (dp * tp))
+                       for chunk in chunks)
+        largest_chunk = max(chunk.numel for chunk in chunks)
+        # The chunk's stacks, the DCT's intermediate and result, |E| (+ sharded, the
+        # chunk's gathered delta).
+        compress = (16 if dp * tp == 1 else 20) * largest_chunk
         # The largest of the three phases; the peers' decoded results (on the device only
         # while applying) are added to it whichever it is: a little more, never less.
         scratch = max(apply, feedback, compress)
