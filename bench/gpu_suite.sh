@@ -12,7 +12,7 @@
 # The device machine has no network: its python3 holds torch (CUDA), transformers and
 # safetensors, but not pydantic, iroh & co. This script picks a Python and, where it lacks
 # our dependencies, installs .whl/*.whl (when carried) into a scratch folder on PYTHONPATH.
-# What still cannot run is said in the JSON line (`<part>_error`), never a failed call.
+# What still cannot run is said in the JSON line (its `errors`), never a failed call.
 # --smoke: tiny sizes on CPU, in seconds (tests/bench/test_gpu_suite.py runs it).
 set -u
 cd "$(dirname "$0")/.." || exit 2

@@ -8,6 +8,7 @@ run's summary, then ONE JSON line.
 The config is config/local-testnet's (bundled data served by the coordinator's data
 server) with the model replaced (bench/gpu_models.py: the 125 M Llama gets random weights,
 saved to the work folder), `total_steps` = --rounds, every client needed from the start,
+phases with room for a 125 M model (rounds up to 60 s, a 15 s cooldown to checkpoint),
 and no learning-rate warm-up (2e-3 from the first round). Every client gets `--device` and `--dtype`.
 
 JSON fields: testnet_clients_identical (every client's last checkpoint has the same
@@ -38,7 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def write_config(directory: Path, model: Path, rounds: int, clients: int, data_port: int) -> Path:
     config = write_config_variant(directory, data_port, total_steps=rounds,
                                   init_min_clients=clients, min_clients=clients,
-                                  warmup_time=90, epoch_time=120)
+                                  # upper bounds (a phase ends once every client is
+                                  # done), but the cooldown is a fixed window: 125 M
+                                  # checkpoints need more than the tiny model's 5 s
+                                  warmup_time=120, epoch_time=300, max_round_train_time=60,
+                                  cooldown_time=15)
     state = load_state_file(config / "state.toml")
     # No warm-up: the first round's results already move the weights (a 3-round run has
     # only the rounds after it to show the loss falling).
