@@ -25,7 +25,8 @@ from client_image.p2p import (
     GossipConfig,
     NodeConfig,
     P2PNode,
-    _iroh_patch,
+    bulk_write_patch_active,
+    remove_bulk_write_patch,
 )
 
 MB = 1e6
@@ -161,9 +162,9 @@ async def main() -> None:
     )
     args = parser.parse_args()
     if args.unpatched:
-        _iroh_patch.remove_bulk_write_patch()
+        remove_bulk_write_patch()
     size = args.size_mib << 20
-    patched = _iroh_patch.bulk_write_patch_active()  # the package applied it at import
+    patched = bulk_write_patch_active()  # the package applied it at import
 
     print(
         f"blob: {args.size_mib} MiB over iroh on loopback (bulk-write patch {'on' if patched else 'off'})"

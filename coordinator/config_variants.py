@@ -38,7 +38,7 @@ NonNegFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 StrictStr = Annotated[str, Strict()]
 
 
-def _max_bytes(limit: int) -> Callable[[str], str]:
+def max_bytes(limit: int) -> Callable[[str], str]:
     def check(value: str) -> str:
         size = len(value.encode())
         if size > limit:
@@ -275,7 +275,7 @@ class _HubRepo(Variant):
     revision: StrictStr | None = None
 
     _check_lengths = field_validator("repo_id", "revision")(
-        lambda value: value if value is None else _max_bytes(STRING_MAX_BYTES)(value)
+        lambda value: value if value is None else max_bytes(STRING_MAX_BYTES)(value)
     )
 
 
@@ -284,7 +284,7 @@ class _GcsRepo(Variant):
     prefix: StrictStr | None = None
 
     _check_lengths = field_validator("bucket", "prefix")(
-        lambda value: value if value is None else _max_bytes(STRING_MAX_BYTES)(value)
+        lambda value: value if value is None else max_bytes(STRING_MAX_BYTES)(value)
     )
 
 

@@ -19,7 +19,7 @@ from coordinator.config_variants import (
     ExternallyTagged,
     StrictStr,
     Variant,
-    _max_bytes,
+    max_bytes,
 )
 from coordinator.limits import URL_MAX_BYTES
 
@@ -49,7 +49,7 @@ def _token_size(value: Any) -> Any:
 class _Url(Variant):
     @staticmethod
     def check_url(value: str) -> str:
-        _max_bytes(URL_MAX_BYTES)(value)
+        max_bytes(URL_MAX_BYTES)(value)
         if not re.match(r"^[a-z][a-z0-9+.-]*://\S+$", value):
             raise ValueError(f"must be an absolute URL (scheme://...), got {value!r}")
         return value
@@ -155,7 +155,7 @@ class ServerDataLocation(Variant):
     @field_validator("address")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        _max_bytes(URL_MAX_BYTES)(value)
+        max_bytes(URL_MAX_BYTES)(value)
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f'must be "host:port" with a port in 1..65535, got {value!r}')

@@ -36,7 +36,11 @@ Model sharing
 Importing this package applies the iroh 1.2.0 bulk-write fix (``_iroh_patch``).
 """
 
-from client_image.p2p._iroh_patch import apply_bulk_write_patch, bulk_write_patch_active
+from client_image.p2p._iroh_patch import (
+    apply_bulk_write_patch,
+    bulk_write_patch_active,
+    remove_bulk_write_patch,
+)
 from client_image.p2p.address import AddressError, PeerAddress
 from client_image.p2p.blob_store import BlobStore, blob_hash, step_tag
 from client_image.p2p.blobs import (
@@ -129,6 +133,7 @@ __all__ = [
     "decode_broadcast",
     "encode_broadcast",
     "fetch_from_holders",
+    "remove_bulk_write_patch",
     "sign",
     "step_tag",
     "topic_for_run",

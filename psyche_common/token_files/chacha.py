@@ -45,7 +45,7 @@ import numpy as np
 
 T = TypeVar("T")
 _CONSTANTS = np.frombuffer(b"expand 32-byte k", dtype="<u4")
-_MASK32 = 0xFFFFFFFF
+MASK32 = 0xFFFFFFFF
 
 
 def _rotl(x: np.ndarray, n: int) -> np.ndarray:
@@ -60,7 +60,7 @@ def chacha_blocks(key: bytes, first_block: int, n_blocks: int, rounds: int = 8) 
     state = np.empty((16, n_blocks), dtype=np.uint32)
     state[0:4] = _CONSTANTS[:, None]
     state[4:12] = np.frombuffer(key, dtype="<u4")[:, None]
-    state[12] = (counters & np.uint64(_MASK32)).astype(np.uint32)
+    state[12] = (counters & np.uint64(MASK32)).astype(np.uint32)
     state[13] = (counters >> np.uint64(32)).astype(np.uint32)
     state[14:16] = 0
     x = [state[i].copy() for i in range(16)]
@@ -111,21 +111,21 @@ class ChaChaRng:
         product's low half lies in the top `bound` values; the `unbiased` loop would draw
         differently and shift every later index.
         """
-        if not 0 < bound <= _MASK32:
+        if not 0 < bound <= MASK32:
             raise ValueError(f"bound must be in 1..2^32-1, got {bound}")
         product = self.next_u32() * bound
-        result, low = product >> 32, product & _MASK32
+        result, low = product >> 32, product & MASK32
         if low > (1 << 32) - bound:
             carry = (self.next_u32() * bound) >> 32
             result += (low + carry) >> 32
         return result
 
 
-def _chunk_bound(n: int) -> tuple[int, int]:
+def chunk_bound(n: int) -> tuple[int, int]:
     """rand's `calculate_bound_u32(n)`: (n * (n+1) * ... * (n+r-1), r) with r the most
     factors whose product fits in a u32 (at least one)."""
     product, factor = n, n + 1
-    while product * factor <= _MASK32:
+    while product * factor <= MASK32:
         product *= factor
         factor += 1
     return product, factor - n
@@ -136,7 +136,7 @@ def shuffle_with_rng(items: MutableSequence[T], rng: ChaChaRng) -> None:
     length = len(items)
     if length <= 1:
         return  # rand returns early: no word is drawn
-    if length >= _MASK32:
+    if length >= MASK32:
         # rand switches to one `random_range(..i + 1)` per usize index here; no Python list
         # of 4 billion sequences is practical, so that branch is not ported.
         raise ValueError(f"cannot shuffle {length} items: rand's u64 path is not ported")
@@ -146,7 +146,7 @@ def shuffle_with_rng(items: MutableSequence[T], rng: ChaChaRng) -> None:
     for i in range(length):
         next_n = n + 1
         if chunk_remaining == 0:
-            bound, chunk_remaining = _chunk_bound(next_n)
+            bound, chunk_remaining = chunk_bound(next_n)
             chunk = rng.random_below(bound)
         chunk_remaining -= 1
         if chunk_remaining == 0:

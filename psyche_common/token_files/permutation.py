@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from psyche_common.token_files.chacha import _MASK32, _chunk_bound, chacha_blocks
+from psyche_common.token_files.chacha import MASK32, chacha_blocks, chunk_bound
 
-_ONE_DIGIT_FROM = 65536  # n from which _chunk_bound(n) has a single factor
+_ONE_DIGIT_FROM = 65536  # n from which chunk_bound(n) has a single factor
 _WINDOW = 8192  # chunks drawn per vectorised step
 
 
@@ -57,7 +57,7 @@ def _multi_digit_targets(stream: KeyStream, targets: np.ndarray, end: int) -> tu
     schedule = []
     position = 1
     while position < end and position + 1 < _ONE_DIGIT_FROM:
-        bound, digits = _chunk_bound(position + 1)
+        bound, digits = chunk_bound(position + 1)
         schedule.append((position, bound, digits))
         position += digits
     words = stream.words(0, 2 * len(schedule) + 1).tolist()
@@ -65,7 +65,7 @@ def _multi_digit_targets(stream: KeyStream, targets: np.ndarray, end: int) -> tu
     for start, bound, digits in schedule:
         product = words[used] * bound
         used += 1
-        chunk, low = product >> 32, product & _MASK32
+        chunk, low = product >> 32, product & MASK32
         if low > (1 << 32) - bound:
             chunk += (low + ((words[used] * bound) >> 32)) >> 32
             used += 1
@@ -82,7 +82,7 @@ def swap_targets(length: int, seed: bytes) -> np.ndarray:
 
 def draw_swap_targets(length: int, stream: KeyStream) -> tuple[np.ndarray, int]:
     """swap_targets from `stream`, and how many of its words the shuffle drew."""
-    if length >= _MASK32:
+    if length >= MASK32:
         raise ValueError(f"cannot shuffle {length} items: rand's u64 path is not ported")
     targets = np.zeros(max(length, 0), dtype=np.int64)
     if length <= 1:
@@ -96,7 +96,7 @@ def draw_swap_targets(length: int, stream: KeyStream) -> tuple[np.ndarray, int]:
         words = stream.words(used, size + 1).astype(np.uint64)
         bound = bounds[done : done + size]
         product = words[:size] * bound
-        high, low = product >> np.uint64(32), product & np.uint64(_MASK32)
+        high, low = product >> np.uint64(32), product & np.uint64(MASK32)
         second = np.flatnonzero(low > np.uint64(1 << 32) - bound)
         clean = int(second[0]) if second.size else size
         targets[position + done : position + done + clean] = high[:clean]

@@ -16,10 +16,10 @@ from run_manager.commands.solana_common import (
     Rpc2,
     RunId,
     Wallet,
-    _fail,
-    _keypair,
-    _pubkey,
-    _run,
+    fail,
+    parse_pubkey,
+    run_rpc,
+    signing_keypair,
 )
 
 
@@ -35,12 +35,12 @@ def join_authorization_create(wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rp
     from psyche_solana.runs import authorize
 
     if (authorizer is None) == (not permissionless):
-        raise _fail("give exactly one of --authorizer and --permissionless", EXIT_BAD_ARGUMENT)
-    grantee = Pubkey.default() if permissionless else _pubkey(authorizer or "", "--authorizer")
-    grantor = _keypair(wallet)
+        raise fail("give exactly one of --authorizer and --permissionless", EXIT_BAD_ARGUMENT)
+    grantee = Pubkey.default() if permissionless else parse_pubkey(authorizer or "", "--authorizer")
+    grantor = signing_keypair(wallet)
 
     def already(active: bool) -> typer.Exit:
-        return _fail(f"an authorization from {grantor.pubkey()} for {grantee} already exists "
+        return fail(f"an authorization from {grantor.pubkey()} for {grantee} already exists "
                      f"({'active' if active else 'inactive'}): see join-authorization-read, "
                      "or join-authorization-delete it first")
 
@@ -59,7 +59,7 @@ def join_authorization_create(wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rp
                 raise already(True) from None
             raise
 
-    address = _run(rpc, rpc_2, program_id, work)
+    address = run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"authorization {address}: grantor {grantor.pubkey()} grantee {grantee}")
 
 
@@ -76,11 +76,11 @@ def join_authorization_read(join_authority: Annotated[str, typer.Option(
     from psyche_solana import instructions as ix
     from psyche_solana.runs import read_authorization
 
-    grantor = _pubkey(join_authority, "--join-authority")
-    grantee = _pubkey(authorizer, "--authorizer") if authorizer else Pubkey.default()
-    found = _run(rpc, rpc_2, program_id, lambda c: read_authorization(c, grantor, grantee))
+    grantor = parse_pubkey(join_authority, "--join-authority")
+    grantee = parse_pubkey(authorizer, "--authorizer") if authorizer else Pubkey.default()
+    found = run_rpc(rpc, rpc_2, program_id, lambda c: read_authorization(c, grantor, grantee))
     if found is None:
-        raise _fail(f"no authorization from {grantor} for {grantee}")
+        raise fail(f"no authorization from {grantor} for {grantee}")
     typer.echo(json.dumps({
         "address": str(ix.authorization_address(grantor, grantee)),
         "grantor": str(found.grantor), "grantee": str(found.grantee),
@@ -98,15 +98,15 @@ def join_authorization_delegate(join_authority: Annotated[str, typer.Option()],
     """As a grantee, let other keys (e.g. each machine's) join on your authorization."""
     from psyche_solana import instructions as ix
 
-    grantee = _keypair(wallet)
-    added = [_pubkey(k, "--delegates-added") for k in delegates_added or []]
-    address = ix.authorization_address(_pubkey(join_authority, "--join-authority"), grantee.pubkey())
+    grantee = signing_keypair(wallet)
+    added = [parse_pubkey(k, "--delegates-added") for k in delegates_added or []]
+    address = ix.authorization_address(parse_pubkey(join_authority, "--join-authority"), grantee.pubkey())
 
     async def work(client: Any) -> None:
         await client.send_instructions([ix.authorization_grantee_update(
             grantee.pubkey(), address, delegates_clear, added)], grantee)
 
-    _run(rpc, rpc_2, program_id, work)
+    run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"authorization {address}: {len(added)} delegate(s) added"
                + (" after clearing" if delegates_clear else ""))
 
@@ -119,15 +119,15 @@ def join_authorization_delete(authorizer: Annotated[str, typer.Option(
     """Deactivate and close an authorization you granted (rent back to the wallet)."""
     from psyche_solana import instructions as ix
 
-    grantor = _keypair(wallet)
-    address = ix.authorization_address(grantor.pubkey(), _pubkey(authorizer, "--authorizer"))
+    grantor = signing_keypair(wallet)
+    address = ix.authorization_address(grantor.pubkey(), parse_pubkey(authorizer, "--authorizer"))
 
     async def work(client: Any) -> None:
         await client.send_instructions([
             ix.authorization_grantor_update(grantor.pubkey(), address, False),
             ix.authorization_close(grantor.pubkey(), address, grantor.pubkey())], grantor)
 
-    _run(rpc, rpc_2, program_id, work)
+    run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"authorization {address} deleted")
 
 
@@ -138,13 +138,13 @@ def can_join(run_id: RunId, address: Annotated[str, typer.Option()],
     from psyche_solana.runs import can_join as check
     from psyche_solana.runs import find_run
 
-    user = _pubkey(address, "--address")
-    grantee = _pubkey(authorizer, "--authorizer") if authorizer else None
+    user = parse_pubkey(address, "--address")
+    grantee = parse_pubkey(authorizer, "--authorizer") if authorizer else None
 
     async def work(client: Any) -> tuple[bool, str]:
         return await check(client, await find_run(client, run_id), user, grantee)
 
-    allowed, reason = _run(rpc, rpc_2, program_id, work)
+    allowed, reason = run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"{'yes' if allowed else 'no'}: {reason}")
     if not allowed:
         raise typer.Exit(EXIT_FAILED)

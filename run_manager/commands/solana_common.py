@@ -1,5 +1,5 @@
 """Shared by the Solana subcommands (`run_manager.commands.solana`): the common options,
-wallet and public-key parsing, and `_run`, which runs one piece of JSON-RPC work and
+wallet and public-key parsing, and `run_rpc`, which runs one piece of JSON-RPC work and
 turns every failure into a message and an exit code.
 """
 
@@ -36,7 +36,7 @@ Wallet = Annotated[Path | None, typer.Option(
 def _websocket_url(flag: str) -> Callable[[str | None], str | None]:
     def check(value: str | None) -> str | None:
         if value is not None and not value.startswith(("ws://", "wss://")):
-            raise _fail(f"{flag} must be a ws:// or wss:// URL, got {value!r}", EXIT_BAD_ARGUMENT)
+            raise fail(f"{flag} must be a ws:// or wss:// URL, got {value!r}", EXIT_BAD_ARGUMENT)
         return value
     return check
 
@@ -74,12 +74,12 @@ TreasurerIndex = Annotated[int | None, typer.Option(
     "--treasurer-index", help="Treasurer run index (default: from the run id).")]
 
 
-def _fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
+def fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
     typer.echo(f"run-manager: {message}", err=True)
     return typer.Exit(code)
 
 
-def _keypair(path: Path | None) -> Any:
+def signing_keypair(path: Path | None) -> Any:
     """The signing wallet. RAW_WALLET_PRIVATE_KEY (a JSON byte array or base58) wins over
     the keypair file, as in Psyche's run-manager; when both are set, a warning says so."""
     from solders.keypair import Keypair
@@ -97,18 +97,18 @@ def _keypair(path: Path | None) -> Any:
         if path is not None:
             return Keypair.from_bytes(load_keypair_bytes(path))
     except WalletError as error:
-        raise _fail(f"wallet: {error}", EXIT_BAD_ARGUMENT) from None
-    raise _fail("a wallet is needed: -w/--wallet-private-key-path or RAW_WALLET_PRIVATE_KEY",
+        raise fail(f"wallet: {error}", EXIT_BAD_ARGUMENT) from None
+    raise fail("a wallet is needed: -w/--wallet-private-key-path or RAW_WALLET_PRIVATE_KEY",
                 EXIT_BAD_ARGUMENT)
 
 
-def _pubkey(text: str, what: str) -> Any:
+def parse_pubkey(text: str, what: str) -> Any:
     from solders.pubkey import Pubkey
 
     try:
         return Pubkey.from_string(text)
     except ValueError:
-        raise _fail(f"{what} is not a base-58 public key: {text!r}", EXIT_BAD_ARGUMENT) from None
+        raise fail(f"{what} is not a base-58 public key: {text!r}", EXIT_BAD_ARGUMENT) from None
 
 
 def parse_amount(text: str, decimals: int, what: str) -> int:
@@ -120,21 +120,21 @@ def parse_amount(text: str, decimals: int, what: str) -> int:
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
-        raise _fail(f"{what}: not a number: {text!r}", EXIT_BAD_ARGUMENT) from None
+        raise fail(f"{what}: not a number: {text!r}", EXIT_BAD_ARGUMENT) from None
     if not value.is_finite() or value < 0:
-        raise _fail(f"{what}: must be a finite number >= 0, got {text!r}", EXIT_BAD_ARGUMENT)
+        raise fail(f"{what}: must be a finite number >= 0, got {text!r}", EXIT_BAD_ARGUMENT)
     scaled = value.scaleb(decimals)
     if scaled != scaled.to_integral_value():
         unit = f"{decimals} decimal places" if decimals else "whole numbers"
-        raise _fail(f"{what}: {text} has more precision than the amount allows ({unit})",
+        raise fail(f"{what}: {text} has more precision than the amount allows ({unit})",
                     EXIT_BAD_ARGUMENT)
     if scaled > 2**64 - 1:
-        raise _fail(f"{what}: {text} is too large (at most {Decimal(2**64 - 1).scaleb(-decimals)})",
+        raise fail(f"{what}: {text} is too large (at most {Decimal(2**64 - 1).scaleb(-decimals)})",
                     EXIT_BAD_ARGUMENT)
     return int(scaled)
 
 
-def _run(rpc: str, rpc_2: str | None, program_id: str | None,
+def run_rpc(rpc: str, rpc_2: str | None, program_id: str | None,
          work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(SolanaRpc)` against `program_id` (None: ours), turning every failure
     into a clear message."""
@@ -144,7 +144,7 @@ def _run(rpc: str, rpc_2: str | None, program_id: str | None,
     from psyche_solana.runs import RunNotFound
 
     if program_id is not None:
-        _pubkey(program_id, "--coordinator-program-id")
+        parse_pubkey(program_id, "--coordinator-program-id")
 
     async def main() -> T:
         async with SolanaRpc([rpc, rpc_2]) as client:
@@ -159,7 +159,7 @@ def _run(rpc: str, rpc_2: str | None, program_id: str | None,
     try:
         return asyncio.run(main())
     except (RpcError, RunNotFound, AccountDecodeError, ValueError) as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     finally:
         if before is None:
             os.environ.pop(PROGRAM_ID_VARIABLE, None)

@@ -17,9 +17,9 @@ from run_manager.commands.solana_common import (
     RunId,
     TreasurerIndex,
     Wallet,
-    _fail,
-    _keypair,
-    _run,
+    fail,
+    run_rpc,
+    signing_keypair,
 )
 
 
@@ -35,12 +35,12 @@ def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc
     from psyche_solana.run_metadata import treasurer_run_close
     from psyche_solana.runs import find_run
 
-    authority = _keypair(wallet)
+    authority = signing_keypair(wallet)
 
     async def work(client: Any) -> tuple[int, int]:
         run = await find_run(client, run_id, treasurer_index)
         if run.account.run_state.name not in ("Uninitialized", "Paused", "Finished"):
-            raise _fail(f"run {run_id!r} is {run.account.run_state.name}: pause it first "
+            raise fail(f"run {run_id!r} is {run.account.run_state.name}: pause it first "
                         "(set-paused) and wait for Paused")
         me = authority.pubkey()
         unclaimed = 0
@@ -51,7 +51,7 @@ def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc
             unclaimed = earned - run.treasurer.total_claimed_earned_points
             if unclaimed > 0 and not force:
                 # Closing forgets who earned what: the participants' rewards would be lost.
-                raise _fail(f"run {run_id!r}: {unclaimed} earned points are not claimed yet "
+                raise fail(f"run {run_id!r}: {unclaimed} earned points are not claimed yet "
                             "and could not be once it is closed; let the participants claim "
                             "(treasurer-claim-rewards), or close it anyway with --force")
             close = treasurer_run_close(me, run.treasurer_index, run.address, run_id)
@@ -61,7 +61,7 @@ def close_run(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc
         await client.send_instructions([close], authority)
         return await client.balance(me) - before, unclaimed
 
-    refund, unclaimed = _run(rpc, rpc_2, program_id, work)
+    refund, unclaimed = run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"closed run {run_id!r}: {refund / 1e9:.9f} SOL of rent (less the fee) back "
                "to the wallet; the run id is free again")
     if unclaimed > 0:
@@ -80,12 +80,12 @@ def checkpoint(run_id: RunId,
     from coordinator.config import HubCheckpoint
     from psyche_solana import instructions as ix
     from psyche_solana.runs import admin, find_run
-    from run_manager.commands.solana_runs import _authority_of
+    from run_manager.commands.solana_runs import authority_of
 
     if not repo or len(repo.encode()) > 64 or (revision is not None and
                                                  not 0 < len(revision.encode()) <= 64):
-        raise _fail("--repo and --revision are 1 to 64 bytes each", EXIT_BAD_ARGUMENT)
-    authority = _keypair(wallet)
+        raise fail("--repo and --revision are 1 to 64 bytes each", EXIT_BAD_ARGUMENT)
+    authority = signing_keypair(wallet)
 
     async def work(client: Any) -> None:
         run = await find_run(client, run_id, treasurer_index)
@@ -93,17 +93,17 @@ def checkpoint(run_id: RunId,
         if run.account.run_state.name not in ("Uninitialized", "Paused"):
             # the coordinator accepts a client's report only from a client of the epoch,
             # and only a new revision of the run's own repository (the client sends it)
-            raise _fail(f"run {run_id!r} is {run.account.run_state.name}: its authority sets "
+            raise fail(f"run {run_id!r} is {run.account.run_state.name}: its authority sets "
                         "the checkpoint of a paused run (set-paused first); during an epoch "
                         "the run's clients report theirs")
         if state is None:
-            raise _fail(f"run {run_id!r} has no model yet: update-config --config-path first",
+            raise fail(f"run {run_id!r} has no model yet: update-config --config-path first",
                         EXIT_BAD_ARGUMENT)
         model = state.model.model_copy(update={
             "checkpoint": HubCheckpoint(repo_id=repo, revision=revision)})
         # the model head carries the checkpoint; the rest of the model is unchanged
         await admin(client, run, authority,
-                    ix.update_model(run.address, _authority_of(run, authority), model)[:1])
+                    ix.update_model(run.address, authority_of(run, authority), model)[:1])
 
-    _run(rpc, rpc_2, program_id, work)
+    run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"run {run_id!r} restarts from Hub {repo}" + (f" @ {revision}" if revision else ""))

@@ -14,9 +14,9 @@ from run_manager.commands.solana_common import (
     RunId,
     TreasurerIndex,
     Wallet,
-    _keypair,
-    _run,
     parse_amount,
+    run_rpc,
+    signing_keypair,
 )
 
 
@@ -30,7 +30,7 @@ def treasurer_top_up_rewards(run_id: RunId,
     """Add reward tokens to a treasurer run's vault."""
     from psyche_solana.runs import find_run, mint_decimals, top_up
 
-    payer = _keypair(wallet)
+    payer = signing_keypair(wallet)
 
     async def work(client: Any) -> int:
         run = await find_run(client, run_id, treasurer_index)
@@ -40,7 +40,7 @@ def treasurer_top_up_rewards(run_id: RunId,
         return await top_up(client, run, payer,
                             parse_amount(collateral_amount, decimals, "--collateral-amount"))
 
-    amount = _run(rpc, rpc_2, program_id, work)
+    amount = run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"topped up {run_id!r} with {amount} base units")
 
 
@@ -52,10 +52,10 @@ def treasurer_claim_rewards(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOC
     """Claim the reward tokens for your earned points (1 base unit per point)."""
     from psyche_solana.runs import claim, find_run
 
-    user = _keypair(wallet)
+    user = signing_keypair(wallet)
 
     async def work(client: Any) -> int:
         return await claim(client, await find_run(client, run_id, treasurer_index), user, points)
 
-    amount = _run(rpc, rpc_2, program_id, work)
+    amount = run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"claimed {amount} points = {amount} base units")

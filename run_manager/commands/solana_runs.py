@@ -20,11 +20,11 @@ from run_manager.commands.solana_common import (
     RunId,
     TreasurerIndex,
     Wallet,
-    _fail,
-    _keypair,
-    _pubkey,
-    _run,
+    fail,
     parse_amount,
+    parse_pubkey,
+    run_rpc,
+    signing_keypair,
 )
 
 # Psyche's RunMetadata flags; a flag left out keeps the run's current value
@@ -54,11 +54,11 @@ def create_run(run_id: RunId,
     """Create a run (paused until update-config and set-paused --resume)."""
     from psyche_solana.runs import create_run as create
 
-    payer = _keypair(wallet)
-    mint = _pubkey(treasurer_collateral_mint, "--treasurer-collateral-mint") \
+    payer = signing_keypair(wallet)
+    mint = parse_pubkey(treasurer_collateral_mint, "--treasurer-collateral-mint") \
         if treasurer_collateral_mint else None
-    join = _pubkey(join_authority, "--join-authority") if join_authority else None
-    address = _run(rpc, rpc_2, program_id, lambda c: create(c, payer, run_id, client_version, join,
+    join = parse_pubkey(join_authority, "--join-authority") if join_authority else None
+    address = run_rpc(rpc, rpc_2, program_id, lambda c: create(c, payer, run_id, client_version, join,
                                                  treasurer_index, mint))
     typer.echo(f"created run {run_id!r}: coordinator account {address}")
 
@@ -95,15 +95,15 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
                       "num_parameters": num_parameters, "vocab_size": vocab_size}
     metadata_given = {key: value for key, value in metadata_flags.items() if value is not None}
     if problems := RunMetadata(**metadata_given).problems():  # type: ignore[arg-type]  # str and int fields by name
-        raise _fail(f"{problems[0]}: nothing was updated", EXIT_BAD_ARGUMENT)
-    authority = _keypair(wallet)
+        raise fail(f"{problems[0]}: nothing was updated", EXIT_BAD_ARGUMENT)
+    authority = signing_keypair(wallet)
     try:
         update = load_run_config(config_path, run_id, client_version) if config_path else None
     except ConfigError as error:
-        raise _fail(f"invalid config:\n{error}", EXIT_BAD_ARGUMENT) from None
+        raise fail(f"invalid config:\n{error}", EXIT_BAD_ARGUMENT) from None
     if (update is None and client_version is None and restart_from_step is None
             and not switch_to_hub and not metadata_given):
-        raise _fail("nothing to update: give --config-path, --client-version, "
+        raise fail("nothing to update: give --config-path, --client-version, "
                     "--restart-from-step, --switch-to-hub and/or the metadata (--name, "
                     "--description, --num-parameters, --vocab-size)", EXIT_BAD_ARGUMENT)
     for note in update.notes if update else []:
@@ -111,12 +111,12 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
 
     async def work(client: Any) -> None:
         run = await find_run(client, run_id, treasurer_index)
-        signer = _authority_of(run, authority)
+        signer = authority_of(run, authority)
         current = run.account.state
         config = update.config if update else current.config if current else None
         model = update.model if update else current.model if current else None
         if (restart_from_step is not None or switch_to_hub) and (config is None or model is None):
-            raise _fail(f"run {run_id!r} has no config and model yet: give --config-path",
+            raise fail(f"run {run_id!r} has no config and model yet: give --config-path",
                         EXIT_BAD_ARGUMENT)
         instructions = []
         if update is not None:
@@ -141,7 +141,7 @@ def update_config(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
         if metadata_given:
             await set_metadata(client, run, authority, metadata_given)
 
-    _run(rpc, rpc_2, program_id, work)
+    run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"updated run {run_id!r}")
 
 
@@ -171,7 +171,7 @@ def hub_of(checkpoint: Any) -> Any:
     return checkpoint
 
 
-def _authority_of(run: Any, authority: Any) -> Any:
+def authority_of(run: Any, authority: Any) -> Any:
     """The key the coordinator sees as signer: the treasurer's Run PDA for treasurer runs."""
     from psyche_solana import instructions as ix
 
@@ -188,14 +188,14 @@ def set_paused(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rp
     from psyche_solana import instructions as ix
     from psyche_solana.runs import admin, find_run
 
-    authority = _keypair(wallet)
+    authority = signing_keypair(wallet)
 
     async def work(client: Any) -> None:
         run = await find_run(client, run_id, treasurer_index)
         await admin(client, run, authority, [
-            ix.set_paused(run.address, _authority_of(run, authority), not resume)])
+            ix.set_paused(run.address, authority_of(run, authority), not resume)])
 
-    _run(rpc, rpc_2, program_id, work)
+    run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"run {run_id!r} {'resumed' if resume else 'paused'}")
 
 
@@ -213,9 +213,9 @@ def set_future_epoch_rates(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCA
     from psyche_solana.runs import admin, find_run, mint_decimals
 
     if earning_rate_total_shared is None and slashing_rate_per_client is None:
-        raise _fail("nothing to set: give --earning-rate-total-shared and/or "
+        raise fail("nothing to set: give --earning-rate-total-shared and/or "
                     "--slashing-rate-per-client", EXIT_BAD_ARGUMENT)
-    authority = _keypair(wallet)
+    authority = signing_keypair(wallet)
 
     async def work(client: Any) -> tuple[int | None, int | None]:
         run = await find_run(client, run_id, treasurer_index)
@@ -228,10 +228,10 @@ def set_future_epoch_rates(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCA
             for text, flag in ((earning_rate_total_shared, "--earning-rate-total-shared"),
                                (slashing_rate_per_client, "--slashing-rate-per-client")))
         await admin(client, run, authority, [ix.set_future_epoch_rates(
-            run.address, _authority_of(run, authority), earning, slashing)])
+            run.address, authority_of(run, authority), earning, slashing)])
         return earning, slashing
 
-    earning, slashing = _run(rpc, rpc_2, program_id, work)
+    earning, slashing = run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"future epoch rates of {run_id!r} set (points per epoch: earning {earning}, "
                f"slashing {slashing})")
 
@@ -248,7 +248,7 @@ def json_dump_run(run_id: RunId, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
         run = await find_run(client, run_id, treasurer_index)
         return run_json(run, await read_metadata(client, run.address))
 
-    typer.echo(json.dumps(_run(rpc, rpc_2, program_id, work), indent=2))
+    typer.echo(json.dumps(run_rpc(rpc, rpc_2, program_id, work), indent=2))
 
 
 def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
@@ -260,7 +260,7 @@ def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
     from psyche_solana.dump import user_json
     from psyche_solana.runs import find_run
 
-    user = _pubkey(address, "--address")
+    user = parse_pubkey(address, "--address")
 
     async def work(client: Any) -> dict[str, Any]:
         run = await find_run(client, run_id, treasurer_index)
@@ -271,7 +271,7 @@ def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
             participant = decode_participant(data) if data else None
         return user_json(run, user, await client.balance(user), participant)
 
-    typer.echo(json.dumps(_run(rpc, rpc_2, program_id, work), indent=2))
+    typer.echo(json.dumps(run_rpc(rpc, rpc_2, program_id, work), indent=2))
 
 
 def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
@@ -284,7 +284,7 @@ def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
         found = await runs(client)
         return found, await metadata_of_runs(client, [address for address, _ in found])
 
-    found, metadata = _run(rpc, rpc_2, program_id, work)
+    found, metadata = run_rpc(rpc, rpc_2, program_id, work)
     for address, account in found:
         step = account.state.progress.step if account.state else "-"
         name = metadata[address].name if address in metadata else ""
@@ -303,7 +303,7 @@ def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: R
     from psyche_solana.rpc import ProgramError
     from psyche_solana.runs import find_run
 
-    payer = _keypair(wallet)
+    payer = signing_keypair(wallet)
 
     async def work(client: Any) -> int:
         run = await find_run(client, run_id)
@@ -317,4 +317,4 @@ def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: R
             await asyncio.sleep(max(0.0, started + sent * ms_interval / 1000 - time.monotonic()))
         return sent
 
-    typer.echo(f"sent {_run(rpc, rpc_2, program_id, work)} ticks")
+    typer.echo(f"sent {run_rpc(rpc, rpc_2, program_id, work)} ticks")

@@ -28,8 +28,8 @@ from run_manager.commands.solana_common import (
     Rpc,
     Rpc2,
     TreasurerIndex,
-    _fail,
-    _run,
+    fail,
+    run_rpc,
 )
 
 STORAGE_PANEL = "Run data (Google Cloud Storage)"
@@ -53,10 +53,10 @@ def _gcs_failure(error: BaseException, what: str) -> typer.Exit:
     from google.api_core import exceptions
 
     if isinstance(error, exceptions.NotFound):
-        return _fail(f"{what}: not found")
+        return fail(f"{what}: not found")
     if isinstance(error, exceptions.Forbidden | exceptions.Unauthorized):
-        return _fail(f"{what}: access denied (set GOOGLE_APPLICATION_CREDENTIALS)")
-    return _fail(f"{what}: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
+        return fail(f"{what}: access denied (set GOOGLE_APPLICATION_CREDENTIALS)")
+    return fail(f"{what}: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
 
 
 def _object(prefix: str, name: str) -> str:
@@ -70,15 +70,15 @@ def _location(run_id: str | None, bucket: str | None, prefix: str | None, rpc: s
     from psyche_solana.runs import find_run
 
     if (run_id is None) == (bucket is None):
-        raise _fail("give exactly one of -r/--run-id and --bucket", EXIT_BAD_ARGUMENT)
+        raise fail("give exactly one of -r/--run-id and --bucket", EXIT_BAD_ARGUMENT)
     if bucket is not None:
         return bucket, prefix or ""
     if prefix is not None:
-        raise _fail("--prefix goes with --bucket (with -r the run names it)", EXIT_BAD_ARGUMENT)
+        raise fail("--prefix goes with --bucket (with -r the run names it)", EXIT_BAD_ARGUMENT)
     assert run_id is not None  # exactly one of run_id and bucket, checked above
-    run = _run(rpc, rpc_2, program_id, lambda c: find_run(c, run_id, treasurer_index))
+    run = run_rpc(rpc, rpc_2, program_id, lambda c: find_run(c, run_id, treasurer_index))
     if run.account.state is None:
-        raise _fail(f"run {run_id!r} has no config yet (update-config)")
+        raise fail(f"run {run_id!r} has no config yet (update-config)")
     found: tuple[str, str] = of_run(run_id, run.account.state)
     return found
 
@@ -88,7 +88,7 @@ def _data_location(run_id: str, state: Any) -> tuple[str, str]:
 
     location = getattr(state.model.data_location, "location", None)
     if not isinstance(location, GcpBucket):
-        raise _fail(f"run {run_id!r} reads its data from {type(state.model.data_location).__name__}"
+        raise fail(f"run {run_id!r} reads its data from {type(state.model.data_location).__name__}"
                     ", not a GCS bucket: give --bucket")
     return location.bucket_name, location.filter_directory
 
@@ -99,7 +99,7 @@ def _checkpoint_location(run_id: str, state: Any) -> tuple[str, str]:
     checkpoint = state.model.checkpoint
     if not isinstance(checkpoint, GcsCheckpoint | P2PGcsCheckpoint):
         where = getattr(checkpoint, "repo_id", "")
-        raise _fail(f"run {run_id!r} keeps its checkpoints as {type(checkpoint).__name__}"
+        raise fail(f"run {run_id!r} keeps its checkpoints as {type(checkpoint).__name__}"
                     + (f" ({where} on the Hugging Face Hub)" if where else "")
                     + ", not in GCS: give --bucket")
     return checkpoint.bucket, checkpoint.prefix or ""
@@ -111,10 +111,10 @@ def upload_data(path: Annotated[Path, typer.Argument(help="A file or a folder (r
                 treasurer_index: TreasurerIndex = None) -> None:
     """Upload training data to the run's GCS data bucket (or --bucket)."""
     if not path.exists():
-        raise _fail(f"{path}: no such file or folder", EXIT_BAD_ARGUMENT)
+        raise fail(f"{path}: no such file or folder", EXIT_BAD_ARGUMENT)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     if not files:
-        raise _fail(f"{path}: no files to upload", EXIT_BAD_ARGUMENT)
+        raise fail(f"{path}: no files to upload", EXIT_BAD_ARGUMENT)
     target, folder = _location(run_id, bucket, prefix, rpc, rpc_2, program_id, treasurer_index,
                                _data_location)
     where = f"gs://{target}/{folder.strip('/')}".rstrip("/")
@@ -126,7 +126,7 @@ def upload_data(path: Annotated[Path, typer.Argument(help="A file or a folder (r
             destination.blob(_object(folder, relative)).upload_from_filename(str(file))
             sent += file.stat().st_size
     except OSError as error:
-        raise _fail(f"uploading to {where}: {error}") from None
+        raise fail(f"uploading to {where}: {error}") from None
     except Exception as error:
         raise _gcs_failure(error, f"uploading to {where}") from None
     typer.echo(f"uploaded {len(files)} file(s), {sent} bytes, to {where}")
@@ -152,24 +152,24 @@ def download_results(run_id: OptionalRunId = None, bucket: Bucket = None, prefix
             listed = storage.list_blobs(prefix=_object(folder, ""), delimiter="/")
             wanted = {blob.name.rsplit("/", 1)[-1]: blob.size for blob in listed}
         if not wanted:
-            raise _fail(f"{where}: no checkpoint files there", EXIT_FAILED)
+            raise fail(f"{where}: no checkpoint files there", EXIT_FAILED)
         step = manifest["metadata"].get("step") if manifest else None
         name = f"{run_id or source}-step{step}" if step is not None else f"{run_id or source}-latest"
         target = output_dir / name
         target.mkdir(parents=True, exist_ok=True)
         for filename, size in sorted(wanted.items()):
             if "/" in filename or filename in ("", ".", ".."):
-                raise _fail(f"{where}/{MANIFEST}: refusing the file name {filename!r}")
+                raise fail(f"{where}/{MANIFEST}: refusing the file name {filename!r}")
             local = target / filename
             storage.blob(_object(folder, filename)).download_to_filename(str(local))
             if size is not None and local.stat().st_size != size:
-                raise _fail(f"{where}/{filename}: {local.stat().st_size} bytes, expected {size}")
+                raise fail(f"{where}/{filename}: {local.stat().st_size} bytes, expected {size}")
         if manifest is not None:
             (target / MANIFEST).write_text(json.dumps(manifest, indent=2))
     except typer.Exit:
         raise
     except OSError as error:
-        raise _fail(f"downloading from {where}: {error}") from None
+        raise fail(f"downloading from {where}: {error}") from None
     except Exception as error:
         raise _gcs_failure(error, f"downloading from {where}") from None
     typer.echo(f"downloaded {len(wanted)} file(s) from {where} to {target}")
@@ -184,7 +184,7 @@ def _manifest(raw: bytes, where: str) -> dict[str, Any]:
                 isinstance(entry["filename"], str) for entry in files):
             raise TypeError("bad field types")
     except (ValueError, KeyError, TypeError, RecursionError) as error:
-        raise _fail(f"{where}/{MANIFEST} is not a checkpoint manifest ({error})") from None
+        raise fail(f"{where}/{MANIFEST} is not a checkpoint manifest ({error})") from None
     return dict(manifest)
 
 

@@ -21,11 +21,11 @@ from run_manager.commands.solana_common import (
     Rpc,
     Rpc2,
     TreasurerIndex,
-    _fail,
-    _keypair,
-    _pubkey,
-    _run,
+    fail,
     parse_amount,
+    parse_pubkey,
+    run_rpc,
+    signing_keypair,
 )
 
 LAMPORTS_DECIMALS = 9
@@ -43,11 +43,11 @@ def _target(wallet: Path | None, address: str | None) -> Any:
 
     if address is not None:
         if wallet is not None:
-            raise _fail("give one of --wallet and --address", EXIT_BAD_ARGUMENT)
-        return _pubkey(address, "--address")
+            raise fail("give one of --wallet and --address", EXIT_BAD_ARGUMENT)
+        return parse_pubkey(address, "--address")
     if wallet is None and not os.environ.get("RAW_WALLET_PRIVATE_KEY"):
-        raise _fail("give --wallet (or RAW_WALLET_PRIVATE_KEY) or --address", EXIT_BAD_ARGUMENT)
-    return _keypair(wallet).pubkey()
+        raise fail("give --wallet (or RAW_WALLET_PRIVATE_KEY) or --address", EXIT_BAD_ARGUMENT)
+    return signing_keypair(wallet).pubkey()
 
 
 def _sol(lamports: int) -> str:
@@ -60,14 +60,14 @@ def airdrop(amount: Annotated[str, typer.Argument(help="SOL to request.")] = "1"
     """Request SOL from the cluster's faucet (local and test clusters only)."""
     lamports = parse_amount(amount, LAMPORTS_DECIMALS, "amount")
     if lamports == 0:
-        raise _fail("amount: ask for more than 0 SOL", EXIT_BAD_ARGUMENT)
+        raise fail("amount: ask for more than 0 SOL", EXIT_BAD_ARGUMENT)
     target = _target(wallet, address)
 
     async def work(client: Any) -> int:
         await client.airdrop(target, lamports)
         return int(await client.balance(target))
 
-    balance = _run(rpc, rpc_2, None, work)
+    balance = run_rpc(rpc, rpc_2, None, work)
     typer.echo(f"airdropped {_sol(lamports)} to {target}; balance {_sol(balance)}")
 
 
@@ -101,7 +101,7 @@ def balance(wallet: AnyWallet = None, address: Address = None, rpc: Rpc = LOCALN
                   f"{status.claimable} claimable (1 point = 1 base unit)"]
         return lines
 
-    for line in _run(rpc, rpc_2, program_id, work):
+    for line in run_rpc(rpc, rpc_2, program_id, work):
         typer.echo(line)
 
 
@@ -113,14 +113,14 @@ def create_mint(wallet: AnyWallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 =
 
     from psyche_solana import instructions as ix
 
-    payer, mint = _keypair(wallet), Keypair()
+    payer, mint = signing_keypair(wallet), Keypair()
 
     async def work(client: Any) -> None:
         rent = await client.minimum_balance(ix.MINT_SIZE)
         await client.send_instructions(ix.create_mint(payer.pubkey(), mint.pubkey(), rent,
                                                       decimals, payer.pubkey()), payer, [mint])
 
-    _run(rpc, rpc_2, None, work)
+    run_rpc(rpc, rpc_2, None, work)
     typer.echo(f"mint {mint.pubkey()}: {decimals} decimals, authority {payer.pubkey()}")
 
 
@@ -135,9 +135,9 @@ def mint_tokens(mint: Annotated[str, typer.Option(help="The mint (yours: you sig
     from psyche_solana import instructions as ix
     from psyche_solana.runs import mint_decimals
 
-    authority = _keypair(wallet)
-    token_mint = _pubkey(mint, "--mint")
-    owner = _pubkey(to, "--to") if to else authority.pubkey()
+    authority = signing_keypair(wallet)
+    token_mint = parse_pubkey(mint, "--mint")
+    owner = parse_pubkey(to, "--to") if to else authority.pubkey()
 
     async def work(client: Any) -> tuple[int, int]:
         decimals = await mint_decimals(client, token_mint)
@@ -148,7 +148,7 @@ def mint_tokens(mint: Annotated[str, typer.Option(help="The mint (yours: you sig
             ix.mint_to(token_mint, account, authority.pubkey(), base_units)], authority)
         return base_units, ix.token_amount(await client.account_data(account) or b"")
 
-    minted, held = _run(rpc, rpc_2, None, work)
+    minted, held = run_rpc(rpc, rpc_2, None, work)
     typer.echo(f"minted {minted} base units of {token_mint} to {owner}; it holds {held}")
 
 
