@@ -13,7 +13,12 @@ Public surface (import from the submodules; they are loaded lazily from here too
     client          ProtocolConnection.connect(host, port, identity, run_id, p2p_address,
                     observe=False) -> (connection, welcome); JoinRefused
     server          CoordinatorServer(coordinator, ServerOptions, p2p_addresses=, clock=,
-                    seed_source=, resumed=); await start()/stop(); publish(); pending
+                    seed_source=, resumed=); await start()/stop(); publish(); pending;
+                    the run's rules: pending_clients, needed_addresses,
+                    apply_client_event, waiting_notices
+    server_options  ServerOptions (what the server is told), ServerStats (what it counts)
+    connections     Connections (listening, handshake, reading), Peer (a joined connection)
+    broadcaster     StateBroadcaster (one broadcast's messages), fan_out
     persistence     StateStore(dir).save(encoded, addresses) / .load()
     data_protocol   DataWelcome, DataRequest, DataResponse, DataRejected
     data_server     DataServer(DataServerConfig, run_id, members, DataServerOptions)
@@ -34,11 +39,11 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
     from coordinator_tcp.persistence import StateStore
     from coordinator_tcp.runner import RunOptions, run_coordinator
     from coordinator_tcp.server import CoordinatorServer
-    from coordinator_tcp.server_parts import ServerOptions
+    from coordinator_tcp.server_options import ServerOptions
 
 _LAZY = {
     "CoordinatorServer": "coordinator_tcp.server",
-    "ServerOptions": "coordinator_tcp.server_parts",
+    "ServerOptions": "coordinator_tcp.server_options",
     "DataServer": "coordinator_tcp.data_server",
     "DataServerOptions": "coordinator_tcp.data_server",
     "ProtocolConnection": "coordinator_tcp.client",

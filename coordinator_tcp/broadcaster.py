@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 
 from coordinator import CoordinatorState, encode_state
 from coordinator_tcp.addresses import AddressBook
+from coordinator_tcp.connections import Peer
 from coordinator_tcp.protocol import StateUpdate
-from coordinator_tcp.server_parts import _Peer
 from coordinator_tcp.state_delta import StateDeltas
 from psyche_common.tcp.framing import encode_frame
 
@@ -80,8 +80,8 @@ class StateBroadcaster:
             sent_at=time.time(), joined=joined).to_frame()
 
 
-def fan_out(peers: Iterable[_Peer], payload: bytes,
-            observer_payload: bytes | None = None) -> list[_Peer]:
+def fan_out(peers: Iterable[Peer], payload: bytes,
+            observer_payload: bytes | None = None) -> list[Peer]:
     """Write `payload` to each of `peers` (`observer_payload`, if given, to the observers);
     the peers too far behind to take it, which the caller disconnects."""
     frame = encode_frame(payload)

@@ -1,5 +1,6 @@
-"""The coordinator server's connections: listening, the signed handshake, and reading each
-client's events until it leaves.
+"""The coordinator server's connections: listening, the signed handshake, each connected
+peer (`Peer`: who it is, and writing to it without waiting), and reading each client's
+events until it leaves.
 
 What a join, an event or a leave does to the run is the server's (`Served`, server.py);
 this module only turns a connection's bytes into those three calls. Untrusted input stops
@@ -17,28 +18,59 @@ import asyncio
 import logging
 from typing import Protocol
 
+from coordinator import NodeIdentity
 from coordinator_tcp.protocol import Join, ProtocolError, decode_client_message
-from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
+from coordinator_tcp.server_options import ServerOptions, ServerStats
 from psyche_common.tcp.admission import AcceptGate
-from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, read_frame
+from psyche_common.tcp.framing import SERVER_MAX_FRAME, FrameError, encode_frame, read_frame
 from psyche_common.tcp.handshake import JoinRejected, accept_join, send_fatal
 from psyche_common.tcp.listener import Listener
 
 log = logging.getLogger(__name__)
 
+# A client that stops reading is cut off rather than let our buffers grow without bound.
+MAX_OUTGOING_BUFFER = 64 * 1024 * 1024
+
+
+class Peer:
+    """One joined connection (a client, or a read-only observer): who it is, the p2p
+    address it joined with, and what the server last told it."""
+
+    def __init__(self, identity: NodeIdentity, address: str, writer: asyncio.StreamWriter,
+                 observer: bool = False):
+        self.identity = identity
+        self.p2p_address = address
+        self.writer = writer
+        self.observer = observer
+        self.notice: str | None = None  # the code of the last Notice it was sent
+        # (state seq, address map version) it last asked for whole (ResyncAddresses)
+        self.resynced_version: tuple[int, int] | None = None
+
+    def send(self, payload: bytes) -> bool:
+        """Queue `payload` as a frame without waiting; False if the peer is too far behind."""
+        return self.send_frame(encode_frame(payload))
+
+    def send_frame(self, frame: bytes) -> bool:
+        """Queue a framed message without waiting; False if the peer is too far behind."""
+        transport = self.writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size() > MAX_OUTGOING_BUFFER:
+            return False
+        transport.write(frame)
+        return True
+
 
 class Served(Protocol):
     """What the connections report to the server."""
 
-    def joined(self, message: Join, writer: asyncio.StreamWriter) -> _Peer:
+    def joined(self, message: Join, writer: asyncio.StreamWriter) -> Peer:
         """A verified Join: welcome it and return its peer."""
         ...
 
-    def event(self, peer: _Peer, message: object) -> None:
+    def event(self, peer: Peer, message: object) -> None:
         """One message from a joined peer (answered as it comes)."""
         ...
 
-    def left(self, peer: _Peer) -> None:
+    def left(self, peer: Peer) -> None:
         """The peer's connection ended, whatever the reason."""
         ...
 
@@ -98,7 +130,7 @@ class Connections:
         self.stats.note(f"handshake: {cause!r}")
 
     async def _handshake(self, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> _Peer | None:
+                         writer: asyncio.StreamWriter) -> Peer | None:
         try:
             message = await accept_join(reader, writer, run_id=self.run_id,
                                         decode=decode_client_message, max_frame=SERVER_MAX_FRAME,
@@ -109,7 +141,7 @@ class Connections:
             return None
         return self.served.joined(message, writer)
 
-    async def _serve(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
+    async def _serve(self, peer: Peer, reader: asyncio.StreamReader) -> None:
         while True:
             try:
                 frame = await read_frame(reader, SERVER_MAX_FRAME)

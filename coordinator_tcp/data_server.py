@@ -72,7 +72,7 @@ class ServedSamples(Protocol):
 class DataServerOptions:
     host: str = "127.0.0.1"
     port: int = 20001
-    handshake_timeout_s: float = 10.0  # as the coordinator server's (server_parts.py)
+    handshake_timeout_s: float = 10.0  # as the coordinator server's (server_options.py)
     max_handshakes: int = 1024
     max_handshakes_per_address: int = 8
     # Requests are tiny; a client frame bigger than this is garbage.

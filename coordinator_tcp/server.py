@@ -16,7 +16,14 @@ one at a time.
 
 Untrusted input is handled at the edge (`coordinator_tcp.connections`: the handshake,
 size-limited frames, garbage answered with an error and a disconnect); this module
-decides what a join, an event or a leave does to the run.
+decides what a join, an event or a leave does to the run. Its rules are pure functions
+of the coordinator's state and the connected clients, at the end of this file: who the
+server counts in (`pending_clients`) and whose addresses the clients need
+(`needed_addresses`), what a joined client's message asks of the coordinator
+(`apply_client_event`: the coordinator checks the rest and says `Rejected` when the
+event does not apply), and what a client left out of the epoch is told
+(`waiting_notices`: the epoch is full, as Psyche caps it at `MAX_CLIENTS`, or started
+before it joined; once it is in, that it takes part).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from coordinator import (
     MAX_CLIENTS,
@@ -41,25 +48,32 @@ from coordinator import (
 )
 from coordinator_tcp.addresses import AddressBook
 from coordinator_tcp.broadcaster import StateBroadcaster, fan_out
-from coordinator_tcp.client_events import apply_client_event
-from coordinator_tcp.connections import Connections
-from coordinator_tcp.membership import needed_addresses, pending_clients
+from coordinator_tcp.connections import Connections, Peer
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
+    CheckpointReport,
     ErrorReply,
+    HealthCheck,
     Heartbeat,
     Join,
     Notice,
+    NoticeCode,
     ResyncAddresses,
+    VerificationReportMessage,
+    WarmupWitness,
     Welcome,
     Withdraw,
+    WitnessSubmit,
     encode,
 )
-from coordinator_tcp.server_parts import ServerOptions, ServerStats, _Peer
-from coordinator_tcp.waiting_notices import waiting_notices
+from coordinator_tcp.server_options import ServerOptions, ServerStats
 from psyche_common.tcp.framing import encode_frame
 
 log = logging.getLogger(__name__)
+
+__all__ = ["CoordinatorServer", "ServerOptions", "ServerStats", "apply_client_event",
+           "needed_addresses", "pending_clients", "waiting_notices"]
+
 
 class CoordinatorServer:
     def __init__(
@@ -77,9 +91,9 @@ class CoordinatorServer:
         self.clock = clock
         self.seed_source = seed_source
         self.stats = ServerStats()
-        self.peers: dict[NodeIdentity, _Peer] = {}  # joined, in join order
+        self.peers: dict[NodeIdentity, Peer] = {}  # joined, in join order
         # Read-only connections (Join.observe): they get broadcasts, never join the run.
-        self.observers: set[_Peer] = set()
+        self.observers: set[Peer] = set()
         self.addresses = AddressBook(p2p_addresses)
         self.store = StateStore(options.save_state_dir) if options.save_state_dir else None
         self.connections = Connections(options, self.stats, coordinator.state.run_id, self)
@@ -289,7 +303,7 @@ class CoordinatorServer:
             log.warning("client %r is not reading: disconnecting", peer.identity)
             peer.writer.close()
 
-    def _answer_resync(self, peer: _Peer) -> None:
+    def _answer_resync(self, peer: Peer) -> None:
         """The state and the address map whole again, to a connection that asked: once
         per state and map (asking again brings nothing new, so asking costs the server
         at most one whole state per change)."""
@@ -299,7 +313,7 @@ class CoordinatorServer:
         peer.resynced_version = version
         peer.send(self.state_message(observer=peer.observer))
 
-    def _notify_waiting(self, peers: Iterable[_Peer],
+    def _notify_waiting(self, peers: Iterable[Peer],
                         pending: list[NodeIdentity] | None = None) -> None:
         """Tell each of `peers` left out of the epoch why and what it waits for (and,
         once it is in, that it takes part): one Notice each time that changes.
@@ -310,13 +324,13 @@ class CoordinatorServer:
             peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
 
     # ------------------------------------------------------------------ clients (Served)
-    def joined(self, message: Join, writer: asyncio.StreamWriter) -> _Peer:
+    def joined(self, message: Join, writer: asyncio.StreamWriter) -> Peer:
         """A verified Join: an observer gets the state; a client takes its place among
         the peers (the newest connection of a key wins), its address is recorded and it
         gets the state and what it waits for."""
         identity = NodeIdentity(message.identity)
         if message.observe:
-            observer = _Peer(identity, message.p2p_address, writer, observer=True)
+            observer = Peer(identity, message.p2p_address, writer, observer=True)
             self.observers.add(observer)
             writer.write(encode_frame(encode(Welcome(identity=identity.key))))
             observer.send(self.state_message(observer=True))
@@ -325,7 +339,7 @@ class CoordinatorServer:
         previous = self.peers.pop(identity, None)
         if previous is not None:  # the same key reconnected: the newest connection wins
             previous.writer.close()
-        peer = _Peer(identity, message.p2p_address, writer)
+        peer = Peer(identity, message.p2p_address, writer)
         self.peers[identity] = peer
         moved = self.addresses.get(identity.key.hex()) != message.p2p_address
         self.addresses.set(identity.key.hex(), message.p2p_address)
@@ -344,7 +358,7 @@ class CoordinatorServer:
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
         return peer
 
-    def event(self, peer: _Peer, message: object) -> None:
+    def event(self, peer: Peer, message: object) -> None:
         """Apply one client event now, answer a rejected one, broadcast at the end of
         this turn of the loop (`_publish_soon`)."""
         rejected = self._apply(peer, message)
@@ -353,7 +367,7 @@ class CoordinatorServer:
             peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))
         self._publish_soon()
 
-    def _apply(self, peer: _Peer, message: object) -> Rejected | None:
+    def _apply(self, peer: Peer, message: object) -> Rejected | None:
         sender, now = peer.identity, self.now()
         if isinstance(message, ResyncAddresses):
             self._answer_resync(peer)
@@ -365,7 +379,7 @@ class CoordinatorServer:
             self.peers.pop(sender, None)  # leaving for good: not a client to tick with
         return apply_client_event(self.coordinator, sender, message, now, self.seed_source)
 
-    def left(self, peer: _Peer) -> None:
+    def left(self, peer: Peer) -> None:
         if peer.observer:
             self.observers.discard(peer)
             peer.writer.close()
@@ -392,3 +406,92 @@ class CoordinatorServer:
             self._publish_soon()
         peer.writer.close()
         log.info("client %r disconnected", peer.identity)
+
+
+# ---------------------------------------------------------------------- the run's rules
+def pending_clients(state: CoordinatorState,
+                    connected: Collection[NodeIdentity]) -> list[NodeIdentity]:
+    """Connected clients asking to take part, in join order.
+
+    As in Psyche, clients the coordinator removed this epoch (Dropped by a health check,
+    Ejected) are left out, so a faulty client sits out one epoch. Clients that were
+    Withdrawn (they left or their connection dropped) and came back are welcome. And when
+    leaving the removed ones out would keep the run from ever starting (fewer than
+    init_min_clients otherwise), they are let in too: liveness first.
+    """
+    removed = {c.id for c in state.epoch_state.exited_clients
+               if c.state in (ClientState.Dropped, ClientState.Ejected)}
+    preferred = [node for node in connected if node not in removed]
+    if (state.run_state is RunState.WaitingForMembers
+            and len(preferred) < state.config.init_min_clients <= len(connected)):
+        return list(connected)
+    return preferred
+
+
+def needed_addresses(state: CoordinatorState, connected: Collection[NodeIdentity]) -> set[str]:
+    """Whose addresses (hex keys) the clients need: those connected (asking to take part)
+    and the epoch's, listed and exited. The rest (clients that left) are dropped."""
+    epoch = state.epoch_state
+    return {*(node.key.hex() for node in connected),
+            *(client.id.key.hex() for client in epoch.clients),
+            *(client.id.key.hex() for client in epoch.exited_clients)}
+
+
+def apply_client_event(coordinator: Coordinator, sender: NodeIdentity, message: object,
+                       now: int, seed_source: Callable[[], int]) -> Rejected | None:
+    """Apply `message` from `sender` at `now`; None when applied (or nothing to do)."""
+    if isinstance(message, WarmupWitness):
+        return coordinator.warmup_witness(sender, message.witness.to_witness(), now,
+                                          seed_source())
+    if isinstance(message, WitnessSubmit):
+        return coordinator.witness(sender, message.witness.to_witness(), now)
+    if isinstance(message, HealthCheck):
+        return coordinator.health_check(sender, [c.to_pair() for c in message.checks])
+    if isinstance(message, CheckpointReport):
+        repo = message.hub or message.gcs
+        if repo is None:
+            return Rejected(CoordinatorError.InvalidCheckpoint, "neither hub nor gcs given")
+        return coordinator.checkpoint(sender, message.index, repo)
+    if isinstance(message, VerificationReportMessage):
+        return coordinator.verification_report(sender, message.to_report(sender))
+    if isinstance(message, Withdraw):
+        index = coordinator.state.index_of(sender)
+        return None if index is None else coordinator.withdraw(index)
+    if isinstance(message, Join):
+        return Rejected(CoordinatorError.WrongRunState, "already joined")
+    return None
+
+
+_TRAINING = (RunState.Warmup, RunState.RoundTrain, RunState.RoundWitness, RunState.Cooldown)
+
+
+def waiting_notices(state: CoordinatorState, pending: list[NodeIdentity],
+                    peers: Iterable[Peer]) -> Iterator[tuple[Peer, NoticeCode, str]]:
+    """(peer, code, text) for each of `peers` with something new to be told (a notice
+    other than the last it got); `pending` are the clients asking to take part, in join
+    order."""
+    run_state = state.run_state
+    if run_state is RunState.WaitingForMembers:
+        positions = {node: i for i, node in enumerate(pending)}
+        for peer in peers:
+            position = positions.get(peer.identity)
+            if position is not None and position >= MAX_CLIENTS and peer.notice != "epoch_full":
+                yield peer, "epoch_full", (
+                    f"the epoch is full ({MAX_CLIENTS} clients): waiting for the next one "
+                    f"({position} clients joined before this one)")
+        return
+    if run_state not in _TRAINING:
+        return  # paused, finished: the state says what the run waits for
+    listed = {client.id for client in state.epoch_state.clients}
+    # The same words for every waiting peer: made once per state, not once per peer.
+    left_out: tuple[NoticeCode, str] = (
+        ("epoch_full", f"the epoch is full ({MAX_CLIENTS} clients): waiting for the next one")
+        if len(listed) >= MAX_CLIENTS else
+        ("epoch_started", f"the epoch started before this client joined ({run_state.name}, "
+                          f"{len(listed)} clients): waiting for the next one"))
+    for peer in peers:
+        if peer.identity in listed:
+            if peer.notice is not None and peer.notice != "taking_part":
+                yield peer, "taking_part", "taking part in the epoch"
+        elif peer.notice != left_out[0]:
+            yield peer, *left_out

@@ -1,6 +1,6 @@
 """The client's domain messages (coordinator/messages.py) and the TCP backend's wire for
 them: every message the runtime gives the typed port reaches the server, decoded as the
-server decodes it (`coordinator_tcp.client_events`), as the same values."""
+server decodes it (`coordinator_tcp.server.apply_client_event`), as the same values."""
 
 from __future__ import annotations
 

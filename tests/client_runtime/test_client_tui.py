@@ -13,7 +13,7 @@ from client_image.runtime.observability import EventLog
 from client_image.runtime.tui import ClientApp
 from coordinator import Coordinator, load_state_file
 from coordinator_tcp.server import CoordinatorServer
-from coordinator_tcp.server_parts import ServerOptions
+from coordinator_tcp.server_options import ServerOptions
 from psyche_common.identity import Identity
 from psyche_common.ui.run_panel import RunPanel
 

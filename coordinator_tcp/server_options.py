@@ -1,18 +1,11 @@
-"""The server's options, counters and its view of one connected peer."""
+"""What the coordinator server is told (`ServerOptions`) and what it counts (`ServerStats`)."""
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from coordinator import NodeIdentity
-from psyche_common.tcp.framing import encode_frame
-
-# A client that stops reading is cut off rather than let our buffers grow without bound.
-MAX_OUTGOING_BUFFER = 64 * 1024 * 1024
 
 
 @dataclass
@@ -60,27 +53,3 @@ class ServerStats:
         ordered = sorted(self.broadcast_seconds)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         return statistics.median(ordered) * 1000, p99 * 1000
-
-
-class _Peer:
-    def __init__(self, identity: NodeIdentity, address: str, writer: asyncio.StreamWriter,
-                 observer: bool = False):
-        self.identity = identity
-        self.p2p_address = address
-        self.writer = writer
-        self.observer = observer
-        self.notice: str | None = None  # the code of the last Notice it was sent
-        # (state seq, address map version) it last asked for whole (ResyncAddresses)
-        self.resynced_version: tuple[int, int] | None = None
-
-    def send(self, payload: bytes) -> bool:
-        """Queue `payload` as a frame without waiting; False if the peer is too far behind."""
-        return self.send_frame(encode_frame(payload))
-
-    def send_frame(self, frame: bytes) -> bool:
-        """Queue a framed message without waiting; False if the peer is too far behind."""
-        transport = self.writer.transport
-        if transport.is_closing() or transport.get_write_buffer_size() > MAX_OUTGOING_BUFFER:
-            return False
-        transport.write(frame)
-        return True
