@@ -3,19 +3,21 @@
 ``train`` joins a run through a TCP coordinator or Solana; ``show-identity`` (and Psyche's
 ``show-static-p2p-identity`` / ``create-static-p2p-identity``, client_image/identity_cli.py)
 print the node's keys; ``plan`` and ``predownload`` (client_image/predownload_cli.py) prepare a run.
-Every ``train`` option also reads its upper-snake environment variable, as Psyche's
-client does (``RUN_ID``, ``MICRO_BATCH_SIZE``, ``DATA_PARALLELISM``…).
+``train``'s options are the fields of one ``ClientConfig`` (client_image/client_config.py),
+made into Typer options by client_image/config_typer.py; each also reads its upper-snake
+environment variable, as Psyche's client does (``RUN_ID``, ``MICRO_BATCH_SIZE``…).
 Import-light on purpose: heavy modules (torch, iroh) load inside commands.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, cast
 
 import typer
 
 from client_image import identity_cli, plan_cli, predownload_cli, sidecar_cli, train_support
+from client_image.client_config import ClientConfig
+from client_image.config_typer import client_config_options
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 from psyche_common.stopping import exit_on_signals
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
@@ -41,203 +43,9 @@ sidecar_cli.register(app)  # more ranks of a client, on another host
 
 @app.command("train")
 @telemetry_options
+@client_config_options
 def train(
-    run_id: Annotated[str, typer.Option("--run-id", envvar="RUN_ID", help="The run to join.")],
-    server_addr: Annotated[
-        str | None,
-        typer.Option("--server-addr", envvar="SERVER_ADDR", help="TCP run: the coordinator's HOST:PORT."),
-    ] = None,
-    rpc: Annotated[
-        str | None,
-        typer.Option("--rpc", envvar="RPC", help="Solana run: JSON-RPC URL of the cluster."),
-    ] = None,
-    rpc_2: Annotated[
-        str | None, typer.Option("--rpc-2", envvar="RPC_2", help="Fallback JSON-RPC URL.")
-    ] = None,
-    ws_rpc: Annotated[
-        str | None,
-        typer.Option("--ws-rpc", envvar="WS_RPC",
-                     help="Solana run: PubSub WebSocket URL (account subscriptions) "
-                          "[default: --rpc as ws://, port + 1]."),
-    ] = None,
-    ws_rpc_2: Annotated[
-        str | None,
-        typer.Option("--ws-rpc-2", envvar="WS_RPC_2",
-                     help="Fallback WebSocket URL [default: from --rpc-2]."),
-    ] = None,
-    authorizer: Annotated[
-        str | None,
-        typer.Option("--authorizer", envvar="AUTHORIZER",
-                     help="Solana run: join as a delegate of this authorization grantee."),
-    ] = None,
-    wallet_private_key_path: Annotated[
-        Path | None,
-        typer.Option("--wallet-private-key-path", envvar="WALLET_PRIVATE_KEY_PATH",
-                     help="Solana run: solana-keygen keypair file; else RAW_WALLET_PRIVATE_KEY."),
-    ] = None,
-    identity_secret_key_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--identity-secret-key-path",
-            envvar="IDENTITY_SECRET_KEY_PATH",
-            help="32 raw secret bytes; else RAW_IDENTITY_SECRET_KEY; else a fresh key.",
-        ),
-    ] = None,
-    bind_p2p_port: Annotated[
-        int, typer.Option("--bind-p2p-port", envvar="BIND_P2P_PORT", min=0, max=65535)
-    ] = 0,
-    bind_p2p_interface: Annotated[
-        str | None,
-        typer.Option(
-            "--bind-p2p-interface",
-            envvar="BIND_P2P_INTERFACE",
-            help="An IP address, or an interface name pattern such as eth*.",
-        ),
-    ] = None,
-    iroh_relay: Annotated[
-        str,
-        typer.Option("--iroh-relay", envvar="IROH_RELAY",
-                     help="psyche (Psyche's relays) | n0 or default (iroh's) | disabled | "
-                          "relay URLs"),
-    ] = "default",
-    iroh_discovery: Annotated[
-        str,
-        typer.Option(
-            "--iroh-discovery",
-            envvar="IROH_DISCOVERY",
-            help="local: peers' addresses come from the coordinator's client list.",
-        ),
-    ] = "local",
-    device: Annotated[str, typer.Option("--device", envvar="DEVICE")] = "auto",
-    micro_batch_size: Annotated[
-        int, typer.Option("--micro-batch-size", envvar="MICRO_BATCH_SIZE", min=1,
-                          help="sequences per forward/backward; the assigned batch runs in as "
-                               "many as needed, gradients accumulating in fp32")
-    ] = 1,
-    dtype: Annotated[
-        str, typer.Option("--dtype", envvar="DTYPE",
-                          help="compute dtype: auto (bf16 on CUDA, else fp32) | bf16 | fp32; "
-                               "weights stay fp32, so clients of either dtype share one model")
-    ] = "auto",
-    activation_checkpointing: Annotated[
-        bool, typer.Option("--activation-checkpointing/--no-activation-checkpointing",
-                           envvar="ACTIVATION_CHECKPOINTING",
-                           help="recompute activations in backward: less memory, more compute")
-    ] = False,
-    data_parallelism: Annotated[
-        int, typer.Option("--data-parallelism", envvar="DATA_PARALLELISM", min=1,
-                          help="D: ranks that shard the model (FSDP2) and split the batch")
-    ] = 1,
-    tensor_parallelism: Annotated[
-        int, typer.Option("--tensor-parallelism", envvar="TENSOR_PARALLELISM", min=1,
-                          help="T: ranks that split each block's attention and MLP")
-    ] = 1,
-    local_ranks: Annotated[
-        int | None, typer.Option("--local-ranks", envvar="LOCAL_RANKS", min=1,
-                                 help="of the D x T ranks, how many run on this host (default "
-                                      "all); `psyche-client sidecar` runs the others")
-    ] = None,
-    main_port: Annotated[
-        int, typer.Option("--main-port", envvar="PSYCHE_MAIN_PORT", min=0, max=65535,
-                          help="the ranks' rendezvous port (0: any free port; sidecars need "
-                               "a fixed one)")
-    ] = 0,
-    checkpoint_dir: Annotated[
-        Path | None, typer.Option("--checkpoint-dir", envvar="CHECKPOINT_DIR")
-    ] = None,
-    hub_repo: Annotated[
-        str | None,
-        typer.Option("--hub-repo", envvar="HUB_REPO",
-                     help="Upload checkpoints to this hub repo; the coordinator accepts "
-                          "reports only for the run's own repository."),
-    ] = None,
-    gcs_bucket: Annotated[
-        str | None,
-        typer.Option("--gcs-bucket", envvar="GCS_BUCKET",
-                     help="Upload checkpoints (and Psyche's manifest.json) to this GCS bucket "
-                          "(GOOGLE_APPLICATION_CREDENTIALS); the coordinator accepts reports "
-                          "only for the run's own bucket and prefix."),
-    ] = None,
-    gcs_prefix: Annotated[
-        str | None, typer.Option("--gcs-prefix", envvar="GCS_PREFIX",
-                                 help="the object name prefix of --gcs-bucket's uploads")
-    ] = None,
-    keep_steps: Annotated[int, typer.Option("--keep-steps", envvar="KEEP_STEPS", min=1)] = 3,
-    delete_old_steps: Annotated[
-        bool, typer.Option("--delete-old-steps", envvar="DELETE_OLD_STEPS")
-    ] = True,
-    max_concurrent_parameter_requests: Annotated[
-        int,
-        typer.Option(
-            "--max-concurrent-parameter-requests", envvar="MAX_CONCURRENT_PARAMETER_REQUESTS", min=1
-        ),
-    ] = 8,
-    write_gradients_dir: Annotated[
-        Path | None, typer.Option("--write-gradients-dir", envvar="WRITE_GRADIENTS_DIR")
-    ] = None,
-    metrics_local_port: Annotated[
-        int | None,
-        typer.Option("--metrics-local-port", envvar="METRICS_LOCAL_PORT", min=1, max=65535),
-    ] = None,
-    logs: Annotated[
-        str,
-        typer.Option(
-            "--logs", envvar="LOGS", help="tui | console | json | none"
-        ),
-    ] = "console",
-    tui: Annotated[
-        bool | None,
-        typer.Option("--tui/--no-tui", show_default=False,
-                     help="--tui: --logs tui; --no-tui: console logs instead of a TUI"),
-    ] = None,
-    torch_threads: Annotated[
-        int | None,
-        typer.Option(
-            "--torch-threads",
-            envvar="TORCH_THREADS",
-            min=1,
-            help="CPU threads for torch (default: torch's choice).",
-        ),
-    ] = None,
-    dummy_training_delay_secs: Annotated[
-        float, typer.Option("--dummy-training-delay-secs", envvar="DUMMY_TRAINING_DELAY_SECS",
-                            min=0,
-                            help="runs of the Dummy optimizer (Psyche's config/test): each "
-                                 "step sleeps this long instead of training")
-    ] = 0.0,
-    test_adversary: Annotated[
-        str | None,
-        typer.Option("--test-adversary",
-                     help="testing verification only: publish dishonest results of this "
-                          "kind (random_signs | scaled | stale | zeros | flipped_signs | "
-                          "wrong_batch); the run's followers should report this client and "
-                          "the coordinator eject it"),
-    ] = None,
-    eval_tasks: Annotated[
-        str | None,
-        typer.Option("--eval-tasks", envvar="EVAL_TASKS",
-                     help="benchmarks to score the model on between epochs, comma-separated: "
-                          "arc_challenge, arc_easy, boolq, ceval_valid, hellaswag, mmlu, "
-                          "mmlu_cf, mmlu_pro (5-shot), openbookqa, piqa (docs/evals.md)"),
-    ] = None,
-    eval_seed: Annotated[
-        int, typer.Option("--eval-seed", envvar="EVAL_SEED", min=0,
-                          help="picks each task's documents (shuffled with it)")
-    ] = 42,
-    eval_task_max_docs: Annotated[
-        int | None, typer.Option("--eval-task-max-docs", envvar="EVAL_TASK_MAX_DOCS", min=1,
-                                 help="documents per task (default: all)")
-    ] = None,
-    eval_data_dir: Annotated[
-        Path | None,
-        typer.Option("--eval-data-dir", envvar="EVAL_DATA_DIR",
-                     help="<task>.jsonl or <task>.parquet files in the data set's format; "
-                          "else the Hugging Face cache, else the bundled samples"),
-    ] = None,
-    prompt_task: Annotated[
-        bool, typer.Option("--prompt-task", envvar="PROMPT_TASK",
-                           help="each epoch, log the model's greedy continuation of a prompt")
-    ] = False,
+    config: ClientConfig,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
@@ -255,14 +63,17 @@ def train(
     # otherwise ignore `docker stop`'s SIGTERM until killed.
     exit_on_signals(0, lambda sig: f"stopping… ({sig.name})")
 
+    connection, checkpoints, evals_config = config.connection, config.checkpoints, config.evals
+    logs, tui = config.observability.logs, config.observability.tui
     if tui is not None:  # the spelling every program shares; --logs is Psyche's
         logs = "tui" if tui else ("console" if logs == "tui" else logs)
     if logs not in ("tui", "console", "json", "none"):
         raise typer.BadParameter("use tui, console, json or none", param_hint="--logs")
-    if iroh_discovery not in ("local", "n0"):
+    if config.p2p.iroh_discovery not in ("local", "n0"):
         raise typer.BadParameter("use local or n0", param_hint="--iroh-discovery")
-    relay_mode, relay_urls = train_support.relay_choice(iroh_relay)
+    relay_mode, relay_urls = train_support.relay_choice(config.p2p.iroh_relay)
     from client_image.verification.adversary import LIVE_ATTACKS
+    test_adversary = config.verification.test_adversary
     if test_adversary is not None and test_adversary not in LIVE_ATTACKS:
         raise typer.BadParameter(f"use one of {', '.join(LIVE_ATTACKS)}",
                                  param_hint="--test-adversary")
@@ -271,11 +82,14 @@ def train(
     from client_image.runtime.evaluating import EvalOptions
 
     try:
-        evals = EvalOptions(tasks=parse_task_names(eval_tasks or ""), seed=eval_seed,
-                            max_docs=eval_task_max_docs, prompt_task=prompt_task,
-                            data_dir=eval_data_dir)
+        evals = EvalOptions(tasks=parse_task_names(evals_config.eval_tasks or ""),
+                            seed=evals_config.eval_seed,
+                            max_docs=evals_config.eval_task_max_docs,
+                            prompt_task=evals_config.prompt_task,
+                            data_dir=evals_config.eval_data_dir)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--eval-tasks") from None
+    eval_data_dir = evals_config.eval_data_dir
     if eval_data_dir is not None and not eval_data_dir.is_dir():
         raise typer.BadParameter(f"{eval_data_dir} is not a directory",
                                  param_hint="--eval-data-dir")
@@ -292,11 +106,12 @@ def train(
     from psyche_common.identity import Identity, IdentityError
     from psyche_common.tcp.connection import parse_host_port
 
+    server_addr, rpc = connection.server_addr, connection.rpc
     if (server_addr is None) == (rpc is None):
         typer.echo("error: give exactly one of --server-addr (TCP run) and --rpc (Solana run)",
                    err=True)
         raise typer.Exit(code=2)
-    for url, flag in ((ws_rpc, "--ws-rpc"), (ws_rpc_2, "--ws-rpc-2")):
+    for url, flag in ((connection.ws_rpc, "--ws-rpc"), (connection.ws_rpc_2, "--ws-rpc-2")):
         if url is not None and not url.startswith(("ws://", "wss://")):
             typer.echo(f"error: {flag} must be a ws:// or wss:// URL, got {url!r}", err=True)
             raise typer.Exit(code=2)
@@ -308,36 +123,40 @@ def train(
     try:
         if rpc is not None:
             # On Solana the wallet signs transactions and names the node: one key.
-            identity = Identity(train_support.wallet_secret(wallet_private_key_path))
+            identity = Identity(
+                train_support.wallet_secret(config.identity.wallet_private_key_path))
         else:
-            identity = Identity.load(identity_secret_key_path)
+            identity = Identity.load(config.identity.identity_secret_key_path)
     except (IdentityError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(code=2) from None
     from client_image.host import bind_address, resolve_device
 
-    bind_ip, interface = bind_address(bind_p2p_interface)
-    device = resolve_device(device)
+    bind_ip, interface = bind_address(config.p2p.bind_p2p_interface)
+    training = config.training
+    device = resolve_device(training.device)
+    config = config.replace(device=device)  # the runtime trains on the device resolved here
     from client_image.training.precision import PrecisionError, resolve_compute_dtype
 
     try:
-        resolve_compute_dtype(dtype, device)
+        resolve_compute_dtype(training.dtype, device)
     except PrecisionError as exc:
         raise typer.BadParameter(str(exc), param_hint="--dtype") from None
-    ranks = train_support.rank_setup(data_parallelism, tensor_parallelism, local_ranks,
-                                     main_port, device)
+    ranks = train_support.rank_setup(training.data_parallelism, training.tensor_parallelism,
+                                     training.local_ranks, training.main_port, device)
     mode = cast(LogMode, logs)  # checked against the four log modes at the top
     configure_logging("none" if mode == "tui" else mode)
-    if torch_threads:
+    if training.torch_threads:
         import torch
 
-        torch.set_num_threads(torch_threads)
+        torch.set_num_threads(training.torch_threads)
+    checkpoint_dir, hub_repo = checkpoints.checkpoint_dir, checkpoints.hub_repo
     if hub_repo and checkpoint_dir is None:
         typer.echo("error: --hub-repo uploads the checkpoints of --checkpoint-dir: give both",
                    err=True)
         raise typer.Exit(code=2)
-    if upload_problem := train_support.gcs_upload_problem(hub_repo, gcs_bucket, gcs_prefix,
-                                                          checkpoint_dir):
+    if upload_problem := train_support.gcs_upload_problem(
+            hub_repo, checkpoints.gcs_bucket, checkpoints.gcs_prefix, checkpoint_dir):
         typer.echo(f"error: {upload_problem}", err=True)
         raise typer.Exit(code=2)
     if checkpoint_dir is not None:
@@ -348,43 +167,23 @@ def train(
             typer.echo(f"error: --checkpoint-dir {dir_problem}", err=True)
             raise typer.Exit(code=2)
     options = ClientOptions(
-        run_id=run_id,
-        server_addr=server_addr,
-        rpc=rpc,
-        rpc_2=rpc_2,
-        ws_rpc=ws_rpc,
-        ws_rpc_2=ws_rpc_2,
-        authorizer=authorizer,
+        config=config,
         identity=identity,
         node_config=NodeConfig(
             bind_ip=bind_ip,
-            bind_port=bind_p2p_port,
+            bind_port=config.p2p.bind_p2p_port,
             bind_interface=interface,
             relay_mode=relay_mode,
             relay_urls=relay_urls,
         ),
-        device=device,
-        micro_batch_size=micro_batch_size,
-        dtype=dtype,
-        activation_checkpointing=activation_checkpointing,
         ranks=ranks,
-        test_adversary=test_adversary,
-        dummy_training_delay_s=dummy_training_delay_secs,
-        checkpoint_dir=checkpoint_dir,
-        hub_repo=hub_repo,
         hub_token=os.environ.get("HF_TOKEN") or None,
-        gcs_bucket=gcs_bucket,
-        gcs_prefix=gcs_prefix,
-        keep_steps=keep_steps,
-        delete_old_steps=delete_old_steps,
-        max_concurrent_parameter_requests=max_concurrent_parameter_requests,
-        write_gradients_dir=write_gradients_dir,
-        metrics_local_port=metrics_local_port,
         client_version=os.environ.get("CLIENT_VERSION") or None,
         evals=evals,
     )
     client = PsycheClient(options, EventLog(mode))
-    exporter = train_support.start_telemetry(telemetry, client, identity.node_id, run_id)
+    exporter = train_support.start_telemetry(telemetry, client, identity.node_id,
+                                             connection.run_id)
 
     async def run() -> int:
         train_support.stop_on_signals(client, mode)

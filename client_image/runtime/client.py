@@ -17,11 +17,11 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from client_image.backends.base import CoordinatorBackend, ServerState
 from client_image.backends.tcp import TcpBackend
+from client_image.client_config import ClientConfig
 from client_image.data import DataProvider
 from client_image.p2p import (
     GossipMessage,
@@ -73,51 +73,33 @@ STOP_RANKS_S = 3.0  # the rank processes to exit (then they are killed)
 
 @dataclass
 class ClientOptions:
-    run_id: str
-    server_addr: str | None
-    identity: Identity
-    node_config: NodeConfig
-    device: str = "cpu"
-    micro_batch_size: int = 1
-    dtype: str = "auto"  # compute dtype: auto (bf16 on CUDA, else fp32) | bf16 | fp32
-    activation_checkpointing: bool = False
+    """The client's configuration (`ClientConfig`: every `psyche-client train` option, defined
+    once in client_image/client_config.py) and what the CLI resolved from it."""
+
+    config: ClientConfig  # its training.device is a device this host has, not "auto"
+    identity: Identity  # from the wallet or identity key file
+    node_config: NodeConfig  # from the p2p options (bind interface, relays)
     ranks: RankSetup | None = None  # D x T > 1: several processes train this client's model
-    checkpoint_dir: Path | None = None
-    hub_repo: str | None = None  # upload each epoch's checkpoint here, then report it
-    hub_token: str | None = None
-    gcs_bucket: str | None = None  # or upload it to this GCS bucket (and prefix)
-    gcs_prefix: str | None = None
-    keep_steps: int = 3
-    delete_old_steps: bool = True
-    max_concurrent_parameter_requests: int = 8
-    write_gradients_dir: Path | None = None
-    metrics_local_port: int | None = None
+    hub_token: str | None = None  # HF_TOKEN
     client_version: str | None = None  # CLIENT_VERSION: exit 10 when the run wants another
     apply_download_timeout_s: float = 20.0
-    # Solana runs: the coordinator account is reached over these JSON-RPC endpoints
-    # (RPC, then the fallback RPC_2) instead of a TCP server; the identity is the wallet.
-    rpc: str | None = None
-    rpc_2: str | None = None
-    # Their PubSub WebSockets (WS_RPC, WS_RPC_2): each derived from its RPC when unset.
-    ws_rpc: str | None = None
-    ws_rpc_2: str | None = None
-    authorizer: str | None = None
-    # Testing verification only: publish dishonest results of this kind
-    # (verification/adversary.py); an honest client never sets it.
-    test_adversary: str | None = None
-    # Psyche's --dummy-training-delay-secs: a Dummy-optimizer step sleeps this long.
-    dummy_training_delay_s: float = 0.0
-    # Benchmarks of the model while it is idle between epochs (runtime/evaluating.py).
+    # Benchmarks of the model while it is idle between epochs (runtime/evaluating.py): the
+    # eval options with their task names parsed.
     evals: EvalOptions = field(default_factory=EvalOptions)
 
+    def __post_init__(self) -> None:
+        if self.config.training.device == "auto":  # the CLI resolves it (client_image/host.py)
+            raise ValueError("ClientOptions needs a resolved device (cpu, cuda:N), not auto")
+
     def runner_options(self) -> RunnerOptions:
+        checkpoints = self.config.checkpoints
         return RunnerOptions(
             checkpoints=CheckpointOptions(
-                checkpoint_dir=self.checkpoint_dir, keep_steps=self.keep_steps,
-                delete_old_steps=self.delete_old_steps, hub_repo=self.hub_repo,
-                hub_token=self.hub_token, gcs_bucket=self.gcs_bucket,
-                gcs_prefix=self.gcs_prefix),
-            write_gradients_dir=self.write_gradients_dir,
+                checkpoint_dir=checkpoints.checkpoint_dir, keep_steps=checkpoints.keep_steps,
+                delete_old_steps=checkpoints.delete_old_steps, hub_repo=checkpoints.hub_repo,
+                hub_token=self.hub_token, gcs_bucket=checkpoints.gcs_bucket,
+                gcs_prefix=checkpoints.gcs_prefix),
+            write_gradients_dir=self.config.training.write_gradients_dir,
             apply_download_timeout_s=self.apply_download_timeout_s)
 
 
@@ -127,13 +109,14 @@ class PsycheClient:
         self.events = events
         self.me = NodeIdentity(options.identity.public_key)
         self.node = P2PNode(options.identity, options.node_config)
-        self.worker = TrainingWorker(device=options.device,
-                                     micro_batch_size=options.micro_batch_size,
-                                     dtype=options.dtype,
-                                     activation_checkpointing=options.activation_checkpointing,
+        training = options.config.training
+        self.worker = TrainingWorker(device=training.device,
+                                     micro_batch_size=training.micro_batch_size,
+                                     dtype=training.dtype,
+                                     activation_checkpointing=training.activation_checkpointing,
                                      ranks=options.ranks,
-                                     adversary=options.test_adversary,
-                                     dummy_training_delay_s=options.dummy_training_delay_s)
+                                     adversary=options.config.verification.test_adversary,
+                                     dummy_training_delay_s=training.dummy_training_delay_secs)
         self.counters = Counters()
         # what the runtime tells only by event (following, ejected) reaches the metrics
         events.listeners.append(self.counters.observe)
@@ -154,11 +137,12 @@ class PsycheClient:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
-        if self.options.metrics_local_port is not None:  # first: a taken port starts nothing
-            self.metrics_server = MetricsServer(self.options.metrics_local_port, self.metrics)
+        metrics_port = self.options.config.observability.metrics_local_port
+        if metrics_port is not None:  # first: a taken port starts nothing
+            self.metrics_server = MetricsServer(metrics_port, self.metrics)
             await self.metrics_server.start()
         await self.node.start()
-        self.topic = self.node.subscribe(self.options.run_id)
+        self.topic = self.node.subscribe(self.options.config.connection.run_id)
         self.backend = self._make_backend()
         self.runner = self._make_runner(self.backend, self.topic)
         self.events.emit(Started(identity=self.me.key.hex(),
@@ -211,21 +195,23 @@ class PsycheClient:
 
     def _make_backend(self) -> CoordinatorBackend:
         options, p2p_address = self.options, self.node.address.to_string()
-        if options.rpc:
+        connection = options.config.connection
+        if connection.rpc:
             from solders.keypair import Keypair
             from solders.pubkey import Pubkey
 
             from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
 
             return SolanaBackend(SolanaBackendOptions(
-                rpc=[options.rpc, options.rpc_2], ws_rpc=[options.ws_rpc, options.ws_rpc_2],
-                run_id=options.run_id,
+                rpc=[connection.rpc, connection.rpc_2],
+                ws_rpc=[connection.ws_rpc, connection.ws_rpc_2], run_id=connection.run_id,
                 wallet=Keypair.from_seed(options.identity.secret_key), p2p_address=p2p_address,
                 client_version=options.client_version or "",
-                authorizer=Pubkey.from_string(options.authorizer) if options.authorizer else None))
-        if not options.server_addr:
+                authorizer=Pubkey.from_string(connection.authorizer)
+                if connection.authorizer else None))
+        if not connection.server_addr:
             raise ValueError("a client needs --server-addr (TCP run) or --rpc (Solana run)")
-        return TcpBackend(options.server_addr, options.identity, options.run_id, p2p_address,
+        return TcpBackend(connection.server_addr, options.identity, connection.run_id, p2p_address,
                           options.client_version or "")
 
     def _make_runner(self, backend: CoordinatorBackend, topic: GossipTopic) -> RoundRunner:
@@ -238,9 +224,9 @@ class PsycheClient:
             if telemetry is not None:
                 telemetry.model_progress(downloaded, total)
 
-        peers = IrohPeers(self.node, topic, ModelFetchOptions(
-            max_concurrent_parameter_requests=self.options.max_concurrent_parameter_requests),
-            progress=model_progress)
+        fetching = ModelFetchOptions(max_concurrent_parameter_requests=self.options.config.p2p
+                                     .max_concurrent_parameter_requests)
+        peers = IrohPeers(self.node, topic, fetching, progress=model_progress)
         return RoundRunner(self.me, backend=backend, peers=peers, worker=self.worker,
                            open_data=self._open_data, events=self.events,
                            counters=self.counters, options=self.options.runner_options(),
@@ -312,7 +298,7 @@ class PsycheClient:
     def _check_hub_repo(self, state: CoordinatorState) -> None:
         """Warn once, at the first state, when the reports of our uploads will be refused:
         the run's repository is its authority's, not whatever --hub-repo names."""
-        hub_repo = self.options.hub_repo
+        hub_repo = self.options.config.checkpoints.hub_repo
         problem = hub_repo_problem(hub_repo, state.model.checkpoint)
         if hub_repo and problem is not None:
             self.events.emit(HubRepoNotRunRepository(

@@ -18,6 +18,7 @@ from tcp_helpers import RUN_ID, Clock, make_state_file, server_options, wait_for
 from client_image import training
 from client_image.backends.base import ServerState
 from client_image.backends.tcp import TcpBackend
+from client_image.client_config import ClientConfig
 from client_image.p2p import NodeConfig
 from client_image.runtime.client import ClientOptions, PsycheClient
 from client_image.runtime.events import (
@@ -160,9 +161,10 @@ async def test_a_foreign_hub_repo_is_named_once_at_start(hub_repo: str | None,
     events: list[object] = []
     log = EventLog("none")
     log.listeners.append(events.append)
-    client = PsycheClient(ClientOptions(run_id=RUN_ID, server_addr=None,
+    client = PsycheClient(ClientOptions(ClientConfig.of(run_id=RUN_ID, device="cpu",
+                                                        hub_repo=hub_repo),
                                         identity=Identity.generate(),
-                                        node_config=NodeConfig.loopback(), hub_repo=hub_repo),
+                                        node_config=NodeConfig.loopback()),
                           log)
     client.runner = _Runner()  # type: ignore[assignment]  # only on_state is called here
     state = Coordinator.from_state_file(make_state_file()).state

@@ -7,6 +7,7 @@ import asyncio
 
 from textual.widgets import RichLog
 
+from client_image.client_config import ClientConfig
 from client_image.p2p import NodeConfig
 from client_image.runtime.client import ClientOptions, PsycheClient
 from client_image.runtime.observability import EventLog
@@ -25,9 +26,10 @@ async def test_client_tui_shows_the_run_and_events_and_q_stops_the_client() -> N
                                ServerOptions(host="127.0.0.1", port=0, tick_interval_s=0.1))
     await server.start()
     identity = Identity.generate()
-    client = PsycheClient(ClientOptions(run_id="local-testnet",
-                                        server_addr=f"127.0.0.1:{server.port}",
-                                        identity=identity, node_config=NodeConfig.loopback()),
+    config = ClientConfig.of(run_id="local-testnet", server_addr=f"127.0.0.1:{server.port}",
+                             device="cpu")
+    client = PsycheClient(ClientOptions(config, identity=identity,
+                                        node_config=NodeConfig.loopback()),
                           EventLog("tui"))
     app = ClientApp(client, refresh_s=0.1)
     try:

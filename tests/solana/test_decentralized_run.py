@@ -14,6 +14,7 @@ import pytest
 from solders.keypair import Keypair
 
 from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
+from client_image.client_config import ClientConfig
 from client_image.p2p import NodeConfig
 from client_image.runtime import client as client_module
 from client_image.runtime.client import ClientOptions, PsycheClient
@@ -75,9 +76,10 @@ quantize_1bit = true
 def _client(wallet: Keypair, net: Localnet, run_id: str, tmp_path: Path) -> PsycheClient:
     identity = Identity(bytes(wallet)[:32])
     assert identity.public_key == bytes(wallet.pubkey())  # one Ed25519 key: signer and p2p id
-    options = ClientOptions(run_id=run_id, server_addr="solana:", identity=identity,
-                            node_config=NodeConfig(bind_ip="127.0.0.1", relay_mode="disabled"),
-                            checkpoint_dir=tmp_path / f"ckpt-{wallet.pubkey()}")
+    config = ClientConfig.of(run_id=run_id, server_addr="solana:", device="cpu",
+                             checkpoint_dir=tmp_path / f"ckpt-{wallet.pubkey()}")
+    options = ClientOptions(config, identity=identity,
+                            node_config=NodeConfig(bind_ip="127.0.0.1", relay_mode="disabled"))
     return PsycheClient(options, EventLog("none"))
 
 
