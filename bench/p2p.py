@@ -4,7 +4,7 @@
 
 Prints its figures, then, last, one JSON line:
 ``{"blob_mb_s", "tcp_mb_s", "ratio", "gossip_p99_ms", ...}``.
-``--unpatched`` removes the iroh 1.2.0 bulk-write fix (client_image/p2p/_iroh_patch.py)
+``--unpatched`` removes the iroh 1.2.0 bulk-write fix (client_image/p2p/iroh_patch.py)
 first, to measure the binding's per-byte copy; use a small ``--size-mib`` with it.
 """
 

@@ -172,7 +172,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
         options.env_file_variables = read_env_file(env_file)
         for warning in env_file_warnings(options.env_file_variables, settings):
             typer.echo(f"run-manager: warning: {env_file}: {warning}", err=True)
-        settings = _pick_run(settings, options.join_authority)
+        settings = settings_with_chosen_run(settings, options.join_authority)
         # The container shares the host's network: a second run here needs another port.
         if metrics_local_port is None and "METRICS_LOCAL_PORT" in settings.model_fields_set:
             metrics_local_port = settings.METRICS_LOCAL_PORT
@@ -268,7 +268,8 @@ def _run_client(env_file: Path, options: object, tui: bool,
     return 0
 
 
-def _pick_run(settings: RunManagerSettings, join_authority: str | None) -> RunManagerSettings:
+def settings_with_chosen_run(settings: RunManagerSettings,
+                             join_authority: str | None) -> RunManagerSettings:
     """RUN_ID unset (a Solana run): Psyche's run selection (run_manager.discovery), said
     aloud; the run chosen and the grantee the wallet joins through complete the settings.
     Raises SettingsError (no run to join) or DiscoveryFailed (the cluster did not answer)."""

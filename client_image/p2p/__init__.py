@@ -33,14 +33,9 @@ Model sharing
     ``node.model_sharing.share(state_dict, config_json, tokenizer_json)``;
     ``await node.model_sharing.fetch_model(sources, ModelFetchOptions(...))``.
 
-Importing this package applies the iroh 1.2.0 bulk-write fix (``_iroh_patch``).
+Importing this package applies the iroh 1.2.0 bulk-write fix (``iroh_patch``).
 """
 
-from client_image.p2p._iroh_patch import (
-    apply_bulk_write_patch,
-    bulk_write_patch_active,
-    remove_bulk_write_patch,
-)
 from client_image.p2p.address import AddressError, PeerAddress
 from client_image.p2p.blob_store import BlobStore, blob_hash, step_tag
 from client_image.p2p.blobs import (
@@ -66,6 +61,11 @@ from client_image.p2p.gossip import (
 )
 from client_image.p2p.holder_fetch import HolderFetchConfig, fetch_from_holders
 from client_image.p2p.holders import HolderBook, HolderPolicy, ServeStats
+from client_image.p2p.iroh_patch import (
+    apply_bulk_write_patch,
+    bulk_write_patch_active,
+    remove_bulk_write_patch,
+)
 from client_image.p2p.messages import (
     BatchId,
     BroadcastDecodeError,

@@ -28,7 +28,7 @@ USER = Keypair()
 OPEN, CLOSED, DELEGATOR, GRANTEE = Keypair(), Keypair(), Keypair(), Keypair()
 
 
-async def _open_run(rpc: SolanaRpc, owner: Keypair, run_id: str, resume: bool) -> None:
+async def open_run(rpc: SolanaRpc, owner: Keypair, run_id: str, resume: bool) -> None:
     await create_run(rpc, owner, run_id, "v1")
     run = await find_run(rpc, run_id)
     instructions = update_instructions(run, owner.pubkey(), load_state_file(STATE), None)
@@ -47,10 +47,10 @@ def localnet() -> Iterator[Localnet]:
                 for key in (OPEN, CLOSED, DELEGATOR, GRANTEE):
                     await rpc.airdrop(key.pubkey(), 50 * 10**9)
                 await authorize(rpc, OPEN, Pubkey.default())
-                await _open_run(rpc, OPEN, "open", resume=True)
-                await _open_run(rpc, OPEN, "halted", resume=False)
-                await _open_run(rpc, CLOSED, "closed", resume=True)
-                await _open_run(rpc, DELEGATOR, "delegated", resume=True)
+                await open_run(rpc, OPEN, "open", resume=True)
+                await open_run(rpc, OPEN, "halted", resume=False)
+                await open_run(rpc, CLOSED, "closed", resume=True)
+                await open_run(rpc, DELEGATOR, "delegated", resume=True)
                 address = await authorize(rpc, DELEGATOR, GRANTEE.pubkey())
                 await rpc.send_instructions([ix.authorization_grantee_update(
                     GRANTEE.pubkey(), address, False, [USER.pubkey()])], GRANTEE)
@@ -146,13 +146,13 @@ def test_nothing_to_join_or_no_cluster_is_one_line(localnet: Localnet, tmp_path:
 
 
 def test_the_picked_run_and_grantee_reach_the_container(localnet: Localnet, tmp_path: Path) -> None:
-    from run_manager.cli import _pick_run
+    from run_manager.cli import settings_with_chosen_run
     from run_manager.runner import RunOptions, supervisor_config
     from run_manager.settings import load_settings
 
     env = tmp_path / "run.env"
     env.write_text(f"RPC={localnet.url}\nWS_RPC=ws://127.0.0.1:1\nRAW_WALLET_PRIVATE_KEY={USER}\n")
-    config = supervisor_config(_pick_run(load_settings(env), None), RunOptions())
+    config = supervisor_config(settings_with_chosen_run(load_settings(env), None), RunOptions())
     assert config.run_id == "open"
     assert config.environment["RUN_ID"] == "open"
     assert config.environment["AUTHORIZER"] == str(Pubkey.default())

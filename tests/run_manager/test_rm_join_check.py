@@ -37,7 +37,7 @@ from run_manager.monitor import Monitor
 from run_manager.runner import run_headless
 from run_manager.sources import PinnedVersionSource, TcpCoordinatorSource
 from run_manager.view import Dashboard
-from tests.run_manager.test_rm_discovery import _open_run
+from tests.run_manager.test_rm_discovery import open_run
 
 pytestmark = pytest.mark.timeout(120)
 OWNER, CLOSER, STRANGER = Keypair(), Keypair(), Keypair()  # CLOSER authorizes nobody
@@ -53,9 +53,9 @@ def localnet() -> Iterator[Localnet]:
                 for key in (OWNER, CLOSER):
                     await rpc.airdrop(key.pubkey(), 50 * 10**9)
                 await authorize(rpc, OWNER, Pubkey.default())
-                await _open_run(rpc, OWNER, "open", resume=True)
-                await _open_run(rpc, OWNER, "halted", resume=False)
-                await _open_run(rpc, CLOSER, "closed", resume=True)
+                await open_run(rpc, OWNER, "open", resume=True)
+                await open_run(rpc, OWNER, "halted", resume=False)
+                await open_run(rpc, CLOSER, "closed", resume=True)
 
         asyncio.run(setup())
         yield net

@@ -11,7 +11,7 @@ import tomli_w
 from gcs_emulator import gcs_emulator
 
 from psyche_solana.localnet import Localnet
-from tests.solana.test_cli import STATE, _cli, _wallet
+from tests.solana.test_cli import STATE, funded_wallet, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,8 @@ def gcs(monkeypatch):
 
 
 def _run_with(localnet, tmp_path, run_id: str, *, checkpoint=None, data_location=None) -> None:
-    owner_path, _ = _wallet(tmp_path, "owner", localnet)
-    assert _cli(localnet, owner_path, "create-run", "-r", run_id, "-c", "v1").exit_code == 0
+    owner_path, _ = funded_wallet(tmp_path, "owner", localnet)
+    assert run_cli(localnet, owner_path, "create-run", "-r", run_id, "-c", "v1").exit_code == 0
     state = tomllib.loads(STATE.read_text())
     if checkpoint is not None:
         state["model"]["LLM"]["checkpoint"] = checkpoint
@@ -36,7 +36,7 @@ def _run_with(localnet, tmp_path, run_id: str, *, checkpoint=None, data_location
         state["model"]["LLM"]["data_location"] = data_location
     config = tmp_path / f"{run_id}.toml"
     config.write_text(tomli_w.dumps(state))
-    updated = _cli(localnet, owner_path, "update-config", "-r", run_id, "--config-path", str(config))
+    updated = run_cli(localnet, owner_path, "update-config", "-r", run_id, "--config-path", str(config))
     assert updated.exit_code == 0, updated.output
 
 
@@ -49,13 +49,13 @@ def test_upload_data_goes_to_the_runs_gcp_data_location(localnet, gcs, tmp_path)
     (data / "part").mkdir(parents=True)
     (data / "000.ds").write_bytes(b"\x01\x00" * 100)
     (data / "part" / "001.ds").write_bytes(b"\x02\x00" * 50)
-    sent = _cli(localnet, None, "upload-data", str(data), "-r", "gcp-data")
+    sent = run_cli(localnet, None, "upload-data", str(data), "-r", "gcp-data")
     assert sent.exit_code == 0, sent.output
     assert "uploaded 2 file(s), 300 bytes, to gs://training-data/tokens" in sent.output
     blobs = {b.name: b.download_as_bytes() for b in gcs.list_blobs("training-data")}
     assert blobs == {"tokens/000.ds": b"\x01\x00" * 100, "tokens/part/001.ds": b"\x02\x00" * 50}
 
-    one = _cli(localnet, None, "upload-data", str(data / "000.ds"), "--bucket", "training-data",
+    one = run_cli(localnet, None, "upload-data", str(data / "000.ds"), "--bucket", "training-data",
                "--prefix", "single")
     assert one.exit_code == 0 and gcs.bucket("training-data").blob("single/000.ds").exists()
 
@@ -67,7 +67,7 @@ def test_upload_data_goes_to_the_runs_gcp_data_location(localnet, gcs, tmp_path)
             (["upload-data", str(data)], 2, "give exactly one of -r/--run-id and --bucket"),
             (["upload-data", str(data), "-r", "no-such-run"], 1, "no run 'no-such-run'"),
     ):
-        bad = _cli(localnet, None, *argv)
+        bad = run_cli(localnet, None, *argv)
         assert bad.exit_code == code and message in bad.output, (argv, bad.output)
         assert len(bad.output.strip().splitlines()) == 1
 
@@ -85,7 +85,7 @@ def test_download_results_fetches_the_runs_gcs_checkpoint(localnet, gcs, tmp_pat
     _run_with(localnet, tmp_path, "gcs-ckpt", checkpoint={"Gcs": {"bucket": "results",
                                                                   "prefix": "run7"}})
     out = tmp_path / "out"
-    got = _cli(localnet, None, "download-results", "-r", "gcs-ckpt", "--output-dir", str(out))
+    got = run_cli(localnet, None, "download-results", "-r", "gcs-ckpt", "--output-dir", str(out))
     assert got.exit_code == 0, got.output
     folder = out / "gcs-ckpt-step42"
     assert (folder / "model.safetensors").read_bytes() == b"\x00" * 4096
@@ -93,7 +93,7 @@ def test_download_results_fetches_the_runs_gcs_checkpoint(localnet, gcs, tmp_pat
     assert json.loads((folder / "manifest.json").read_text())["metadata"]["step"] == 42
 
     gcs.bucket("results").blob("loose/weights.bin").upload_from_string(b"abc")
-    loose = _cli(localnet, None, "download-results", "--bucket", "results", "--prefix", "loose",
+    loose = run_cli(localnet, None, "download-results", "--bucket", "results", "--prefix", "loose",
                  "--output-dir", str(out))
     assert loose.exit_code == 0 and (out / "results-latest" / "weights.bin").read_bytes() == b"abc"
 
@@ -107,6 +107,6 @@ def test_download_results_fetches_the_runs_gcs_checkpoint(localnet, gcs, tmp_pat
             (["download-results", "--bucket", "results", "--prefix", "broken"],
              "broken/manifest.json is not a checkpoint manifest"),
             (["download-results", "--bucket", "gone-bucket"], "gs://gone-bucket: not found")):
-        bad = _cli(localnet, None, *argv, "--output-dir", str(tmp_path / "bad"))
+        bad = run_cli(localnet, None, *argv, "--output-dir", str(tmp_path / "bad"))
         assert bad.exit_code == 1 and message in bad.output, (argv, bad.output)
         assert len(bad.output.strip().splitlines()) == 1

@@ -27,7 +27,7 @@ def localnet():
         yield net
 
 
-def _wallet(tmp_path: Path, name: str, net: Localnet, sol: int = 20) -> tuple[Path, Keypair]:
+def funded_wallet(tmp_path: Path, name: str, net: Localnet, sol: int = 20) -> tuple[Path, Keypair]:
     keypair = Keypair()
     path = tmp_path / f"{name}.json"
     path.write_text(keypair.to_json())
@@ -40,7 +40,7 @@ def _wallet(tmp_path: Path, name: str, net: Localnet, sol: int = 20) -> tuple[Pa
     return path, keypair
 
 
-def _mint(net: Localnet, owner: Keypair, amount: int) -> Pubkey:
+def mint_for(net: Localnet, owner: Keypair, amount: int) -> Pubkey:
     mint = Keypair()
 
     async def make() -> None:
@@ -57,7 +57,7 @@ def _mint(net: Localnet, owner: Keypair, amount: int) -> Pubkey:
     return mint.pubkey()
 
 
-def _cli(net: Localnet, wallet: Path | None, *argv: str):
+def run_cli(net: Localnet, wallet: Path | None, *argv: str):
     env = {"RPC": net.url}
     if wallet is not None:
         env["WALLET_PRIVATE_KEY_PATH"] = str(wallet)
@@ -65,36 +65,36 @@ def _cli(net: Localnet, wallet: Path | None, *argv: str):
 
 
 def test_a_treasurer_run_is_managed_from_the_command_line(localnet, tmp_path):
-    owner_path, owner = _wallet(tmp_path, "owner", localnet)
-    intruder_path, _ = _wallet(tmp_path, "intruder", localnet)
-    mint = _mint(localnet, owner, 10 * 10**6)
-    ok = _cli(localnet, owner_path, "join-authorization-create", "--permissionless")
+    owner_path, owner = funded_wallet(tmp_path, "owner", localnet)
+    intruder_path, _ = funded_wallet(tmp_path, "intruder", localnet)
+    mint = mint_for(localnet, owner, 10 * 10**6)
+    ok = run_cli(localnet, owner_path, "join-authorization-create", "--permissionless")
     assert ok.exit_code == 0, ok.output
-    ok = _cli(localnet, owner_path, "create-run", "-r", "cli-run", "-c", "v1",
+    ok = run_cli(localnet, owner_path, "create-run", "-r", "cli-run", "-c", "v1",
               "--treasurer-collateral-mint", str(mint))
     assert ok.exit_code == 0, ok.output
     for argv in (["update-config", "-r", "cli-run", "--config-path", str(STATE)],
                  ["set-future-epoch-rates", "-r", "cli-run", "--earning-rate-total-shared", "0.0009"],
                  ["set-paused", "-r", "cli-run", "--resume"],
                  ["treasurer-top-up-rewards", "-r", "cli-run", "--collateral-amount", "1.5"]):
-        result = _cli(localnet, owner_path, *argv)
+        result = run_cli(localnet, owner_path, *argv)
         assert result.exit_code == 0, (argv, result.output)
 
-    refused = _cli(localnet, intruder_path, "set-paused", "-r", "cli-run")
+    refused = run_cli(localnet, intruder_path, "set-paused", "-r", "cli-run")
     assert refused.exit_code == 1
     assert "NotMainAuthority: only the run's main authority may do this" in refused.output
-    nothing = _cli(localnet, owner_path, "treasurer-claim-rewards", "-r", "cli-run")
+    nothing = run_cli(localnet, owner_path, "treasurer-claim-rewards", "-r", "cli-run")
     assert nothing.exit_code == 1 and "NothingToClaim" in nothing.output
 
     stranger = str(Keypair().pubkey())
-    assert _cli(localnet, None, "can-join", "-r", "cli-run", "--address", stranger).exit_code == 0
-    listed = _cli(localnet, None, "list-runs")
+    assert run_cli(localnet, None, "can-join", "-r", "cli-run", "--address", stranger).exit_code == 0
+    listed = run_cli(localnet, None, "list-runs")
     assert "cli-run" in listed.output and "WaitingForMembers" in listed.output
-    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "cli-run").output)
+    dump = json.loads(run_cli(localnet, None, "json-dump-run", "-r", "cli-run").output)
     assert dump["coordinator_account"]["status"]["state"] == "WaitingForMembers"
     assert dump["coordinator_account"]["epoch"]["rates"]["future"]["earning_rate_total_shared"] == 900
     assert dump["treasurer_run"]["collateral_mint"] == str(mint)
-    user = json.loads(_cli(localnet, None, "json-dump-user", "-r", "cli-run",
+    user = json.loads(run_cli(localnet, None, "json-dump-user", "-r", "cli-run",
                            "--address", str(owner.pubkey())).output)
     assert user["lamports"] > 0 and user["treasurer_participant"] is None
 
@@ -106,32 +106,32 @@ def test_a_treasurer_run_is_managed_from_the_command_line(localnet, tmp_path):
 
     assert asyncio.run(vault_balance()) == 1_500_000
 
-    deleted = _cli(localnet, owner_path, "join-authorization-delete", "--authorizer", str(Pubkey.default()))
+    deleted = run_cli(localnet, owner_path, "join-authorization-delete", "--authorizer", str(Pubkey.default()))
     assert deleted.exit_code == 0, deleted.output
-    no = _cli(localnet, None, "can-join", "-r", "cli-run", "--address", stranger)
+    no = run_cli(localnet, None, "can-join", "-r", "cli-run", "--address", stranger)
     assert no.exit_code == 1 and "no active join authorization" in no.output
 
 
 def test_delegates_and_bad_arguments(localnet, tmp_path):
-    owner_path, owner = _wallet(tmp_path, "owner", localnet)
-    grantee_path, grantee = _wallet(tmp_path, "grantee", localnet)
-    assert _cli(localnet, owner_path, "create-run", "-r", "cli-delegates", "-c", "v1").exit_code == 0
-    assert _cli(localnet, owner_path, "join-authorization-create", "--authorizer",
+    owner_path, owner = funded_wallet(tmp_path, "owner", localnet)
+    grantee_path, grantee = funded_wallet(tmp_path, "grantee", localnet)
+    assert run_cli(localnet, owner_path, "create-run", "-r", "cli-delegates", "-c", "v1").exit_code == 0
+    assert run_cli(localnet, owner_path, "join-authorization-create", "--authorizer",
                 str(grantee.pubkey())).exit_code == 0
     machine = Keypair().pubkey()
-    added = _cli(localnet, grantee_path, "join-authorization-delegate", "--join-authority",
+    added = run_cli(localnet, grantee_path, "join-authorization-delegate", "--join-authority",
                  str(owner.pubkey()), "--delegates-added", str(machine))
     assert added.exit_code == 0, added.output
-    halted = _cli(localnet, None, "can-join", "-r", "cli-delegates", "--address", str(machine),
+    halted = run_cli(localnet, None, "can-join", "-r", "cli-delegates", "--address", str(machine),
                   "--authorizer", str(grantee.pubkey()))
     assert "authorized" in halted.output and "Uninitialized" in halted.output
-    bad = _cli(localnet, owner_path, "join-authorization-create", "--authorizer", "not-a-key")
+    bad = run_cli(localnet, owner_path, "join-authorization-create", "--authorizer", "not-a-key")
     assert bad.exit_code == 2 and "not a base-58 public key" in bad.output
-    missing = _cli(localnet, None, "json-dump-run", "-r", "no-such-run")
+    missing = run_cli(localnet, None, "json-dump-run", "-r", "no-such-run")
     assert missing.exit_code == 1 and "no run 'no-such-run'" in missing.output
     bad_config = tmp_path / "bad.toml"
     bad_config.write_text("run_id = 1\n")
-    rejected = _cli(localnet, owner_path, "update-config", "-r", "cli-delegates",
+    rejected = run_cli(localnet, owner_path, "update-config", "-r", "cli-delegates",
                     "--config-path", str(bad_config))
     assert rejected.exit_code == 2 and "invalid config" in rejected.output
 
@@ -171,10 +171,10 @@ def test_a_run_id_is_taken_once_and_found_through_its_claim(localnet, tmp_path):
     from psyche_solana.rpc import ProgramError
     from psyche_solana.runs import find_run
 
-    owner_path, owner = _wallet(tmp_path, "owner", localnet)
-    squatter_path, squatter = _wallet(tmp_path, "squatter", localnet)
-    assert _cli(localnet, owner_path, "create-run", "-r", "contested", "-c", "v1").exit_code == 0
-    refused = _cli(localnet, squatter_path, "create-run", "-r", "contested", "-c", "v1")
+    owner_path, owner = funded_wallet(tmp_path, "owner", localnet)
+    squatter_path, squatter = funded_wallet(tmp_path, "squatter", localnet)
+    assert run_cli(localnet, owner_path, "create-run", "-r", "contested", "-c", "v1").exit_code == 0
+    refused = run_cli(localnet, squatter_path, "create-run", "-r", "contested", "-c", "v1")
     assert refused.exit_code == 1 and "run id 'contested' is already taken" in refused.output
 
     async def squat() -> tuple[str, Pubkey]:
@@ -198,10 +198,10 @@ def test_a_run_id_is_taken_once_and_found_through_its_claim(localnet, tmp_path):
 
     name, address = asyncio.run(squat())
     assert name == "AlreadyInitialized"
-    listed = _cli(localnet, None, "list-runs").output.splitlines()
+    listed = run_cli(localnet, None, "list-runs").output.splitlines()
     contested = [line for line in listed if line.startswith("contested ")]
     assert len(contested) == 1 and contested[0].endswith(str(address))
-    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "contested").output)
+    dump = json.loads(run_cli(localnet, None, "json-dump-run", "-r", "contested").output)
     assert dump["coordinator_instance"]["address"] == str(ix.coordinator_instance_address("contested"))
     assert dump["coordinator_account"]["address"] == str(address)
 
@@ -212,8 +212,8 @@ def test_psyches_wallet_forms_and_solana_test_config_shape(localnet, tmp_path):
     and [model] (the shape of Psyche's config/solana-test/*.toml)."""
     import tomli_w
 
-    owner_path, owner = _wallet(tmp_path, "owner", localnet)
-    decoy_path, _ = _wallet(tmp_path, "decoy", localnet)
+    owner_path, owner = funded_wallet(tmp_path, "owner", localnet)
+    decoy_path, _ = funded_wallet(tmp_path, "decoy", localnet)
     created = runner.invoke(app, ["create-run", "-r", "psyche-shape", "-c", "v1", "-w", str(owner_path)],
                             env={"RPC": localnet.url})
     assert created.exit_code == 0, created.output
@@ -228,7 +228,7 @@ def test_psyches_wallet_forms_and_solana_test_config_shape(localnet, tmp_path):
                             env={"RPC": localnet.url, "RAW_WALLET_PRIVATE_KEY": str(owner)})
     assert updated.exit_code == 0, updated.output
     assert "RAW_WALLET_PRIVATE_KEY and --wallet-private-key-path" in updated.output
-    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "psyche-shape").output)
+    dump = json.loads(run_cli(localnet, None, "json-dump-run", "-r", "psyche-shape").output)
     assert dump["coordinator_account"]["setup"]["config"]["total_steps"] == state["config"]["total_steps"]
     location = dump["coordinator_account"]["setup"]["model"]["data_location"]
     assert "example.org/000.ds" in json.dumps(location)
@@ -247,15 +247,15 @@ def test_update_config_restarts_from_a_step_and_switches_to_the_hub(localnet, tm
     from psyche_solana.rpc import SolanaRpc
     from psyche_solana.runs import find_run
 
-    owner_path, _ = _wallet(tmp_path, "owner", localnet)
-    assert _cli(localnet, owner_path, "create-run", "-r", "restarted", "-c", "v1").exit_code == 0
+    owner_path, _ = funded_wallet(tmp_path, "owner", localnet)
+    assert run_cli(localnet, owner_path, "create-run", "-r", "restarted", "-c", "v1").exit_code == 0
     state = tomllib.loads(STATE.read_text())
     state["model"]["LLM"]["checkpoint"] = {"Dummy": {"repo_id": "org/model"}}
     config = tmp_path / "dummy.toml"
     config.write_text(tomli_w.dumps(state))
-    first = _cli(localnet, owner_path, "update-config", "-r", "restarted", "--config-path", str(config))
+    first = run_cli(localnet, owner_path, "update-config", "-r", "restarted", "--config-path", str(config))
     assert first.exit_code == 0, first.output
-    restarted = _cli(localnet, owner_path, "update-config", "-r", "restarted",
+    restarted = run_cli(localnet, owner_path, "update-config", "-r", "restarted",
                      "--restart-from-step", "7", "--switch-to-hub")
     assert restarted.exit_code == 0, restarted.output
 
@@ -269,5 +269,5 @@ def test_update_config_restarts_from_a_step_and_switches_to_the_hub(localnet, tm
     assert on_chain.progress.epoch_start_data_index == data_index_for_step(
         expected.config, expected.model.max_seq_len, 7) > 0
     assert on_chain.model.checkpoint == HubCheckpoint(repo_id="org/model")
-    nothing = _cli(localnet, owner_path, "update-config", "-r", "restarted")
+    nothing = run_cli(localnet, owner_path, "update-config", "-r", "restarted")
     assert nothing.exit_code == 2 and "--restart-from-step" in nothing.output

@@ -15,7 +15,7 @@ from psyche_solana.rpc import SolanaRpc
 from psyche_solana.run_metadata import metadata_address
 from psyche_solana.runs import RunHandle, find_run
 from run_manager.cli import app
-from tests.solana.test_cli import STATE, _cli, _mint, _wallet, runner
+from tests.solana.test_cli import STATE, funded_wallet, mint_for, run_cli, runner
 
 pytestmark = pytest.mark.timeout(300)
 EMPTY = {"name": "", "description": "", "num_parameters": 0, "vocab_size": 0}
@@ -52,17 +52,17 @@ def _balance(net: Localnet, address: Pubkey) -> int:
 
 
 def _metadata(net: Localnet, run_id: str) -> dict:
-    dump = _cli(net, None, "json-dump-run", "-r", run_id)
+    dump = run_cli(net, None, "json-dump-run", "-r", run_id)
     assert dump.exit_code == 0, dump.output
     return json.loads(dump.output)["coordinator_account"]["setup"]["metadata"]
 
 
 def test_update_config_sets_the_metadata_that_json_dump_and_list_runs_show(localnet, tmp_path):
-    owner_path, _ = _wallet(tmp_path, "owner", localnet)
-    intruder_path, _ = _wallet(tmp_path, "intruder", localnet)
-    assert _cli(localnet, owner_path, "create-run", "-r", "named", "-c", "v1").exit_code == 0
+    owner_path, _ = funded_wallet(tmp_path, "owner", localnet)
+    intruder_path, _ = funded_wallet(tmp_path, "intruder", localnet)
+    assert run_cli(localnet, owner_path, "create-run", "-r", "named", "-c", "v1").exit_code == 0
     assert _metadata(localnet, "named") == EMPTY  # Psyche's default before any is set
-    set_ = _cli(localnet, owner_path, "update-config", "-r", "named", "--name", "Nice run ✓",
+    set_ = run_cli(localnet, owner_path, "update-config", "-r", "named", "--name", "Nice run ✓",
                 "--description", "20M on FineWeb", "--num-parameters", "20000000",
                 "--vocab-size", "32000")
     assert set_.exit_code == 0, set_.output
@@ -70,13 +70,13 @@ def test_update_config_sets_the_metadata_that_json_dump_and_list_runs_show(local
             "vocab_size": 32_000}
     assert _metadata(localnet, "named") == nice
     # one flag changes one field, as Psyche's; with the other flags in the same command
-    both = _cli(localnet, owner_path, "update-config", "-r", "named", "--vocab-size", "50000",
+    both = run_cli(localnet, owner_path, "update-config", "-r", "named", "--vocab-size", "50000",
                 "--client-version", "v2", "--config-path", str(STATE))
     assert both.exit_code == 0, both.output
     assert _metadata(localnet, "named") == {**nice, "vocab_size": 50_000}
-    dump = json.loads(_cli(localnet, None, "json-dump-run", "-r", "named").output)
+    dump = json.loads(run_cli(localnet, None, "json-dump-run", "-r", "named").output)
     assert dump["coordinator_account"]["setup"]["client_version"] == "v2"
-    listed = [line for line in _cli(localnet, None, "list-runs").output.splitlines()
+    listed = [line for line in run_cli(localnet, None, "list-runs").output.splitlines()
               if line.startswith("named ")]
     assert len(listed) == 1 and listed[0].endswith("  Nice run ✓")
 
@@ -84,47 +84,47 @@ def test_update_config_sets_the_metadata_that_json_dump_and_list_runs_show(local
                            (["--description", "d" * 281], "--description is 281 bytes"),
                            (["--num-parameters", "-1"], "--num-parameters must be 0 to"),
                            (["--vocab-size", str(2**64)], "--vocab-size must be 0 to")):
-        bad = _cli(localnet, owner_path, "update-config", "-r", "named", *flags)
+        bad = run_cli(localnet, owner_path, "update-config", "-r", "named", *flags)
         assert bad.exit_code == 2 and message in bad.output, (flags, bad.output)
         assert len(bad.output.strip().splitlines()) == 1
-    refused = _cli(localnet, intruder_path, "update-config", "-r", "named", "--name", "evil")
+    refused = run_cli(localnet, intruder_path, "update-config", "-r", "named", "--name", "evil")
     assert refused.exit_code == 1 and "NotMainAuthority" in refused.output
     assert _metadata(localnet, "named")["name"] == "Nice run ✓"
 
     address = _handle(localnet, "named").address
     assert _exists(localnet, metadata_address(address))
-    closed = _cli(localnet, owner_path, "close-run", "-r", "named")
+    closed = run_cli(localnet, owner_path, "close-run", "-r", "named")
     assert closed.exit_code == 0, closed.output
     assert not _exists(localnet, metadata_address(address))  # closed with the run
 
 
 def test_a_treasurer_run_takes_metadata_and_is_closed_through_the_treasurer(localnet, tmp_path):
-    owner_path, owner = _wallet(tmp_path, "owner", localnet)
-    intruder_path, _ = _wallet(tmp_path, "intruder", localnet)
-    mint = _mint(localnet, owner, 10**6)
-    assert _cli(localnet, owner_path, "create-run", "-r", "treasury", "-c", "v1",
+    owner_path, owner = funded_wallet(tmp_path, "owner", localnet)
+    intruder_path, _ = funded_wallet(tmp_path, "intruder", localnet)
+    mint = mint_for(localnet, owner, 10**6)
+    assert run_cli(localnet, owner_path, "create-run", "-r", "treasury", "-c", "v1",
                 "--treasurer-collateral-mint", str(mint)).exit_code == 0
-    named = _cli(localnet, owner_path, "update-config", "-r", "treasury", "--config-path",
+    named = run_cli(localnet, owner_path, "update-config", "-r", "treasury", "--config-path",
                  str(STATE), "--name", "Rewarded", "--num-parameters", "7")
     assert named.exit_code == 0, named.output
     assert _metadata(localnet, "treasury") == {**EMPTY, "name": "Rewarded", "num_parameters": 7}
-    assert _cli(localnet, owner_path, "set-paused", "-r", "treasury", "--resume").exit_code == 0
-    running = _cli(localnet, owner_path, "close-run", "-r", "treasury")
+    assert run_cli(localnet, owner_path, "set-paused", "-r", "treasury", "--resume").exit_code == 0
+    running = run_cli(localnet, owner_path, "close-run", "-r", "treasury")
     assert running.exit_code == 1 and "pause it first" in running.output
-    assert _cli(localnet, owner_path, "set-paused", "-r", "treasury").exit_code == 0
-    refused = _cli(localnet, intruder_path, "close-run", "-r", "treasury")
+    assert run_cli(localnet, owner_path, "set-paused", "-r", "treasury").exit_code == 0
+    refused = run_cli(localnet, intruder_path, "close-run", "-r", "treasury")
     assert refused.exit_code == 1 and "NotMainAuthority" in refused.output
 
     run = _handle(localnet, "treasury")
     assert run.treasurer is not None
     before = _balance(localnet, owner.pubkey())
-    closed = _cli(localnet, owner_path, "close-run", "-r", "treasury")
+    closed = run_cli(localnet, owner_path, "close-run", "-r", "treasury")
     assert closed.exit_code == 0, closed.output
     assert "the run id is free again" in closed.output and "note:" not in closed.output
     for address in (run.address, run.instance, metadata_address(run.address)):
         assert not _exists(localnet, address)
     assert _balance(localnet, owner.pubkey()) - before > 700_000_000  # the state's rent
-    gone = _cli(localnet, None, "json-dump-run", "-r", "treasury")
+    gone = run_cli(localnet, None, "json-dump-run", "-r", "treasury")
     assert gone.exit_code == 1 and "no run 'treasury'" in gone.output
 
 
@@ -173,12 +173,12 @@ def test_close_run_keeps_a_treasurer_run_whose_points_are_not_claimed(tmp_path):
     owner_path.write_text(json.dumps(list(bytes(run.authority))))
     with Localnet(validator=LocalValidator(run.svm)) as net:
         assert _handle(net, run_id).account.run_state.name == "Finished"
-        refused = _cli(net, owner_path, "close-run", "-r", run_id)
+        refused = run_cli(net, owner_path, "close-run", "-r", run_id)
         assert refused.exit_code == 1, refused.output
         assert "1000 earned points are not claimed yet" in refused.output
         assert "--force" in refused.output and "Traceback" not in refused.output
         assert _exists(net, run.address)
-        forced = _cli(net, owner_path, "close-run", "-r", run_id, "--force")
+        forced = run_cli(net, owner_path, "close-run", "-r", run_id, "--force")
         assert forced.exit_code == 0, forced.output
         assert "note (--force): 1000 earned points were not claimed" in forced.output
         assert not _exists(net, run.address)

@@ -33,7 +33,7 @@ _builder_cls: Any = iroh_ffi._UniffiRustBufferBuilder
 ORIGINAL_WRITE: Callable[[Any, bytes], None] = _builder_cls.write
 
 
-def _bulk_write(self: Any, value: bytes | bytearray | memoryview) -> None:
+def bulk_write(self: Any, value: bytes | bytearray | memoryview) -> None:
     """Drop-in for ``_UniffiRustBufferBuilder.write`` that copies with one memmove."""
     size = len(value)
     with self._reserve(size):
@@ -61,7 +61,7 @@ def apply_bulk_write_patch(version: str | None = None) -> bool:
             PATCHED_IROH_VERSION,
         )
         return False
-    _builder_cls.write = _bulk_write
+    _builder_cls.write = bulk_write
     return True
 
 
@@ -71,4 +71,4 @@ def remove_bulk_write_patch() -> None:
 
 
 def bulk_write_patch_active() -> bool:
-    return _builder_cls.write is _bulk_write
+    return _builder_cls.write is bulk_write
