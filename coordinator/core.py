@@ -18,7 +18,7 @@ from coordinator.rewards import credit_epoch, start_epoch_rates
 from coordinator.state import Client, CoordinatorState, EpochState, NodeIdentity, Progress
 
 
-def _with_checkpoint(model: LLMConfig, checkpoint: Checkpoint) -> LLMConfig:
+def with_checkpoint(model: LLMConfig, checkpoint: Checkpoint) -> LLMConfig:
     return model.model_copy(update={"checkpoint": checkpoint})
 
 
@@ -81,24 +81,55 @@ class CoordinatorCore:
         done = self.state.progress.step >= self.state.config.total_steps
         self.change_state(now, RunState.Finished if done else RunState.WaitingForMembers)
 
+    def holders_listed(self) -> set[NodeIdentity]:
+        """Who holds the last epoch's model, between epochs: its clients still listed,
+        Healthy or Withdrawn since (a pause withdraws everyone, a client may leave and
+        come back with its checkpoint); never a Dropped or Ejected one."""
+        return {client.id for client in self.state.epoch_state.clients
+                if client.state in (ClientState.Healthy, ClientState.Withdrawn)}
+
+    def falling_back_loses_training(self) -> bool:
+        """Whether the stored checkpoint is older than the clients' model: the run
+        continues from its clients (P2P/P2PGcs) and they applied training since the stored
+        checkpoint was loaded or last reported (`model_ahead`)."""
+        state = self.state
+        return (isinstance(state.model.checkpoint, P2PCheckpoint | P2PGcsCheckpoint)
+                and state.model_ahead)
+
+    def waits_for_holder(self, pending: list[NodeIdentity]) -> bool:
+        """A warm-up is due: must it wait for a holder of the model instead? Yes when no
+        holder is pending and falling back would lose applied training (the model is
+        never silently replaced by an older one)."""
+        return (not self.holders_listed().intersection(pending)
+                and self.falling_back_loses_training())
+
+    def fall_back_to_stored_checkpoint(self) -> None:
+        """Nobody holds the last epoch's model: the run's checkpoint goes from P2P back to
+        Hub (Dummy for the built-in model) and from P2PGcs to Gcs, counting a model reset
+        when the clients' model was ahead of it."""
+        state = self.state
+        checkpoint = state.model.checkpoint
+        if self.falling_back_loses_training():
+            state.model_resets = min(state.model_resets + 1, 2**16 - 1)
+        if isinstance(checkpoint, P2PCheckpoint) and not checkpoint.repo_id:
+            # A Dummy run of the built-in model has no repository: rebuild it.
+            state.model = with_checkpoint(state.model, DummyCheckpoint(repo_id=""))
+        elif isinstance(checkpoint, P2PCheckpoint):
+            state.model = with_checkpoint(state.model, HubCheckpoint(
+                repo_id=checkpoint.repo_id, revision=checkpoint.revision))
+        elif isinstance(checkpoint, P2PGcsCheckpoint):
+            state.model = with_checkpoint(state.model, GcsCheckpoint(
+                bucket=checkpoint.bucket, prefix=checkpoint.prefix))
+        state.model_ahead = False  # everyone loads the stored checkpoint
+        state.model_lost = False
+
     def start_warmup(self, now: int, pending: list[NodeIdentity]) -> None:
         state = self.state
+        previous = self.holders_listed()
         self.move_clients_to_exited(state.current_round.height)
-        previous = {client.id for client in state.epoch_state.clients}
         if not previous.intersection(pending):
-            # Nobody holds the model of the last epoch: fall back to the stored checkpoint.
-            checkpoint = state.model.checkpoint
-            if isinstance(checkpoint, P2PCheckpoint | P2PGcsCheckpoint) and state.model_ahead:
-                state.model_resets = min(state.model_resets + 1, 2**16 - 1)
-            if isinstance(checkpoint, P2PCheckpoint) and not checkpoint.repo_id:
-                # A Dummy run of the built-in model has no repository: rebuild it.
-                state.model = _with_checkpoint(state.model, DummyCheckpoint(repo_id=""))
-            elif isinstance(checkpoint, P2PCheckpoint):
-                state.model = _with_checkpoint(state.model, HubCheckpoint(
-                    repo_id=checkpoint.repo_id, revision=checkpoint.revision))
-            elif isinstance(checkpoint, P2PGcsCheckpoint):
-                state.model = _with_checkpoint(state.model, GcsCheckpoint(
-                    bucket=checkpoint.bucket, prefix=checkpoint.prefix))
+            self.fall_back_to_stored_checkpoint()
+        state.model_lost = False
         # Who holds the model of this epoch's start step: the last epoch's clients, when
         # the epoch continues from them (not from a stored checkpoint everyone loads).
         continuing = isinstance(state.model.checkpoint, P2PCheckpoint | P2PGcsCheckpoint)
@@ -150,10 +181,10 @@ class CoordinatorCore:
         # The epoch's clients now hold the model: the next epoch fetches it from them.
         checkpoint = state.model.checkpoint
         if isinstance(checkpoint, HubCheckpoint | DummyCheckpoint):
-            state.model = _with_checkpoint(state.model, P2PCheckpoint(
+            state.model = with_checkpoint(state.model, P2PCheckpoint(
                 repo_id=checkpoint.repo_id, revision=checkpoint.revision))
         elif isinstance(checkpoint, GcsCheckpoint):
-            state.model = _with_checkpoint(state.model, P2PGcsCheckpoint(
+            state.model = with_checkpoint(state.model, P2PGcsCheckpoint(
                 bucket=checkpoint.bucket, prefix=checkpoint.prefix))
         if state.pending_pause:
             self.enter_paused(now)

@@ -14,7 +14,7 @@ from coordinator.checkpoint_reports import after_report, report_problem
 from coordinator.commitment import participant_item
 from coordinator.committee import Committee, CommitteeProof, SelectionError, witness_quorum
 from coordinator.config import Checkpoint, GcsCheckpoint, HubCheckpoint, StateFile
-from coordinator.core import CoordinatorCore, _with_checkpoint
+from coordinator.core import CoordinatorCore, with_checkpoint
 from coordinator.data_assignment import selection_for_round
 from coordinator.limits import MAX_CLIENTS, MAX_WITNESSES, ClientState, RunState
 from coordinator.outcomes import CoordinatorError, Rejected, TickResult
@@ -67,7 +67,11 @@ class Coordinator(CoordinatorCore):
         config = self.state.config
         if len(pending) >= config.init_min_clients and self.timed_out(
                 now, config.waiting_for_members_extra_time):
-            self.start_warmup(now, pending)
+            if self.waits_for_holder(pending):
+                # The model is gone: wait for a holder, a report or the authority.
+                self.state.model_lost = True
+            else:
+                self.start_warmup(now, pending)
         return TickResult.Ticked
 
     def _tick_warmup(self, now: int, seed: int) -> TickResult:
@@ -266,7 +270,14 @@ class Coordinator(CoordinatorCore):
         problem = report_problem(state.model.checkpoint, repo)
         if problem is not None:
             return Rejected(CoordinatorError.CheckpointNotRunRepository, problem)
-        state.model = _with_checkpoint(state.model, after_report(state.model.checkpoint, repo))
+        state.model = with_checkpoint(state.model, after_report(state.model.checkpoint, repo))
+        # The upload holds the model of the epoch's last step (reported in its cooldown, or
+        # later while no round past the next epoch's first applied anything since): the
+        # stored checkpoint is as new as the clients' model again.
+        if not (state.run_state in (RunState.RoundTrain, RunState.RoundWitness)
+                and state.current_round.height > 0):
+            state.model_ahead = False
+            state.model_lost = False
         return None
 
     def withdraw(self, index: int) -> Rejected | None:
@@ -289,6 +300,22 @@ class Coordinator(CoordinatorCore):
             self.state.pending_pause = True
         else:
             self.enter_paused(now)
+        return None
+
+    def accept_model_loss(self) -> Rejected | None:
+        """The run's authority accepts that the clients' newer model is lost: the run goes
+        on from the stored checkpoint (counted in `model_resets`). Allowed while the run is
+        between epochs (WaitingForMembers or Paused) and a fall back would lose training."""
+        state = self.state
+        if state.run_state not in (RunState.WaitingForMembers, RunState.Paused):
+            return Rejected(CoordinatorError.WrongRunState,
+                            f"{state.run_state.name}: only a run waiting for members or "
+                            "paused can accept the loss of its model")
+        if not self.falling_back_loses_training():
+            return Rejected(CoordinatorError.WrongRunState,
+                            "the stored checkpoint is as new as the clients' model: nothing "
+                            "to lose")
+        self.fall_back_to_stored_checkpoint()
         return None
 
     def resume(self, now: int) -> Rejected | None:

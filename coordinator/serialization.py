@@ -4,7 +4,7 @@ Little-endian, no padding, fields in the on-chain repr(C) order (docs/coordinato
 "State layout"). Lists are a count followed by their entries (compact, unlike the fixed
 on-chain arrays).
 
-    header      magic "PSYC" | version u16 (= 3)
+    header      magic "PSYC" | version u16 (= 4)
     run_id      [32] UTF-8, zero padded
     run_state   u8
     model       max_seq_len u32 | cold_start_warmup_steps u32
@@ -31,6 +31,7 @@ on-chain arrays).
     verification (version 2; absent in 1)
                 epoch_state.verification_seed u64 | n u8 | n x report
     model_resets u16 | model_ahead u8 (version 3; absent before: 0, False)
+    model_lost u8 (version 4; absent before: False)
     report  = reporter [32] | accused [32] | step u32 | published_hash [32]
               | expected_hash [32] | jaccard_ppm u32 | hamming_ppm u32 | manhattan_ppm u32
 
@@ -89,7 +90,8 @@ from coordinator.state import (
 from coordinator.verification import MAX_REPORTS
 
 MAGIC = b"PSYC"
-VERSION = 3  # 2 appended the verification section, 3 a client's holds_model; 1, 2 decode
+VERSION = 4  # 2 appended the verification section, 3 a client's holds_model, 4 model_lost;
+# 1 to 3 decode
 # The checkpoint variant's tag in this layout and in the on-chain account. Typed as plain
 # `type` so that callers can look up `type(x)` of any object (psyche_solana does).
 CHECKPOINT_TAGS: list[type] = [
@@ -137,7 +139,7 @@ def _client(client: Client, version: int) -> bytes:
 def encode_state(state: CoordinatorState, version: int = VERSION) -> bytes:
     """`version`: an older layout (what a peer of an older build reads; the tests of
     decoding them), dropping what it cannot carry."""
-    if version not in (1, 2, VERSION):
+    if version not in (1, 2, 3, VERSION):
         raise ValueError(f"no state encoding version {version}")
     out = [MAGIC, struct.pack("<H", version), _fixed(state.run_id, RUN_ID_MAX_BYTES),
            struct.pack("<B", int(state.run_state))]
@@ -188,6 +190,8 @@ def encode_state(state: CoordinatorState, version: int = VERSION) -> bytes:
             for r in epoch.reports]
     if version >= 3:
         out.append(struct.pack("<HB", state.model_resets, state.model_ahead))
+    if version >= 4:
+        out.append(struct.pack("<B", state.model_lost))
     return b"".join(out)
 
 
@@ -283,7 +287,7 @@ def decode_state(data: bytes) -> CoordinatorState:
     if reader.take(4, "magic") != MAGIC:
         raise StateDecodeError("not a coordinator state (bad magic)")
     (version,) = reader.unpack("<H", "version")
-    if version not in (1, 2, VERSION):
+    if version not in (1, 2, 3, VERSION):
         raise StateDecodeError(f"unsupported version {version} (this build reads {VERSION})")
     run_id = reader.text(RUN_ID_MAX_BYTES, "run_id")
     run_state = _enum(RunState, reader.unpack("<B", "run_state")[0], "run_state")
@@ -330,6 +334,9 @@ def decode_state(data: bytes) -> CoordinatorState:
     model_resets, model_ahead = reader.unpack("<HB", "model resets") if version >= 3 else (0, 0)
     if model_ahead > 1:
         raise StateDecodeError(f"model_ahead {model_ahead} is not 0 or 1")
+    (model_lost,) = reader.unpack("<B", "model lost") if version >= 4 else (0,)
+    if model_lost > 1:
+        raise StateDecodeError(f"model_lost {model_lost} is not 0 or 1")
     if reader.offset != len(reader.data):
         raise StateDecodeError(f"{len(reader.data) - reader.offset} trailing bytes")
     return CoordinatorState(
@@ -337,4 +344,4 @@ def decode_state(data: bytes) -> CoordinatorState:
         epoch_state=epoch, run_state_start_unix_timestamp=state_start,
         pending_pause=bool(pending_pause), client_version=client_version,
         rewards=Rewards(entries, *rates), model_resets=model_resets,
-        model_ahead=bool(model_ahead))
+        model_ahead=bool(model_ahead), model_lost=bool(model_lost))

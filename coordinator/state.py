@@ -131,6 +131,12 @@ class CoordinatorState:
     # The clients' model has applied training since an epoch last started from the stored
     # checkpoint: a round past an epoch's first began (it applies the round before).
     model_ahead: bool = False
+    # The model is gone: a warm-up was due, none of the last epoch's clients (the holders
+    # of its model) was among the pending ones, and falling back to the stored checkpoint
+    # would lose applied training (`model_ahead`). The run stays in WaitingForMembers until
+    # a holder joins, a checkpoint report makes the stored checkpoint as new, or the run's
+    # authority accepts the loss (`Coordinator.accept_model_loss`).
+    model_lost: bool = False
 
     @property
     def current_round(self) -> Round:

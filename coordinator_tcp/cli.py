@@ -9,7 +9,7 @@ HfAuto is not supported by this client (supported: HfLlama): ...`.
 
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
-        [--tui | --no-tui] [--tick-interval 0.5] [--bind-host 0.0.0.0]
+        [--tui | --no-tui] [--tick-interval 0.5] [--bind-host 0.0.0.0] [--accept-model-loss]
         [--prometheus-port P] [--otlp-metrics-url URL] ... (psyche_common.telemetry.options)
 
 runs the TCP coordinator (and the TCP data server when the run's data location is
@@ -20,6 +20,13 @@ config errors as validate-config (a value the client cannot run included) exit 1
 does a port that is in use, at once, with one line such as `error: port 20000 is in use:
 cannot listen on 0.0.0.0:20000 (--server-port)`. Logs go to stderr (to the TUI's log panel
 with --tui). Psyche's spelling `--tui true|false` still works (psyche_common.cli_conventions).
+
+A run whose model is lost (no client that held it came back, no upload as new was
+reported: the state's model_lost, "MODEL LOST" in the TUIs) waits for a holder. Its
+operator may instead accept the loss: stop the server and start it again on the same
+--save-state-dir with --accept-model-loss; the run goes on from its stored checkpoint
+(docs/coordinator.md, "A lost model"). Refused, with the reason, when there is no saved
+state or nothing would be lost.
 """
 
 from __future__ import annotations
@@ -101,6 +108,10 @@ def run(
         "--tick-interval", min=0.01, max=60.0, help="seconds between ticks")] = 0.5,
     bind_host: Annotated[str, typer.Option(
         "--bind-host", help="interface the servers listen on")] = "0.0.0.0",
+    accept_model_loss: Annotated[bool, typer.Option(
+        "--accept-model-loss", help="the saved run's newer model is lost (MODEL LOST): go "
+        "on from its stored checkpoint instead of waiting for a client that holds it "
+        "(needs --save-state-dir)")] = False,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
@@ -124,6 +135,7 @@ def run(
                             "%(message)s")
     options = RunOptions(
         state_path=state, data_config_path=data_config, tui=tui, telemetry=telemetry,
+        accept_model_loss=accept_model_loss,
         server=ServerOptions(host=bind_host, port=server_port, save_state_dir=save_state_dir,
                              withdraw_on_disconnect=withdraw, init_warmup_time=init_warmup_time,
                              tick_interval_s=tick_interval))

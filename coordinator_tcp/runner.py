@@ -54,6 +54,9 @@ class RunOptions:
     data_config_path: Path | None = None
     tui: bool = False
     telemetry: TelemetryOptions | None = None
+    # The operator accepts that the run's newer model is lost (coordinator.Coordinator
+    # .accept_model_loss) on the state it resumes from --save-state-dir.
+    accept_model_loss: bool = False
 
 
 @dataclass
@@ -136,6 +139,17 @@ def load_run(options: RunOptions) -> LoadedRun:
                             describe_location(checkpoint))
                 state.model = state.model.model_copy(update={"checkpoint": checkpoint})
             coordinator, resumed = coordinator_from_state(state), True
+    if options.accept_model_loss:
+        if not resumed:
+            raise ConfigError(["--accept-model-loss: no saved state to accept it on (it "
+                               "needs --save-state-dir holding the run's state)"])
+        refused = coordinator.accept_model_loss()
+        if refused is not None:
+            raise ConfigError([f"--accept-model-loss: {refused.detail}"])
+        log.warning("--accept-model-loss: the run goes on from its stored checkpoint %s; the "
+                    "training since is lost (model resets: %d)",
+                    describe_location(coordinator.state.model.checkpoint),
+                    coordinator.state.model_resets)
     return LoadedRun(coordinator, addresses, resumed, data_config, data_address)
 
 

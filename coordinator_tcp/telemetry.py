@@ -57,6 +57,7 @@ class CoordinatorTelemetry:
         t.gauge("psyche_coordinator_verification_reports").set(len(epoch.reports))
         t.gauge("psyche_coordinator_ejected_clients").set(len(ejected_clients(state)))
         t.gauge("psyche_coordinator_model_resets").set(state.model_resets)
+        t.gauge("psyche_coordinator_model_lost").set(int(state.model_lost))
 
         entering = state.run_state is not self._phase
         new_round = state.run_state is RunState.RoundTrain and (

@@ -29,7 +29,7 @@ from coordinator_tcp.server import CoordinatorServer
 from coordinator_tcp.stopping import hangup_safe_driver
 from coordinator_tcp.summary import summarize
 from coordinator_tcp.telemetry import ejected_clients
-from psyche_common.ui.view import describe_model_resets
+from psyche_common.ui.view import describe_model_lost, describe_model_resets
 
 MAX_EJECTED_NAMES = 4
 
@@ -110,8 +110,11 @@ class CoordinatorApp(App[None]):
             + (f"\nstopping… ({self.stopping})" if self.stopping else ""))
 
     def model_reset_text(self) -> str:
-        """How often the run went back to its stored checkpoint; "" while never."""
-        return describe_model_resets(self.server.state.model_resets) or ""
+        """Whether the run waits for a holder of its lost model, and how often it went back
+        to its stored checkpoint; "" while neither."""
+        state = self.server.state
+        lines = (describe_model_lost(state.model_lost), describe_model_resets(state.model_resets))
+        return "\n".join(line for line in lines if line is not None)
 
     def verification_text(self) -> str:
         """The epoch's verification reports and ejected clients; "" while verification is

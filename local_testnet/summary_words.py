@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from psyche_common.ui.view import MODEL_LOST
+
 
 def describe_summary(summary: dict[str, Any]) -> list[str]:
     """A few lines: how the run ended, its loss, the clients' agreement, kills and rejoins."""
@@ -33,6 +35,8 @@ def describe_summary(summary: dict[str, Any]) -> list[str]:
                      f"to the stored checkpoint, its training since lost"
                      + (f" ({with_holder} while a client holding the model was alive)"
                         if with_holder else " (no client holding the model was left)"))
+    if summary.get("coordinator_model_lost"):
+        lines.append(MODEL_LOST)
     if summary.get("error"):
         lines.append(f"error: {summary['error']}")
     return lines

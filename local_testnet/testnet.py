@@ -461,6 +461,8 @@ class Testnet:
             "models_reset_with_holder": self.model_resets.with_holder,
             # the coordinator's own count (CoordinatorState.model_resets)
             "coordinator_model_resets": self.state.model_resets if self.state else 0,
+            # the run waits for a holder of its newer model or an operator's decision
+            "coordinator_model_lost": self.state.model_lost if self.state else False,
             "error": error,
         }
 

@@ -36,7 +36,7 @@ from local_testnet.testnet import client_key
 from local_testnet.widgets import LogPane, LogTail, LossPlot, mean_losses
 from local_testnet.witness_state import witness_states
 from psyche_common.metrics_source import HttpClientMetricsSource
-from psyche_common.ui.view import describe_model_resets
+from psyche_common.ui.view import describe_model_lost, describe_model_resets
 
 if TYPE_CHECKING:
     from local_testnet.testnet import Testnet
@@ -132,10 +132,12 @@ class TestnetApp(App[None]):
         newer model alive (what must never happen); "" while none."""
         net = self.testnet
         said = describe_model_resets(net.state.model_resets if net.state else 0)
+        lost = describe_model_lost(net.state.model_lost if net.state else False)
         with_holder = net.model_resets.with_holder
+        text = f"\n{lost}" if lost else ""
         if said is None and not with_holder:
-            return ""
-        return ("\n" + (said or "MODEL RESET seen by the testnet")
+            return text
+        return (text + "\n" + (said or "MODEL RESET seen by the testnet")
                 + (f" ({with_holder} with a holder alive)" if with_holder else ""))
 
     def server_now(self) -> float:

@@ -120,6 +120,9 @@ class RunSnapshot(_Frozen):
     model_resets: int = Field(default=0, ge=0)
     """Epochs that went back to the run's stored checkpoint, no holder of the newer model
     having come back (CoordinatorState.model_resets)."""
+    model_lost: bool = False
+    """The run waits for a client holding its newer model, or for its authority to accept
+    the loss (CoordinatorState.model_lost)."""
 
 
 @dataclass(frozen=True)
@@ -243,4 +246,5 @@ def build_snapshot(observed: ObservedState, now_monotonic: float | None = None) 
         init_min_clients=state.config.init_min_clients,
         joined=observed.joined,
         model_resets=state.model_resets,
+        model_lost=state.model_lost,
     )

@@ -51,7 +51,7 @@ MODEL_REST_MAX = 1024
 STRING_MAX = 64
 
 # offsets of coordinator_layout.h (checked there with _Static_assert)
-_HEADER = struct.Struct("<8sQQ32s32s32s96sBBBBBBBxQ")          # 0 .. 232 (model_ahead: v3)
+_HEADER = struct.Struct("<8sQQ32s32s32s96sBBBBBBBBQ")          # 0 .. 232 (model_ahead, model_lost)
 CONFIG = struct.Struct("<QQQQQQIHHHHHBB")                      # 232 .. 296
 CONFIG_FIELDS = ("warmup_time", "cooldown_time", "max_round_train_time", "round_witness_time",
                  "epoch_time", "global_batch_size_warmup_tokens", "total_steps",
@@ -161,7 +161,7 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
         raise AccountDecodeError(
             f"a coordinator account has {COORDINATOR_ACCOUNT_SIZE} bytes, got {len(data)}")
     (magic, version, nonce, main, join, run_id, client_version, run_state, pending_pause,
-     first_round, cold_start, config_set, model_set, model_ahead,
+     first_round, cold_start, config_set, model_set, model_ahead, model_lost,
      state_start) = _HEADER.unpack_from(data, 0)
     if magic != COORDINATOR_MAGIC:
         raise AccountDecodeError("not an initialized coordinator account (bad magic)")
@@ -218,7 +218,7 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
                                verification_seed, reports),
         run_state_start_unix_timestamp=state_start, pending_pause=bool(pending_pause),
         client_version=account.client_version, rewards=Rewards(entries, *rates[:4]),
-        model_resets=model_resets, model_ahead=bool(model_ahead))
+        model_resets=model_resets, model_ahead=bool(model_ahead), model_lost=bool(model_lost))
     return account
 
 

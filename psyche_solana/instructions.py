@@ -167,6 +167,12 @@ def set_paused(account: Pubkey, authority: Pubkey, paused: bool) -> Instruction:
     return _coordinator(2, account, authority, bytes([paused]))
 
 
+def accept_model_loss(account: Pubkey, authority: Pubkey) -> Instruction:
+    """The run's authority accepts that its clients' newer model is lost: the run goes on
+    from the stored checkpoint (coordinator.Coordinator.accept_model_loss)."""
+    return _coordinator(14, account, authority)
+
+
 def set_future_epoch_rates(account: Pubkey, authority: Pubkey, earning_rate_total_shared: int | None,
                            slashing_rate_per_client: int | None) -> Instruction:
     payload = struct.pack("<BQBQ", earning_rate_total_shared is not None,

@@ -157,6 +157,9 @@ class SvmRun:
     def set_paused(self, paused: bool) -> Sent:
         return self.admin([ix.set_paused(self.address, self.authority.pubkey(), paused)])
 
+    def accept_model_loss(self) -> Sent:
+        return self.admin([ix.accept_model_loss(self.address, self.authority.pubkey())])
+
     def set_rates(self, earning: int | None, slashing: int | None) -> Sent:
         return self.admin([ix.set_future_epoch_rates(self.address, self.authority.pubkey(),
                                                      earning, slashing)])

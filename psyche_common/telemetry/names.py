@@ -211,6 +211,9 @@ COORDINATOR_METRICS: tuple[MetricSpec, ...] = (
     _server("psyche_coordinator_model_resets", "gauge",
             "epochs that started from the run's stored checkpoint because no client holding "
             "the newer model came back (its training since was lost)"),
+    _server("psyche_coordinator_model_lost", "gauge",
+            "1 while the run waits for a client holding its newer model (none came back, no "
+            "upload as new was reported) or for its authority to accept the loss, else 0"),
     _server("psyche_coordinator_round_duration_seconds", "gauge",
             "seconds between the starts of the last two training rounds", "s"),
     _server("psyche_coordinator_phase_duration_seconds", "gauge",

@@ -96,6 +96,18 @@ def describe_model_resets(resets: int) -> str | None:
             "the stored checkpoint, no client holding the newer model came back")
 
 
+MODEL_LOST = ("MODEL LOST: no client holding the run's newer model is back and no upload "
+              "as new was reported; waiting for a holder, or for the run's authority to "
+              "accept the loss (psyche-coordinator run --accept-model-loss; on Solana the "
+              "accept_model_loss instruction)")
+
+
+def describe_model_lost(lost: bool) -> str | None:
+    """The run waits for a holder of its model (CoordinatorState.model_lost); None while
+    not."""
+    return MODEL_LOST if lost else None
+
+
 def describe_run(run: RunSnapshot | None) -> list[str]:
     if run is None:
         return ["run: no coordinator data"]
@@ -111,7 +123,8 @@ def describe_run(run: RunSnapshot | None) -> list[str]:
                          warmup_ready=len(run.witnesses.received),
                          warmup_target=run.witnesses.target)
     reset = describe_model_resets(run.model_resets)
-    return [*lines, *(line for line in (wait, reset) if line is not None)]
+    lost = describe_model_lost(run.model_lost)
+    return [*lines, *(line for line in (wait, lost, reset) if line is not None)]
 
 
 def describe_witnesses(run: RunSnapshot | None) -> list[str]:

@@ -31,6 +31,9 @@
  *  13 set_run_metadata  [account, main_authority s, payer s w, metadata PDA w, system]
  *                       Psyche's RunMetadata, in the PDA ["metadata", account]
  *                       (run_metadata.h: payload, rules)
+ *  14 accept_model_loss [account w, main_authority s]  (no payload) the authority accepts
+ *                       that the clients' newer model is lost: the run, waiting for a
+ *                       holder (model_lost) or paused, goes on from the stored checkpoint
  * now = the Clock's unix_timestamp; seed = u64_le(SHA-256(unix_timestamp_i64_le ||
  * slot_u64_le)[0:8]) (docs/coordinator.md, "Seeds"). Events do not tick: clients send
  * tick transactions.
@@ -337,7 +340,7 @@ static u64 process(void) {
   u64 now = clock.unix_timestamp < 0 ? 0 : (u64)clock.unix_timestamp;
   const Pubkey *who = NULL;
   if (tag != 5 && (problem = signer(1, &who))) return problem;
-  if (((tag >= 1 && tag <= 3) || tag == 12) && !key_eq(who, &s->main_authority))
+  if (((tag >= 1 && tag <= 3) || tag == 12 || tag == 14) && !key_eq(who, &s->main_authority))
     return E_NotMainAuthority;
   if (tag == 12) return free_coordinator(s, account(0), len);
   s->nonce += 1;
@@ -358,6 +361,7 @@ static u64 process(void) {
   case 11:
     if (len != VERIFICATION_REPORT_WIRE_SIZE) return E_InvalidInstruction;
     return verification_report(s, who, data);
+  case 14: return len == 0 ? accept_model_loss(s) : E_InvalidInstruction;
   default: return E_InvalidInstruction;
   }
 }

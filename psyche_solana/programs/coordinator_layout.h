@@ -63,7 +63,7 @@ typedef struct {
   Pubkey main_authority; Pubkey join_authority;
   u8 run_id[32]; u8 client_version[96];
   u8 run_state; u8 pending_pause; u8 first_round; u8 cold_start_epoch;
-  u8 config_set; u8 model_set; u8 model_ahead; u8 pad0;  /* model_ahead: v3, was padding */
+  u8 config_set; u8 model_set; u8 model_ahead; u8 model_lost;  /* v3, v4: were padding */
   u64 run_state_start_unix_timestamp;
   Config config;
   Model model;

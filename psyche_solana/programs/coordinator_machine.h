@@ -68,9 +68,12 @@ static void withdraw_all_but_holders(State *s) {
       s->clients[i].state = Withdrawn;
 }
 
+/* a holder of the last epoch's model, between epochs: listed, Healthy or Withdrawn since
+ * (core.py holders_listed) */
 static bool was_listed(const State *s, const Pubkey *id) {
   for (u16 c = 0; c < s->clients_len; c++)
-    if (key_eq(&s->clients[c].id, id)) return true;
+    if (key_eq(&s->clients[c].id, id))
+      return s->clients[c].state == Healthy || s->clients[c].state == Withdrawn;
   return false;
 }
 
@@ -107,9 +110,34 @@ static void credit_epoch(State *s) {
 
 static bool is_pending(const State *s, u32 i) { return s->registry[i].active == s->next_active; }
 
+/* the stored checkpoint is older than the clients' model (core.py
+ * falling_back_loses_training) */
+static bool falling_back_loses_training(const State *s) {
+  u8 tag = s->model.checkpoint_tag;
+  return (tag == CkP2P || tag == CkP2PGcs) && s->model_ahead;
+}
+
+/* nobody holds the last epoch's model: use the stored one (fall_back_to_stored_checkpoint) */
+static void fall_back_to_stored_checkpoint(State *s) {
+  if (falling_back_loses_training(s) && s->model_resets < 0xffff) s->model_resets += 1;
+  if (s->model.checkpoint_tag == CkP2P) s->model.checkpoint_tag = CkHub;
+  else if (s->model.checkpoint_tag == CkP2PGcs) s->model.checkpoint_tag = CkGcs;
+  s->model_ahead = 0;
+  s->model_lost = 0;
+}
+
+/* whether a pending client holds the last epoch's model */
+static bool holder_pending(const State *s) {
+  for (u32 i = 0, n = 0; i < s->registry_len && n < MAX_CLIENTS; i++) {
+    if (!is_pending(s, i)) continue;
+    if (was_listed(s, &s->registry[i].id)) return true;
+    n++;
+  }
+  return false;
+}
+
 /* pending = registry entries whose `active` equals next_active, in registry order. */
 static void start_warmup(State *s, u64 now) {
-  move_clients_to_exited(s, current_round(s)->height);
   /* bit n: the n-th new client (pending, in registry order) was a client of the last epoch */
   u8 previous[MAX_CLIENTS / 8];
   sol_memset_(previous, 0, sizeof(previous));
@@ -123,13 +151,9 @@ static void start_warmup(State *s, u64 now) {
     }
     n++;
   }
-  if (!previous_member) {  /* nobody holds the last epoch's model: use the stored one */
-    u8 tag = s->model.checkpoint_tag;
-    if ((tag == CkP2P || tag == CkP2PGcs) && s->model_ahead && s->model_resets < 0xffff)
-      s->model_resets += 1;
-    if (s->model.checkpoint_tag == CkP2P) s->model.checkpoint_tag = CkHub;
-    else if (s->model.checkpoint_tag == CkP2PGcs) s->model.checkpoint_tag = CkGcs;
-  }
+  move_clients_to_exited(s, current_round(s)->height);
+  if (!previous_member) fall_back_to_stored_checkpoint(s);
+  s->model_lost = 0;
   /* the epoch continues from the last one's clients: they hold its start model */
   bool continuing = s->model.checkpoint_tag == CkP2P || s->model.checkpoint_tag == CkP2PGcs;
   if (!continuing) s->model_ahead = 0;  /* everyone loads the stored checkpoint */
@@ -225,8 +249,11 @@ static u64 tick(State *s, u64 now, u64 seed) {
   switch (s->run_state) {
   case WaitingForMembers:
     if (pending_count(s) >= config->init_min_clients &&
-        timed_out(s, now, config->waiting_for_members_extra_time))
-      start_warmup(s, now);
+        timed_out(s, now, config->waiting_for_members_extra_time)) {
+      /* the model is gone: wait for a holder, a report or the authority */
+      if (!holder_pending(s) && falling_back_loses_training(s)) s->model_lost = 1;
+      else start_warmup(s, now);
+    }
     return SUCCESS;
   case Warmup:
     if (timed_out(s, now, config->warmup_time)) { start_round_train(s, now, seed); return SUCCESS; }
@@ -397,6 +424,16 @@ static bool is_commit_id(const u8 *revision) {
   return true;
 }
 
+/* the upload holds the model of the epoch's last step unless a round past the next
+ * epoch's first applied training since (machine.py checkpoint) */
+static void uploaded_model_reported(State *s) {
+  if ((s->run_state == RoundTrain || s->run_state == RoundWitness) &&
+      current_round(s)->height > 0)
+    return;
+  s->model_ahead = 0;
+  s->model_lost = 0;
+}
+
 static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
   if (halted(s)) return E_Halted;
   u64 index = rd_u64(wire);
@@ -413,13 +450,15 @@ static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
     /* the new revision; Hub stays Hub and P2P stays P2P */
     s->model.has_second = true;
     sol_memcpy_(s->model.second, second, STRING_MAX);
+    uploaded_model_reported(s);
     return SUCCESS;
   }
   bool same_prefix = s->model.has_second == has_second &&
                      (!has_second || bytes_eq(s->model.second, second, STRING_MAX));
   if (!(current == CkGcs || current == CkP2PGcs) || !same_repo || !same_prefix)
     return E_CheckpointNotRunRepository;
-  return SUCCESS;  /* a Gcs location has no revision: nothing changes */
+  uploaded_model_reported(s);
+  return SUCCESS;  /* a Gcs location has no revision: nothing else changes */
 }
 
 /* Verification reports (coordinator/verification.py, machine.py verification_report).
@@ -512,6 +551,15 @@ static u64 pause(State *s, u64 now) {
   if (halted(s)) return E_Halted;
   if (active(s)) s->pending_pause = 1;
   else enter_paused(s, now);
+  return SUCCESS;
+}
+
+/* the authority accepts that the clients' newer model is lost (machine.py
+ * accept_model_loss) */
+static u64 accept_model_loss(State *s) {
+  if (s->run_state != WaitingForMembers && s->run_state != Paused) return E_WrongRunState;
+  if (!falling_back_loses_training(s)) return E_WrongRunState;
+  fall_back_to_stored_checkpoint(s);
   return SUCCESS;
 }
 

@@ -355,7 +355,10 @@ def test_pause_when_not_active_pauses_now() -> None:
     assert all(c.state is ClientState.Withdrawn for c in state.epoch_state.clients)
 
 
-def test_next_epoch_demotes_p2p_without_previous_clients() -> None:
+def test_next_epoch_waits_without_previous_clients_until_the_loss_is_accepted() -> None:
+    """The model applied training, none of its holders (the clients the pause withdrew)
+    comes back and nothing was uploaded: the run waits with `model_lost` instead of going
+    on from the stored checkpoint, until its authority accepts the loss."""
     coordinator, _ = make(total_steps=100)
     now = to_round_train(coordinator)
     now = finish_round(coordinator, now + 1)  # round 1 applies round 0: the model moved on
@@ -364,13 +367,91 @@ def test_next_epoch_demotes_p2p_without_previous_clients() -> None:
     now = finish_round(coordinator, now + 1)
     coordinator.tick([], now + 3, 1)
     coordinator.resume(now + 4)
-    assert isinstance(coordinator.state.model.checkpoint, P2PCheckpoint)
-    assert coordinator.state.model_resets == 0
-    coordinator.tick([node(50), node(51)], now + 10, 1)
-    assert isinstance(coordinator.state.model.checkpoint, HubCheckpoint)
-    assert coordinator.state.model_resets == 1  # the run says its model went back
-    assert not coordinator.state.model_ahead  # everyone loads the stored checkpoint now
-    assert decode_state(encode_state(coordinator.state)) == coordinator.state
+    state = coordinator.state
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)
+    for later in (now + 10, now + 100):
+        coordinator.tick([node(50), node(51)], later, 1)
+        assert state.run_state is RunState.WaitingForMembers and state.model_lost
+    assert isinstance(state.model.checkpoint, P2PCheckpoint) and state.model_resets == 0
+    assert decode_state(encode_state(state)) == state  # persisted and broadcast
+    assert coordinator.accept_model_loss() is None
+    assert isinstance(state.model.checkpoint, HubCheckpoint)
+    assert state.model_resets == 1  # the run says its model went back
+    assert not state.model_ahead and not state.model_lost
+    coordinator.tick([node(50), node(51)], now + 101, 1)
+    assert state.run_state is RunState.Warmup
+    assert isinstance(state.model.checkpoint, HubCheckpoint)
+    assert state.model_resets == 1  # counted once, at the decision
+
+
+def _after_first_epoch(checkpoint: HubCheckpoint | None = None) -> tuple[Coordinator, int]:
+    """Epoch 0 (clients 0..3) trains until its time is up and ends; the run waits for
+    members, its clients holding a model ahead of the stored checkpoint."""
+    coordinator, _ = make(total_steps=100, epoch_time=30)
+    state = coordinator.state
+    if checkpoint is not None:
+        state.model = state.model.model_copy(update={"checkpoint": checkpoint})
+    now = to_round_train(coordinator)
+    while state.run_state is RunState.RoundTrain:
+        now = finish_round(coordinator, now + 1)
+    now += state.config.cooldown_time
+    coordinator.tick([], now, 1)
+    assert state.run_state is RunState.WaitingForMembers and state.model_ahead
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)
+    return coordinator, now
+
+
+def test_the_run_waits_for_a_holder_and_goes_on_from_it() -> None:
+    coordinator, now = _after_first_epoch()
+    state = coordinator.state
+    newcomers = [node(60), node(61)]
+    coordinator.tick(newcomers, now + 10, 1)
+    assert state.run_state is RunState.WaitingForMembers and state.model_lost
+    rejected(coordinator, lambda: coordinator.resume(now + 10), CoordinatorError.CannotResume)
+    coordinator.tick([*newcomers, node(3)], now + 11, 1)  # a holder is back: at once
+    assert state.run_state is RunState.Warmup and not state.model_lost
+    assert isinstance(state.model.checkpoint, P2PCheckpoint)  # fetched from the holder
+    assert [c.holds_model for c in state.epoch_state.clients] == [False, False, True]
+    assert state.model_resets == 0
+
+
+def test_a_checkpoint_report_makes_a_fallback_lose_nothing() -> None:
+    """A holder reported its upload of the cooldown's model: the stored checkpoint is as
+    new, so a run whose holders are all gone goes on from it without waiting or counting
+    a reset."""
+    coordinator, now = _after_first_epoch(HubCheckpoint(repo_id="org/model"))
+    state = coordinator.state
+    coordinator.tick([node(60), node(61)], now + 10, 1)
+    assert state.model_lost
+    commit = "ab" * 20
+    assert coordinator.checkpoint(node(0), 0, HubCheckpoint(repo_id="org/model",
+                                                             revision=commit)) is None
+    assert not state.model_ahead and not state.model_lost
+    coordinator.tick([node(60), node(61)], now + 11, 1)
+    assert state.run_state is RunState.Warmup
+    assert state.model.checkpoint == HubCheckpoint(repo_id="org/model", revision=commit)
+    assert state.model_resets == 0
+
+
+def test_a_report_during_a_later_round_keeps_the_model_ahead() -> None:
+    """A report that arrives once a round past the epoch's first applied training is of
+    an older model: the clients' model stays ahead of it."""
+    coordinator, _ = make(total_steps=100)
+    state = coordinator.state
+    state.model = state.model.model_copy(update={"checkpoint": HubCheckpoint(repo_id="org/model")})
+    now = to_round_train(coordinator)
+    now = finish_round(coordinator, now + 1)
+    assert state.run_state is RunState.RoundTrain and state.current_round.height == 1
+    assert coordinator.checkpoint(node(0), 0, HubCheckpoint(repo_id="org/model",
+                                                             revision="cd" * 20)) is None
+    assert state.model_ahead
+
+
+def test_accept_model_loss_is_refused_when_nothing_would_be_lost() -> None:
+    coordinator, _ = make(total_steps=100)
+    rejected(coordinator, coordinator.accept_model_loss, CoordinatorError.WrongRunState)
+    to_round_train(coordinator)
+    rejected(coordinator, coordinator.accept_model_loss, CoordinatorError.WrongRunState)
 
 
 def test_a_fallback_after_an_epoch_that_applied_nothing_is_no_reset() -> None:

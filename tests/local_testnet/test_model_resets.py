@@ -32,8 +32,9 @@ def node(i: int) -> NodeIdentity:
 
 def epoch_then_new_clients(resets: ModelResets, between: object = None) -> Coordinator:
     """Epoch 0 with clients 1-3 (two rounds, the second unwitnessed: they stay and hold
-    the model), its cooldown, then an epoch of clients 4 and 5 only: the coordinator falls
-    back to the stored checkpoint. `between()` runs after the cooldown began."""
+    the model), its cooldown, then clients 4 and 5 only: the run waits for a holder
+    (model_lost) until the operator accepts the loss, and the next epoch starts from the
+    stored checkpoint. `between()` runs after the cooldown began."""
     coordinator = Coordinator.from_state_file(make_state_file(
         init_min_clients=2, min_clients=2, witness_nodes=1, warmup_time=10,
         max_round_train_time=5, round_witness_time=2, cooldown_time=3))
@@ -66,6 +67,10 @@ def epoch_then_new_clients(resets: ModelResets, between: object = None) -> Coord
     while state.run_state is RunState.WaitingForMembers and now < 200:
         tick([4, 5], now)
         now += 1
+    assert state.run_state is RunState.WaitingForMembers and state.model_lost
+    assert resets.count == 0  # waiting loses nothing yet
+    assert coordinator.accept_model_loss() is None
+    tick([4, 5], now)
     assert state.run_state is RunState.Warmup
     assert isinstance(state.model.checkpoint, HubCheckpoint)
     return coordinator
@@ -124,6 +129,27 @@ def test_the_summary_says_a_reset_in_words() -> None:
         "since lost (1 while a client holding the model was alive)")
     assert not any("RESET" in line for line in describe_summary(
         {**summary, "models_reset": 0, "models_reset_with_holder": 0}))
+
+
+def test_the_summary_and_the_tui_say_a_lost_model(tmp_path: Path) -> None:
+    """A run that stopped waiting for a holder of its model says so, in the summary's
+    words and the testnet TUI's status."""
+    from tcp_helpers import TESTNET
+
+    from local_testnet.testnet import Testnet, TestnetOptions
+    from local_testnet.tui import TestnetApp
+    from psyche_common.ui.view import MODEL_LOST
+
+    summary = {"finished": False, "run_state": "WaitingForMembers", "final_step": 9,
+               "coordinator_model_lost": True, "error": None}
+    assert MODEL_LOST in describe_summary(summary)
+    assert MODEL_LOST not in describe_summary({**summary, "coordinator_model_lost": False})
+    net = Testnet(TestnetOptions(num_clients=3, config_path=TESTNET, work_dir=tmp_path,
+                                 server_port=1))
+    net.state = Coordinator.from_state_file(make_state_file()).state
+    net.state.model_lost = True
+    assert TestnetApp(net).model_reset_text() == "\n" + MODEL_LOST
+    assert net.summary()["coordinator_model_lost"] is True
 
 
 def test_the_testnet_tui_says_a_reset_and_whether_a_holder_was_alive(tmp_path: Path) -> None:

@@ -190,6 +190,8 @@ class Harness:
             return py.pause(now)
         if kind == "resume":
             return py.resume(now)
+        if kind == "accept_model_loss":
+            return py.accept_model_loss()
         if kind == "rates":
             set_future_rates(py.state.rewards, event[1], event[2])
             return None
@@ -227,6 +229,8 @@ class Harness:
             run.set_paused(True)
         elif kind == "resume":
             run.set_paused(False)
+        elif kind == "accept_model_loss":
+            run.accept_model_loss()
         elif kind == "rates":
             run.set_rates(event[1], event[2])
 
@@ -241,6 +245,7 @@ EVENTS = st.one_of(
     st.tuples(st.just("health_check"), client, client),
     st.tuples(st.just("checkpoint"), client, st.integers(0, len(REPORTS) - 1)),
     st.tuples(st.just("pause")),
+    st.tuples(st.just("accept_model_loss")),
     st.tuples(st.just("rates"), st.none() | st.integers(0, 10**6), st.none() | st.integers(0, 99)),
 )
 # Runs that progress: mostly the natural next step of the current phase ("auto"),
@@ -255,6 +260,8 @@ def natural_events(harness: Harness, rng: random.Random) -> list[tuple]:
               if state.index_of(NodeIdentity(bytes(c.pubkey()))) is not None]
     phase = state.run_state
     if phase is RunState.WaitingForMembers:
+        if state.model_lost and rng.random() < 0.15:  # the authority gives up on the model
+            return [("accept_model_loss",)]
         return [("join", rng.randrange(len(CLIENTS)))] if rng.random() < 0.4 else [
             ("advance", 2), ("tick",)]
     # Uploads end in Cooldown or, later, while the next epoch (P2P by then) is under way.
@@ -328,6 +335,7 @@ def random_event(rng: random.Random) -> tuple:
         ("tick",), ("join", c), ("warmup_witness", c, True), ("witness", c, False),
         ("witness", c, True), ("health_check", c, rng.randrange(len(CLIENTS))),
         ("checkpoint", c, rng.randrange(len(REPORTS))), ("pause",), ("resume",),
+        ("accept_model_loss",),
         ("rates", rng.randrange(10**6), None), ("advance", rng.choice([1, 5, 41]))])
 
 
@@ -400,6 +408,61 @@ def test_a_round_whose_witness_died_keeps_the_model_on_chain_too():
     harness.apply(("tick",))
     assert harness.python.state.run_state is RunState.Warmup
     assert harness.python.state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO)
+
+
+def _epoch_that_trained(seed: int) -> Harness:
+    """Clients 0 and 1 train an epoch of two witnessed rounds and end it: the run waits
+    for members, its model (P2P) ahead of the stored checkpoint, on chain as in Python."""
+    harness = Harness(_state_file(2, 2, 1, 10, total_steps=40), random.Random(seed))
+    for event in [("rates", 1000, None), ("join", 0), ("join", 1)]:
+        harness.apply(event)
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    harness.apply(("warmup_witness", 0, True))
+    state = harness.python.state
+    while state.run_state is not RunState.Cooldown:
+        if state.run_state is RunState.RoundTrain and state.current_round.height < 2:
+            for i in (0, 1):
+                harness.apply(("witness", i, True))
+        harness.svm.advance(11)
+        harness.apply(("tick",))
+    while state.run_state is RunState.Cooldown:
+        harness.svm.advance(11)
+        harness.apply(("tick",))
+    assert state.run_state is RunState.WaitingForMembers and state.model_ahead
+    assert state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO)
+    return harness
+
+
+def test_a_lost_model_waits_for_a_holder_on_chain_too():
+    harness = _epoch_that_trained(12)
+    state = harness.python.state
+    harness.apply(("join", 2))  # newcomers only: the model would be lost
+    harness.apply(("join", 3))
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    assert state.run_state is RunState.WaitingForMembers and state.model_lost
+    assert harness.run.account().state.model_lost
+    harness.apply(("join", 1))  # a holder is back: warm-up from it
+    harness.apply(("tick",))
+    assert state.run_state is RunState.Warmup and not state.model_lost
+    assert state.model.checkpoint == P2PCheckpoint(repo_id=RUN_REPO)
+    assert state.model_resets == 0
+
+
+def test_the_authority_accepts_a_lost_model_on_chain_too():
+    harness = _epoch_that_trained(13)
+    state = harness.python.state
+    harness.apply(("join", 2))
+    harness.apply(("join", 3))
+    harness.svm.advance(2)
+    harness.apply(("tick",))
+    assert state.model_lost
+    assert harness.apply(("accept_model_loss",)) is None
+    assert state.model.checkpoint == HubCheckpoint(repo_id=RUN_REPO) and state.model_resets == 1
+    assert harness.apply(("accept_model_loss",)) == "WrongRunState"  # nothing left to lose
+    harness.apply(("tick",))
+    assert state.run_state is RunState.Warmup and harness.run.account().state.model_resets == 1
 
 
 def test_only_the_authority_moves_the_checkpoint_repository():

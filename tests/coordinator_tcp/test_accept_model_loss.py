@@ -1,0 +1,62 @@
+"""psyche-coordinator run --accept-model-loss: the operator of a TCP run whose model is
+lost (it waits for a holder, model_lost) restarts the server on its saved state and the
+run goes on from the stored checkpoint, counted as a model reset; refused in one line
+when there is nothing to accept it on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tcp_helpers import TESTNET, make_state_file, server_options
+from typer.testing import CliRunner
+
+from coordinator import Coordinator, NodeIdentity, RunState, encode_state
+from coordinator.config import ConfigError, HubCheckpoint, P2PCheckpoint
+from coordinator_tcp.cli import app
+from coordinator_tcp.persistence import StateStore
+from coordinator_tcp.runner import RunOptions, load_run
+
+
+def save_a_lost_run(directory: Path) -> None:
+    """The saved state of a run whose last epoch trained (model_ahead, P2P) and whose
+    pending clients are all newcomers: it waits with model_lost."""
+    coordinator = Coordinator.from_state_file(make_state_file(init_min_clients=2))
+    state = coordinator.state
+    state.model = state.model.model_copy(update={
+        "checkpoint": P2PCheckpoint(repo_id="assets/tiny-llama")})
+    state.model_ahead = True
+    coordinator.tick([NodeIdentity(bytes([i]) * 32) for i in (7, 8)], 100, 1)
+    assert state.run_state is RunState.WaitingForMembers and state.model_lost
+    StateStore(directory).save(encode_state(state), {})
+
+
+def options(tmp_path: Path, saved: Path, accept: bool) -> RunOptions:
+    state_toml = tmp_path / "state.toml"
+    state_toml.write_text(make_state_file(init_min_clients=2).to_toml())
+    return RunOptions(state_path=state_toml, data_config_path=TESTNET / "data.toml",
+                      server=server_options(save_state_dir=saved), accept_model_loss=accept)
+
+
+def test_a_restart_with_the_flag_goes_on_from_the_stored_checkpoint(tmp_path: Path) -> None:
+    save_a_lost_run(tmp_path / "saved")
+    waiting = load_run(options(tmp_path, tmp_path / "saved", accept=False)).coordinator.state
+    assert waiting.model_lost and isinstance(waiting.model.checkpoint, P2PCheckpoint)
+    state = load_run(options(tmp_path, tmp_path / "saved", accept=True)).coordinator.state
+    assert not state.model_lost and state.model_resets == 1
+    assert state.model.checkpoint == HubCheckpoint(repo_id="assets/tiny-llama")
+    # Accepted once: a second restart with the flag has nothing left to accept.
+    StateStore(tmp_path / "saved").save(encode_state(state), {})
+    with pytest.raises(ConfigError, match="--accept-model-loss: the stored checkpoint is as "
+                                          "new as the clients' model"):
+        load_run(options(tmp_path, tmp_path / "saved", accept=True))
+
+
+def test_the_flag_without_a_saved_state_is_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, [
+        "run", "--state", str(TESTNET / "state.toml"), "--data-config",
+        str(TESTNET / "data.toml"), "--server-port", "0", "--accept-model-loss"])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert any("--accept-model-loss: no saved state to accept it on" in line for line in lines)
+    assert "Traceback" not in result.output
