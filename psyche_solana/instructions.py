@@ -331,10 +331,12 @@ def treasurer_run_create(payer: Pubkey, index: int, coordinator_account: Pubkey,
 
 def treasurer_run_update(authority: Pubkey, index: int, coordinator_account: Pubkey,
                          inner: Instruction) -> Instruction:
-    """Forward an admin coordinator instruction (update, set_paused, set_future_epoch_rates)
-    built for any authority; the treasurer signs it with the Run PDA."""
-    if inner.program_id != coordinator_program() or inner.data[:1] not in (b"\1", b"\2", b"\3"):
-        raise ValueError("only update, set_paused and set_future_epoch_rates can be forwarded")
+    """Forward an admin coordinator instruction (update, set_paused, set_future_epoch_rates,
+    accept_model_loss) built for any authority; the treasurer signs it with the Run PDA."""
+    if (inner.program_id != coordinator_program()
+            or inner.data[:1] not in (b"\1", b"\2", b"\3", b"\x0e")):
+        raise ValueError("only update, set_paused, set_future_epoch_rates and accept_model_loss "
+                         "can be forwarded")
     return Instruction(treasurer_program(), b"\1" + bytes(inner.data), [
         _meta(authority, True), _meta(treasurer_run_address(index)),
         _meta(coordinator_account, writable=True), _meta(coordinator_program())])

@@ -212,6 +212,8 @@ CASES: list[tuple[str, str, Build]] = [
      _as("intruder", lambda w: ix.set_paused(w.paused.address, _me(w), False))),
     ("set-future-epoch-rates", "NotMainAuthority",
      _as("intruder", lambda w: ix.set_future_epoch_rates(w.run.address, _me(w), 10**9, 0))),
+    ("accept-model-loss", "NotMainAuthority",
+     _as("intruder", lambda w: ix.accept_model_loss(w.paused.address, _me(w)))),
     ("free-coordinator", "NotMainAuthority",
      _as("intruder", lambda w: ix.free_coordinator(w.paused.address, _me(w), "paused-run", _me(w)))),
     ("set-run-metadata", "NotMainAuthority",
@@ -234,6 +236,12 @@ CASES: list[tuple[str, str, Build]] = [
         _me(w), w.treasury.treasurer_index or 0, w.treasury.address, Meta("evil")))),
     ("run-close", "NotMainAuthority", _as("intruder", lambda w: close(
         _me(w), w.treasury.treasurer_index or 0, w.treasury.address, "treasury-run"))),
+    # forwarded to the coordinator, which has nothing to accept (the loss is not refused
+    # by the treasurer: a treasurer run's authority can accept it)
+    ("run-update-accept-model-loss", "WrongRunState", _as("treasury.authority", lambda w:
+        ix.treasurer_run_update(w.treasury.authority.pubkey(), w.treasury.treasurer_index or 0,
+                                w.treasury.address,
+                                ix.accept_model_loss(w.treasury.address, w.run_pda())))),
     ("run-update-not-admin", "NotAdminInstruction", _as("treasury.authority", lambda w: _raw(
         treasurer_program(), b"\x01\x05", (w.treasury.authority.pubkey(), True, False),
         (w.run_pda(), False, False), (w.treasury.address, False, True),
