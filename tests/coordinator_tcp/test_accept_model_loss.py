@@ -1,21 +1,31 @@
-"""psyche-coordinator run --accept-model-loss: the operator of a TCP run whose model is
-lost (it waits for a holder, model_lost) restarts the server on its saved state and the
-run goes on from the stored checkpoint, counted as a model reset; refused in one line
-when there is nothing to accept it on."""
+"""A TCP run whose model is lost waits for a holder (model_lost, sent to its clients);
+psyche-coordinator run --accept-model-loss: its operator restarts the server on the saved
+state and the run goes on from the stored checkpoint, counted as a model reset; refused in
+one line when there is nothing to accept it on."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from tcp_helpers import TESTNET, make_state_file, server_options
+from tcp_helpers import (
+    TESTNET,
+    Clock,
+    identity,
+    join,
+    make_state_file,
+    next_state,
+    server_options,
+    wait_for,
+)
 from typer.testing import CliRunner
 
-from coordinator import Coordinator, NodeIdentity, RunState, encode_state
+from coordinator import Client, Coordinator, NodeIdentity, RunState, decode_state, encode_state
 from coordinator.config import ConfigError, HubCheckpoint, P2PCheckpoint
 from coordinator_tcp.cli import app
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.runner import RunOptions, load_run
+from coordinator_tcp.server import CoordinatorServer
 
 
 def save_a_lost_run(directory: Path) -> None:
@@ -60,3 +70,41 @@ def test_the_flag_without_a_saved_state_is_one_line(tmp_path: Path) -> None:
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert any("--accept-model-loss: no saved state to accept it on" in line for line in lines)
     assert "Traceback" not in result.output
+
+
+async def test_a_tcp_run_waits_for_a_holder_and_tells_its_clients() -> None:
+    """Over real loopback connections: a newcomer alone makes the run wait (the state it
+    is sent says model_lost), the last epoch's client coming back starts the warm-up from
+    it (P2P, holds_model)."""
+    coordinator = Coordinator.from_state_file(make_state_file(init_min_clients=1))
+    state = coordinator.state
+    assert state.run_state is RunState.WaitingForMembers
+    state.model = state.model.model_copy(update={
+        "checkpoint": P2PCheckpoint(repo_id="assets/tiny-llama")})
+    state.model_ahead = True
+    holder = NodeIdentity(identity(1).public_key)
+    state.epoch_state.clients = [Client(holder)]
+    clock = Clock(2_000_000.0)
+    server = CoordinatorServer(coordinator, server_options(), clock=clock)
+    await server.start()
+    newcomer = await join(server, identity(2))
+    try:
+        clock.now += 2
+        await wait_for(lambda: server.state.model_lost)
+        assert server.state.run_state is RunState.WaitingForMembers
+        sent = decode_state((await next_state(newcomer)).state_bytes)
+        for _ in range(20):
+            if sent.model_lost:
+                break
+            sent = decode_state((await next_state(newcomer)).state_bytes)
+        assert sent.model_lost
+        back = await join(server, identity(1))
+        await wait_for(lambda: server.state.run_state is RunState.Warmup)
+        assert not server.state.model_lost and server.state.model_resets == 0
+        assert isinstance(server.state.model.checkpoint, P2PCheckpoint)
+        assert {c.id: c.holds_model for c in server.state.epoch_state.clients} == {
+            holder: True, NodeIdentity(identity(2).public_key): False}
+        await back.close()
+    finally:
+        await newcomer.close()
+        await server.stop()
