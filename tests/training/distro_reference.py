@@ -1,7 +1,8 @@
 """What DisTrO produced for a fixed seed, recorded so that a rewrite of the update can be
 checked against the code that came before it (tests/training/test_distro_reference.py).
 
-    .venv/bin/python tests/training/distro_reference.py     # rewrites the fixture
+    .venv/bin/python tests/training/distro_reference.py           # rewrites the fixture
+    .venv/bin/python tests/training/distro_reference.py --print   # prints it instead
 
 records, for the bundled tiny model on CPU, SHA-256 hashes of every payload and of the
 weights after each step, for:
@@ -12,7 +13,10 @@ weights after each step, for:
 - the torch.optim DisTrO optimizer (synchronous step, LocalExchange), 1-bit and values.
 
 The fixture was first written by the code before the DisTrO step was unified and grouped
-(commit "tests: DisTrO payload and weight hashes recorded from the current code").
+(commit "tests: DisTrO payload and weight hashes recorded from the current code"), and
+written again by that same code (a worktree of that commit) under the pinned CPU numerics
+of reproducible_numerics.py, which every recording and check now runs under: the first
+recording held only on CPUs like the one that made it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ FIXTURE = HERE / "fixtures" / "distro_reference.json"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+from reproducible_numerics import reproducible_numerics_active, run_reproducibly  # noqa: E402
 from training_assets import TINY_MODEL, TRAIN_DATA  # noqa: E402
 
 from client_image.training.distro_optimizer import DisTrO, LocalExchange  # noqa: E402
@@ -130,6 +135,11 @@ def record() -> dict[str, dict[str, list[str]]]:
 
 
 if __name__ == "__main__":
-    FIXTURE.parent.mkdir(exist_ok=True)
-    FIXTURE.write_text(json.dumps(record(), indent=1) + "\n")
-    print(f"wrote {FIXTURE}")
+    if not reproducible_numerics_active():
+        print(run_reproducibly(Path(__file__), *sys.argv[1:]), end="")
+    elif "--print" in sys.argv[1:]:
+        print(json.dumps(record(), indent=1))
+    else:
+        FIXTURE.parent.mkdir(exist_ok=True)
+        FIXTURE.write_text(json.dumps(record(), indent=1) + "\n")
+        print(f"wrote {FIXTURE}")

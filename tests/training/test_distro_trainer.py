@@ -1,11 +1,12 @@
 """DistroTrainer: the per-step pipeline (docs/distro.md) on the real tiny model and data."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from golden_loss_curve import GOLDEN
+from reproducible_numerics import run_reproducibly
 from training_assets import TINY_MODEL, TRAIN_DATA, VALIDATION_DATA
 
 from client_image.training.model import load_causal_lm
@@ -15,7 +16,7 @@ from client_image.training.wire import ResultDecodeError
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
 
-GOLDEN = Path(__file__).parent / "golden" / "distro_tiny_llama.json"
+GOLDEN_CURVE = Path(__file__).parent / "golden_loss_curve.py"
 DISTRO = DistroOptimizer(
     compression_decay=0.999, compression_topk=8, compression_chunk=64, quantize_1bit=True,
     clip_grad_norm=1.0, weight_decay=0.1,
@@ -42,11 +43,9 @@ def _batch(start=0, n=2, seq_len=32):
 
 
 def test_golden_loss_curve_of_a_fixed_seed():
-    """Two peers, 8 steps: any change to the update rule, the wire or the data moves it."""
-    losses = [round(report.loss, 5) for report in _simulation(steps=8, lr=6e-3, warmup=4).run()]
-    if os.environ.get("PSYCHE_UPDATE_GOLDEN"):
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(json.dumps({"losses": losses}, indent=1) + "\n")
+    """Two peers, 8 steps: any change to the update rule, the wire or the data moves it
+    (recorded and run under pinned CPU numerics: golden_loss_curve.py)."""
+    losses = json.loads(run_reproducibly(GOLDEN_CURVE, "--print"))
     golden = json.loads(GOLDEN.read_text())["losses"]
     # Steps 0 and 1 train the initial weights; from step 2 on the applied updates show.
     assert losses == pytest.approx(golden, abs=2e-3)
