@@ -28,7 +28,7 @@ from run_manager.commands.solana_authorizations import (
     join_authorization_read,
 )
 from run_manager.commands.solana_common import SOLANA_PANEL, with_websocket_options
-from run_manager.commands.solana_lifecycle import checkpoint, close_run
+from run_manager.commands.solana_lifecycle import accept_model_loss, checkpoint, close_run
 from run_manager.commands.solana_rewards import treasurer_claim_rewards, treasurer_top_up_rewards
 from run_manager.commands.solana_runs import (
     create_run,
@@ -44,6 +44,7 @@ from run_manager.commands.solana_runs import (
 COMMANDS: dict[str, Callable[..., None]] = {
     "create-run": create_run, "close-run": close_run, "update-config": update_config,
     "set-paused": set_paused, "checkpoint": checkpoint,
+    "accept-model-loss": accept_model_loss,
     "set-future-epoch-rates": set_future_epoch_rates,
     "join-authorization-create": join_authorization_create,
     "join-authorization-delegate": join_authorization_delegate,

@@ -1,6 +1,7 @@
 """The Solana subcommands at the two ends of a run's life beyond create/pause: close a
 halted run (Psyche's close-run, the coordinator's free_coordinator) and set the
-checkpoint a paused run restarts from (Psyche's checkpoint, as its authority)."""
+checkpoint a paused run restarts from (Psyche's checkpoint, as its authority), and accept
+that a run's newer model is lost (ours: the run otherwise waits for a client that holds it)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,35 @@ def checkpoint(run_id: RunId,
 
     run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"run {run_id!r} restarts from Hub {repo}" + (f" @ {revision}" if revision else ""))
+
+
+def accept_model_loss(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL,
+                      rpc_2: Rpc2 = None, program_id: ProgramId = None,
+                      treasurer_index: TreasurerIndex = None) -> None:
+    """As the authority, let a run whose newer model is lost go on from its checkpoint.
+
+    A run whose clients' newer model is gone (MODEL LOST) waits for a client that holds
+    it; this gives up the training since the stored checkpoint instead, counted as a model
+    reset."""
+    from psyche_solana import instructions as ix
+    from psyche_solana.runs import admin, find_run
+    from run_manager.commands.solana_runs import authority_of
+
+    authority = signing_keypair(wallet)
+
+    async def work(client: Any) -> int:
+        run = await find_run(client, run_id, treasurer_index)
+        state = run.account.state
+        if state is None or not (state.model_lost or state.model_ahead):
+            raise fail(f"run {run_id!r}: its stored checkpoint is as new as its clients' "
+                        "model, nothing to accept")
+        if run.account.run_state.name not in ("WaitingForMembers", "Paused"):
+            raise fail(f"run {run_id!r} is {run.account.run_state.name}: a loss is accepted "
+                        "while the run waits for members or is paused")
+        await admin(client, run, authority,
+                    [ix.accept_model_loss(run.address, authority_of(run, authority))])
+        after = (await find_run(client, run_id, treasurer_index)).account.state
+        return after.model_resets if after is not None else 0
+
+    resets = run_rpc(rpc, rpc_2, program_id, work)
+    typer.echo(f"run {run_id!r} goes on from its stored checkpoint (model resets: {resets})")

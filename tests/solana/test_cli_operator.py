@@ -164,6 +164,24 @@ def test_checkpoint_sets_a_paused_runs_hub_checkpoint(localnet, tmp_path):
     assert after.model == before.model  # the rest of the model is untouched
 
 
+def test_accept_model_loss_is_refused_in_one_line_while_nothing_is_lost(localnet, tmp_path):
+    # Taking a run to MODEL LOST needs an epoch of training; the program's side of the
+    # instruction (authority only, waiting or paused, the fall back counted) is played on
+    # chain by tests/solana/test_differential.py. Here: what the operator is told.
+    owner_path, _ = funded_wallet(tmp_path, "owner", localnet)
+    assert run_cli(localnet, owner_path, "create-run", "-r", "lost", "-c", "v1").exit_code == 0
+    assert run_cli(localnet, owner_path, "update-config", "-r", "lost", "--config-path",
+                   str(STATE)).exit_code == 0
+    nothing = run_cli(localnet, owner_path, "accept-model-loss", "-r", "lost")
+    assert nothing.exit_code == 1, nothing.output
+    assert "as new as its clients' model, nothing to accept" in nothing.output
+    assert "Traceback" not in nothing.output
+    unknown = run_cli(localnet, owner_path, "accept-model-loss", "-r", "no-such-run")
+    assert unknown.exit_code != 0 and "Traceback" not in unknown.output
+    helped = run_cli(localnet, None, "accept-model-loss", "--help")
+    assert helped.exit_code == 0 and "stored checkpoint" in helped.output
+
+
 def test_epoch_rates_take_decimals_and_bad_values_are_one_line(localnet, tmp_path):
     owner_path, owner = funded_wallet(tmp_path, "owner", localnet)
     mint = mint_for(localnet, owner, 10**6)
