@@ -90,7 +90,7 @@ def test_a_verification_report_arrives_attributed_to_the_connections_key() -> No
 def test_domain_messages_are_values() -> None:
     report = CheckpointReport(index=0, repo=GcsCheckpoint(bucket="b"))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        report.index = 1  # type: ignore[misc]
+        report.index = 1  # type: ignore[misc]  # assigning a frozen field is the point
     assert report == CheckpointReport(index=0, repo=GcsCheckpoint(bucket="b"))
 
 
