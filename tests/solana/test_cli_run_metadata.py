@@ -155,9 +155,9 @@ def test_close_run_keeps_a_treasurer_run_whose_points_are_not_claimed(tmp_path):
 
     from psyche_solana.localnet import LocalValidator
     from psyche_solana.scenario import SvmRun
-    from tests.solana.test_differential import _state_file
+    from tests.solana.test_differential import small_run_state
 
-    run = SvmRun.create(_state_file(2, 2, 1, 10), treasurer=True)
+    run = SvmRun.create(small_run_state(2, 2, 1, 10), treasurer=True)
     clients = [Keypair(), Keypair()]
     for key in clients:
         run.svm.airdrop(key.pubkey(), 10**9)

@@ -62,8 +62,10 @@ REPORTS: list[HubCheckpoint | GcsCheckpoint] = [
     HubCheckpoint(repo_id=RUN_REPO, revision=COMMIT[:39])]
 
 
-def _state_file(init_min: int, min_clients: int, witness_nodes: int, warmup_pow: int,
-                total_steps: int = 12, checkpoint: Checkpoint = RUN_CHECKPOINTS[0]):
+def small_run_state(init_min: int, min_clients: int, witness_nodes: int, warmup_pow: int,
+                    total_steps: int = 12, checkpoint: Checkpoint = RUN_CHECKPOINTS[0]):
+    """The local testnet's state with short phases, these client counts and a batch-size
+    ramp over 2**warmup_pow tokens (shared by the Solana tests that run a program)."""
     config = CoordinatorConfig.model_validate({
         **BASE.config.model_dump(), "warmup_time": 10, "cooldown_time": 5,
         "max_round_train_time": 8, "round_witness_time": 2, "epoch_time": 40,
@@ -298,7 +300,7 @@ def test_random_event_sequences_give_the_same_state(init_min, min_clients, witne
                                                    warmup_pow, checkpoint, joins, events,
                                                    rng_seed):
     min_clients = min(min_clients, init_min)
-    harness = Harness(_state_file(init_min, min_clients, witness_nodes, warmup_pow,
+    harness = Harness(small_run_state(init_min, min_clients, witness_nodes, warmup_pow,
                                   checkpoint=checkpoint), random.Random(rng_seed))
     rng = random.Random(rng_seed + 1)
     for planned in [("rates", 1000, None)] + [("join", j) for j in joins] + events:
@@ -313,7 +315,7 @@ def test_random_event_sequences_give_the_same_state(init_min, min_clients, witne
 def test_long_natural_runs_with_noise_give_the_same_state(seed):
     """Hundreds of events of live-looking runs (several epochs, health checks, pauses)."""
     rng = random.Random(seed)
-    harness = Harness(_state_file(2, 2, seed % 3, 4 + seed, total_steps=80,
+    harness = Harness(small_run_state(2, 2, seed % 3, 4 + seed, total_steps=80,
                                   checkpoint=RUN_CHECKPOINTS[seed - 1]), rng)
     phases = set()
     harness.apply(("rates", 999, 5))
@@ -341,7 +343,7 @@ def random_event(rng: random.Random) -> tuple:
 
 def test_a_whole_epoch_is_identical_on_chain():
     """A scripted epoch: join, warm-up, rounds with witnesses, cooldown, points credited."""
-    harness = Harness(_state_file(2, 2, 1, 10, total_steps=40), random.Random(7))
+    harness = Harness(small_run_state(2, 2, 1, 10, total_steps=40), random.Random(7))
     for event in [("rates", 1000, None), ("join", 0), ("join", 1)]:
         harness.apply(event)
     harness.svm.advance(2)
@@ -378,7 +380,7 @@ def test_a_whole_epoch_is_identical_on_chain():
 def test_a_round_whose_witness_died_keeps_the_model_on_chain_too():
     """Round 0 witnessed, round 1 not: the epoch ends with its clients still Healthy
     (they hold the model), credited, and the next epoch stays P2P, on chain as in Python."""
-    harness = Harness(_state_file(2, 2, 1, 10, total_steps=40), random.Random(11))
+    harness = Harness(small_run_state(2, 2, 1, 10, total_steps=40), random.Random(11))
     for event in [("rates", 1000, None), ("join", 0), ("join", 1)]:
         harness.apply(event)
     harness.svm.advance(2)
@@ -413,7 +415,7 @@ def test_a_round_whose_witness_died_keeps_the_model_on_chain_too():
 def _epoch_that_trained(seed: int) -> Harness:
     """Clients 0 and 1 train an epoch of two witnessed rounds and end it: the run waits
     for members, its model (P2P) ahead of the stored checkpoint, on chain as in Python."""
-    harness = Harness(_state_file(2, 2, 1, 10, total_steps=40), random.Random(seed))
+    harness = Harness(small_run_state(2, 2, 1, 10, total_steps=40), random.Random(seed))
     for event in [("rates", 1000, None), ("join", 0), ("join", 1)]:
         harness.apply(event)
     harness.svm.advance(2)
@@ -469,7 +471,7 @@ def test_only_the_authority_moves_the_checkpoint_repository():
     """A client's report may only advance the revision of the run's repository; the
     authority moves the repository with update-config on the paused run, on chain and in
     the Python machine alike, and reports follow it."""
-    harness = Harness(_state_file(1, 1, 1, 10), random.Random(3))
+    harness = Harness(small_run_state(1, 1, 1, 10), random.Random(3))
     for event in [("join", 0), ("join", 1)]:
         harness.apply(event)
     harness.svm.advance(2)
@@ -500,5 +502,5 @@ def test_only_the_authority_moves_the_checkpoint_repository():
 
 @pytest.mark.parametrize("tokens,expected", [(0, 3), (512, 6), (1023, 9), (1024, 9)])
 def test_batch_size_ramp_matches(tokens, expected):
-    config = _state_file(1, 1, 0, 10).config
+    config = small_run_state(1, 1, 0, 10).config
     assert config.batch_size(tokens) == expected

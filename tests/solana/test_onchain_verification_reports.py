@@ -21,7 +21,7 @@ from coordinator.state import CoordinatorState, VerificationReport
 from coordinator.verification import MAX_REPORTS, FollowPlan, plan_for_epoch
 from psyche_solana import instructions as ix
 from psyche_solana.svm import TransactionFailed
-from tests.solana.test_differential import Harness, _state_file
+from tests.solana.test_differential import Harness, small_run_state
 
 PERCENT = 100
 SLASHING = 7
@@ -32,7 +32,7 @@ class ReportHarness(Harness):
     """test_differential's harness over its own clients, plus ("report", i, report)."""
 
     def __init__(self, clients: list[Keypair], percent: int, min_clients: int = 2):
-        state_file = _state_file(2, min_clients, 1, 10, total_steps=40)
+        state_file = small_run_state(2, min_clients, 1, 10, total_steps=40)
         config = state_file.config.model_copy(update={"verification_percent": percent})
         super().__init__(state_file.model_copy(update={"config": config}), random.Random(5),
                          clients)

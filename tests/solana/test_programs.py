@@ -18,7 +18,7 @@ from psyche_solana.accounts import (
 from psyche_solana.ids import coordinator_program
 from psyche_solana.scenario import SvmRun
 from psyche_solana.svm import ProgramSvm, TransactionFailed
-from tests.solana.test_differential import _state_file
+from tests.solana.test_differential import small_run_state
 
 
 def _funded(run: SvmRun, n: int) -> list[Keypair]:
@@ -29,7 +29,7 @@ def _funded(run: SvmRun, n: int) -> list[Keypair]:
 
 
 def test_treasurer_run_with_an_authorized_key_and_its_delegate_pays_rewards():
-    run = SvmRun.create(_state_file(2, 2, 1, 10), treasurer=True)
+    run = SvmRun.create(small_run_state(2, 2, 1, 10), treasurer=True)
     owner, delegate, stranger = _funded(run, 3)
     authorization = run.authorize(owner.pubkey(), [delegate], grantee_keypair=owner)
     assert decode_authorization(run.svm.data(authorization)).delegates == [delegate.pubkey()]
@@ -62,7 +62,7 @@ def test_treasurer_run_with_an_authorized_key_and_its_delegate_pays_rewards():
 
 
 def test_authorization_delegates_and_delete():
-    run = SvmRun.create(_state_file(1, 1, 0, 4))
+    run = SvmRun.create(small_run_state(1, 1, 0, 4))
     grantee, first, second = _funded(run, 3)
     address = run.authorize(grantee.pubkey(), [first, second], grantee_keypair=grantee)
     run.join(second, address)
@@ -96,7 +96,7 @@ def test_a_run_id_is_claimed_even_if_lamports_were_sent_to_its_address():
     claim = ix.coordinator_instance_address("prefunded-run")
     svm = ProgramSvm()
     svm.airdrop(claim, 1_000_000)
-    state_file = _state_file(1, 1, 0, 4).model_copy(update={"run_id": "prefunded-run"})
+    state_file = small_run_state(1, 1, 0, 4).model_copy(update={"run_id": "prefunded-run"})
     run = SvmRun.create(state_file, svm, start=False)
     assert run.instance == claim
     instance = decode_instance(svm.data(claim))

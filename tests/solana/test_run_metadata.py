@@ -23,7 +23,7 @@ from psyche_solana.run_metadata import (
 )
 from psyche_solana.scenario import SvmRun
 from psyche_solana.svm import TransactionFailed
-from tests.solana.test_differential import _state_file
+from tests.solana.test_differential import small_run_state
 
 pytestmark = pytest.mark.timeout(120)
 NICE = RunMetadata("Nice run ✓", "A 20M model on FineWeb", 20_000_000, 32_000)
@@ -44,7 +44,7 @@ def _stored(run: SvmRun) -> RunMetadata | None:
 
 
 def test_only_the_main_authority_sets_the_metadata_and_the_program_checks_it():
-    run = SvmRun.create(_state_file(1, 1, 0, 4))
+    run = SvmRun.create(small_run_state(1, 1, 0, 4))
     intruder = Keypair()
     run.svm.airdrop(intruder.pubkey(), 10**9)
     with pytest.raises(TransactionFailed, match="NotMainAuthority"):
@@ -68,7 +68,7 @@ def test_only_the_main_authority_sets_the_metadata_and_the_program_checks_it():
         with pytest.raises(TransactionFailed, match=error):
             run.svm.send([_raw_metadata(run, name, description, declared)], [run.authority])
     assert _stored(run) == shorter
-    other = SvmRun.create(_state_file(1, 1, 0, 4).model_copy(update={"run_id": "other-run"}),
+    other = SvmRun.create(small_run_state(1, 1, 0, 4).model_copy(update={"run_id": "other-run"}),
                           run.svm, start=False)
     with pytest.raises(TransactionFailed, match="WrongAccount"):  # another run's PDA
         good = set_run_metadata(run.address, me, me, NICE)
@@ -80,7 +80,7 @@ def test_only_the_main_authority_sets_the_metadata_and_the_program_checks_it():
 
 
 def test_free_coordinator_closes_the_metadata_and_refunds_its_rent():
-    run = SvmRun.create(_state_file(1, 1, 0, 4), start=False)
+    run = SvmRun.create(small_run_state(1, 1, 0, 4), start=False)
     me = run.authority.pubkey()
     run.svm.send([set_run_metadata(run.address, me, me, NICE)], [run.authority])
     spill = Keypair().pubkey()
@@ -105,7 +105,7 @@ def test_free_coordinator_closes_the_metadata_and_refunds_its_rent():
 
 
 def test_a_treasurer_run_sets_metadata_and_closes_through_the_treasurer():
-    run = SvmRun.create(_state_file(1, 1, 0, 4), treasurer=True)
+    run = SvmRun.create(small_run_state(1, 1, 0, 4), treasurer=True)
     assert run.treasurer_index is not None
     owner, index = run.authority, run.treasurer_index
     intruder = Keypair()

@@ -37,7 +37,7 @@ from psyche_solana.run_metadata import treasurer_run_close as close
 from psyche_solana.run_metadata import treasurer_run_set_metadata as set_metadata
 from psyche_solana.scenario import SvmRun
 from psyche_solana.svm import ProgramSvm, TransactionFailed
-from tests.solana.test_differential import _state_file
+from tests.solana.test_differential import small_run_state
 
 # the world is built in about a second and every case is one transaction: a minute is
 # a hang, not a slow machine
@@ -79,7 +79,7 @@ def world() -> World:
     for key in (member, delegate, intruder):
         svm.airdrop(key.pubkey(), 10**10)
 
-    treasury = SvmRun.create(_named(_state_file(2, 2, 1, 10), "treasury-run"), svm, treasurer=True)
+    treasury = SvmRun.create(_named(small_run_state(2, 2, 1, 10), "treasury-run"), svm, treasurer=True)
     granted = treasury.authorize(member.pubkey(), [delegate], grantee_keypair=member)
     treasury.set_rates(1000, None)
     treasury.join(member, granted)
@@ -95,10 +95,10 @@ def world() -> World:
     for user in (delegate, intruder):
         svm.send([ix.create_associated_token_account(user.pubkey(), user.pubkey(), mint)], [user])
 
-    halted = SvmRun.create(_named(_state_file(1, 1, 0, 4), "halted-run"), svm, start=False)
-    paused = SvmRun.create(_named(_state_file(1, 1, 0, 4), "paused-run"), svm)
+    halted = SvmRun.create(_named(small_run_state(1, 1, 0, 4), "halted-run"), svm, start=False)
+    paused = SvmRun.create(_named(small_run_state(1, 1, 0, 4), "paused-run"), svm)
     paused.set_paused(True)
-    run = SvmRun.create(_named(_state_file(1, 1, 1, 4), "guarded-run"), svm)
+    run = SvmRun.create(_named(small_run_state(1, 1, 1, 4), "guarded-run"), svm)
     member_auth = run.authorize(member.pubkey())
     run.join(member, member_auth)
     svm.advance(2)
