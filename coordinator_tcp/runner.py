@@ -37,7 +37,7 @@ from coordinator.config import (
 from coordinator.machine import coordinator_from_state
 from coordinator_tcp.persistence import PersistenceError, StateStore
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
-from coordinator_tcp.stopping import StopSignals, run_app_until_stopped, say
+from psyche_common.stopping import StopSignals, run_app_until_stopped, say
 from psyche_common.tcp.connection import parse_host_port
 
 if TYPE_CHECKING:

@@ -26,9 +26,9 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static
 from coordinator import RunState
 from coordinator_tcp.data_server import DataServer
 from coordinator_tcp.server import CoordinatorServer
-from coordinator_tcp.stopping import hangup_safe_driver
 from coordinator_tcp.summary import summarize
 from coordinator_tcp.telemetry import ejected_clients
+from psyche_common.stopping import hangup_safe_driver
 from psyche_common.ui.view import describe_model_lost, describe_model_resets
 
 MAX_EJECTED_NAMES = 4

@@ -26,10 +26,10 @@ from typing import Annotated
 import typer
 
 from coordinator.config import ConfigError, ServerDataLocation
-from coordinator_tcp.stopping import say
 from local_testnet.ports import METRICS_BASE_PORT, pick_server_port, taken_run_ports
 from local_testnet.testnet import Testnet, TestnetOptions, run_headless
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
+from psyche_common.stopping import say
 
 app = typer.Typer(**PROGRAM_SETTINGS, add_completion=False)
 

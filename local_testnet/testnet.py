@@ -58,12 +58,12 @@ from coordinator.config import (
     load_data_config,
     load_state_file,
 )
-from coordinator_tcp.stopping import StopSignals, say
 from local_testnet.client_log import log_path, parse_event
 from local_testnet.model_resets import ModelResets, checkpoint_finder
 from local_testnet.ports import pick_metrics_ports
 from local_testnet.watchdog import group_alive, signal_group
 from psyche_common.identity import Identity
+from psyche_common.stopping import StopSignals, say
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STOP_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL

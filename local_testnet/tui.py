@@ -29,13 +29,13 @@ from textual.containers import Horizontal
 from textual.driver import Driver
 from textual.widgets import DataTable, Footer, Header, Static
 
-from coordinator_tcp.stopping import StopSignals, hangup_safe_driver, run_app_until_stopped
 from coordinator_tcp.summary import summarize
 from local_testnet.client_log import describe_line, log_path
 from local_testnet.testnet import client_key
 from local_testnet.widgets import LogPane, LogTail, LossPlot, mean_losses
 from local_testnet.witness_state import witness_states
 from psyche_common.metrics_source import HttpClientMetricsSource
+from psyche_common.stopping import StopSignals, hangup_safe_driver, run_app_until_stopped
 from psyche_common.ui.view import describe_model_lost, describe_model_resets
 
 if TYPE_CHECKING:

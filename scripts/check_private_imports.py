@@ -14,10 +14,9 @@ findings; a public name aliased privately (`from X import Message as _Message`) 
 and dunder names (`__version__`) are not private. One line per finding, exit 1.
 Reaching a private name through a string (`getattr(m, "_x")`) is not seen.
 
-tests/ is not checked by default: some tests still exercise a module's private helper
-directly (client_image.training's checkpoint file modes and SparseLoCo gap coding) or
-share a helper of another test module; `... scripts/check_private_imports.py . tests`
-lists them.
+tests/ is not checked by default: a few tests still exercise a module's private helper
+directly (client_image.training's checkpoint file modes and SparseLoCo gap coding);
+`... scripts/check_private_imports.py . tests` lists them.
 """
 
 from __future__ import annotations
