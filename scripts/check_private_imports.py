@@ -14,9 +14,7 @@ findings; a public name aliased privately (`from X import Message as _Message`) 
 and dunder names (`__version__`) are not private. One line per finding, exit 1.
 Reaching a private name through a string (`getattr(m, "_x")`) is not seen.
 
-tests/ is not checked by default: a few tests still exercise a module's private helper
-directly (client_image.training's checkpoint file modes and SparseLoCo gap coding);
-`... scripts/check_private_imports.py . tests` lists them.
+tests/ is checked too: a test that needs a module's helper uses it by its public name.
 """
 
 from __future__ import annotations
@@ -29,7 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PACKAGES = ("coordinator", "psyche_common", "coordinator_tcp", "psyche_solana",
-                    "client_image", "run_manager", "local_testnet", "bench", "scripts")
+                    "client_image", "run_manager", "local_testnet", "bench", "scripts",
+                    "tests")
 SKIPPED = {".venv", "build", ".git", "__pycache__"}
 
 

@@ -217,7 +217,7 @@ def _write_checkpoint(model: torch.nn.Module, root: Path, final: Path, staging: 
         for path in extra:
             if path.is_file():
                 shutil.copyfile(path, staging / path.name)
-    _give_normal_file_modes(staging)
+    give_normal_file_modes(staging)
     replaced = _set_aside(final) if final.exists() else None
     staging.rename(final)
     if replaced is not None:
@@ -282,7 +282,7 @@ def _in_memory_names(path: Path) -> set[str] | None:
     return set(model.state_dict())
 
 
-def _give_normal_file_modes(directory: Path) -> None:
+def give_normal_file_modes(directory: Path) -> None:
     """chmod every file to 0666 less the umask. safetensors (0.8) creates its files 0600
     whatever the umask, and copies could keep their source's mode; a checkpoint is meant to
     be read by others (uploaders, servers, other users), like any file we create.

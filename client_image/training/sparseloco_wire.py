@@ -97,7 +97,7 @@ def _encode_tensor(idx: torch.Tensor, scale: torch.Tensor, code: torch.Tensor,
                    ) -> tuple[np.ndarray, int, bytes]:
     sent_np = sent.cpu().numpy()
     counts = sent_np.sum(axis=1)
-    body = _encode_gaps(idx.cpu().numpy().astype(np.int64), sent_np)
+    body = encode_gaps(idx.cpu().numpy().astype(np.int64), sent_np)
     carried = counts > 0
     body += scale.cpu()[torch.from_numpy(carried)].view(torch.int16).numpy().astype("<i2").tobytes()
     body += pack_uints(code.cpu().numpy().astype(np.uint64)[sent_np], bits)
@@ -163,7 +163,7 @@ class SparseLoCoStream:
         reader, where = self._reader, f"tensor {plan.name!r}"
         read_tensor_header(reader, plan)
         counts, n_short = read_counts(reader, plan, self.short_blocks)
-        idx, used, total = _read_gaps(reader, plan, counts)
+        idx, used, total = read_gaps(reader, plan, counts)
         self.saw_short |= n_short > 0
         carried = used.any(axis=1)
         n_carried = int(carried.sum())
@@ -191,7 +191,7 @@ def rice_parameter(gap_sum: int, n: int) -> int:
     return (gap_sum // n + 1).bit_length() - 1 if n else 0
 
 
-def _encode_gaps(idx: np.ndarray, sent: np.ndarray) -> bytes:
+def encode_gaps(idx: np.ndarray, sent: np.ndarray) -> bytes:
     """The index section of one tensor: Rice parameter, remainders, quotients."""
     gaps = np.concatenate([idx[:, :1], idx[:, 1:] - idx[:, :-1] - 1], axis=1)[sent]
     b = rice_parameter(int(gaps.sum()), len(gaps))
@@ -209,7 +209,7 @@ def _padded(bits: int) -> int:
     return (bits + 7) // 8 * 8
 
 
-def _read_gaps(reader: Reader, plan: BlockPlan, counts: np.ndarray
+def read_gaps(reader: Reader, plan: BlockPlan, counts: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, int]:
     """(idx (n_blocks, k), used (n_blocks, k), total) from the Rice-coded index section."""
     where = f"tensor {plan.name!r}"

@@ -37,7 +37,7 @@ def test_an_interrupted_write_leaves_no_checkpoint_under_its_name(tmp_path, monk
         raise Stopped
 
     with monkeypatch.context() as patch:
-        patch.setattr(checkpoints, "_give_normal_file_modes", stop)
+        patch.setattr(checkpoints, "give_normal_file_modes", stop)
         with pytest.raises(Stopped):
             save_checkpoint(model, tmp_path, "run", 2)
         with pytest.raises(Stopped):  # a step written before: the old one stays whole
@@ -75,13 +75,13 @@ async def test_a_stopping_client_lets_the_checkpoint_in_progress_finish(tmp_path
                                                                        monkeypatch):
     llm = state_file_from_dict(tomllib.loads(LOCAL_TESTNET.read_text())).model
     worker = TrainingWorker(device="cpu", dtype="fp32")
-    real_modes = checkpoints._give_normal_file_modes
+    real_modes = checkpoints.give_normal_file_modes
 
     def slow_modes(directory: Path) -> None:  # a write that takes a while
         time.sleep(0.5)
         real_modes(directory)
 
-    monkeypatch.setattr(checkpoints, "_give_normal_file_modes", slow_modes)
+    monkeypatch.setattr(checkpoints, "give_normal_file_modes", slow_modes)
     try:
         await worker.load_from_hub(str(TINY_MODEL), None, llm, start_step=0)
         saving = asyncio.ensure_future(worker.save_checkpoint(tmp_path, "run", 7, keep_steps=2))

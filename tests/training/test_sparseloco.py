@@ -186,7 +186,7 @@ def test_config_accepts_sparseloco_and_names_a_bad_field():
 
 def _gap_section(idx_rows, k, block_numel=4096):
     from client_image.training.distro import BlockPlan
-    from client_image.training.sparseloco_wire import _encode_gaps
+    from client_image.training.sparseloco_wire import encode_gaps
 
     n = len(idx_rows)
     plan = BlockPlan("t", (n * 64, 64), n * 64, 64, 64, 64, k)
@@ -196,15 +196,15 @@ def _gap_section(idx_rows, k, block_numel=4096):
     for row, values in enumerate(idx_rows):
         idx[row, : len(values)] = torch.tensor(values)
         used[row, : len(values)] = True
-    return plan, used, _encode_gaps(idx.numpy(), used.numpy())
+    return plan, used, encode_gaps(idx.numpy(), used.numpy())
 
 
 def _read(plan, used, section):
-    from client_image.training.sparseloco_wire import _read_gaps
+    from client_image.training.sparseloco_wire import read_gaps
     from client_image.training.wire import Reader
 
     reader = Reader(section)
-    out = _read_gaps(reader, plan, used.sum(dim=1).numpy())
+    out = read_gaps(reader, plan, used.sum(dim=1).numpy())
     assert reader.remaining == 0
     return out
 
