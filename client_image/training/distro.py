@@ -366,14 +366,20 @@ def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int,
     """
     n_blocks = idx.shape[0]
     weight = val
+    sparse = idx.shape[1] < a + b
+    # One (N, a*b) buffer: the senders' count, then (zeroed again) the dense coefficients.
+    dense = (torch.zeros(n_blocks, a * b, dtype=val.dtype, device=val.device)
+             if n_peers > 1 or not sparse else None)
     if n_peers > 1:
-        count = torch.zeros(n_blocks, a * b, dtype=val.dtype, device=val.device)
-        count.scatter_add_(1, idx, (val != 0).to(val.dtype))
+        assert dense is not None
+        dense.scatter_add_(1, idx, (val != 0).to(val.dtype))
         # An empty slot's coefficient may have no sender at all: 0 / 1, never 0 / 0.
-        weight = val / torch.gather(count, 1, idx).clamp_min(1)
-    if idx.shape[1] < a + b:
+        weight = val / torch.gather(dense, 1, idx).clamp_min(1)
+        if not sparse:
+            dense.zero_()
+    if sparse:
         return sparse_idct_blocks(idx, weight, a, b, mix_rows)
-    dense = torch.zeros(n_blocks, a * b, dtype=val.dtype, device=val.device)
+    assert dense is not None
     dense.scatter_add_(1, idx, weight)
     return idct_blocks(dense.view(n_blocks, a, b), mix_rows)
 

@@ -190,7 +190,9 @@ def decode_chunk(sources: Sequence[ResultSource], chunk: StepChunk,
     """D(results) of one chunk: the spatial group stacks of the peers' aggregate.
 
     Per group, the peers' slots side by side (idx, val (N, P * k), peer after peer along a
-    row: one concatenation for all its parameters and peers), then aggregate_blocks."""
+    row), filled by one copy per array (torch._foreach_copy_ of every peer's parameters
+    into their rows of one buffer: no concatenation and no transposed copy of it), then
+    aggregate_blocks."""
     # Each source's tensors of the chunk, read in parameter order (a ResultStream reads
     # forward); only this chunk's coefficients are in memory.
     read = [[source.tensor(i) for i in range(chunk.first, chunk.stop)] for source in sources]
@@ -199,15 +201,20 @@ def decode_chunk(sources: Sequence[ResultSource], chunk: StepChunk,
     for group, ((a, b), n_blocks) in enumerate(zip(layout.shapes, layout.group_sizes,
                                                     strict=True)):
         members = chunk.members(group)
-
-        def side_by_side(parts: list[torch.Tensor], n_blocks: int = n_blocks) -> torch.Tensor:
-            stacked = torch.cat(parts)  # (P * N, k): peer after peer
-            k = stacked.shape[1]
-            return stacked.view(n_peers, n_blocks, k).transpose(0, 1).reshape(n_blocks, -1)
-        idx = side_by_side([tensors[i].idx for tensors in read for i in members]).to(device)
-        val = side_by_side([tensors[i].val for tensors in read for i in members]).to(
-            device=device, dtype=dtype)
-        out.append(aggregate_blocks(idx, val, n_peers, a, b, layout.group_mix_rows[group]))
+        first_idx = read[0][members[0]].idx
+        k = first_idx.shape[1]
+        # Filled where the sources are (the host for wire payloads), then moved at once.
+        idx = torch.empty(n_blocks, n_peers, k, dtype=torch.int64, device=first_idx.device)
+        val = torch.empty(n_blocks, n_peers, k, dtype=dtype, device=first_idx.device)
+        rows = [slice(layout.slots[i][1], layout.slots[i][1] + layout.plans[i].n_blocks)
+                for i in members]
+        torch._foreach_copy_([idx[r, peer] for peer in range(n_peers) for r in rows],
+                             [tensors[i].idx for tensors in read for i in members])
+        torch._foreach_copy_([val[r, peer] for peer in range(n_peers) for r in rows],
+                             [tensors[i].val for tensors in read for i in members])
+        out.append(aggregate_blocks(idx.view(n_blocks, -1).to(device),
+                                    val.view(n_blocks, -1).to(device), n_peers, a, b,
+                                    layout.group_mix_rows[group]))
     return out
 
 
