@@ -246,8 +246,12 @@ def _decode_tensor(
     if one_bit:
         raw = reader.take_packed(total, f"{where} sign bits")
         bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=total, bitorder="little")
-        val = np.zeros((n_blocks, k), dtype=np.float32)
-        val[used] = 1.0 - 2.0 * bits.astype(np.float32)
+        signs = 1.0 - 2.0 * bits.astype(np.float32)
+        if total == n_blocks * k:
+            val = signs.reshape(n_blocks, k)
+        else:
+            val = np.zeros((n_blocks, k), dtype=np.float32)
+            val[used] = signs
         values = torch.from_numpy(val)
     else:
         raw = reader.take(2 * total, f"{where} values")
@@ -294,8 +298,11 @@ def read_indices(reader: Reader, plan: BlockPlan, short_blocks: bool
             f"{where}: index {int(flat_idx.max())} outside a block of {block_numel}"
         )
     used = np.arange(k) < counts[:, None]  # (n_blocks, k): the slots this payload fills
-    idx = np.zeros((plan.n_blocks, k), dtype=np.uint64)
-    idx[used] = flat_idx
+    if total == plan.n_blocks * k:  # every slot filled (no short block): no masked copy
+        idx = flat_idx.reshape(plan.n_blocks, k)
+    else:
+        idx = np.zeros((plan.n_blocks, k), dtype=np.uint64)
+        idx[used] = flat_idx
     # Compared, never subtracted: the indices are unsigned, and the difference of a
     # decreasing pair wraps around to a large positive number ([3, 1, 3] passed that way).
     if k > 1 and not bool((idx[:, 1:] > idx[:, :-1])[used[:, 1:]].all()):
@@ -402,6 +409,32 @@ def pack_uints(values: np.ndarray, width: int) -> bytes:
 
 
 def unpack_uints(raw: bytes, width: int, count: int) -> np.ndarray:
-    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count * width, bitorder="little")
-    weights = np.left_shift(np.uint64(1), np.arange(width, dtype=np.uint64))
-    return (bits.reshape(count, width).astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    """Inverse of pack_uints: `count` values of `width` bits (uint64).
+
+    Value j starts at bit j * width. Values j = 8q + r (one residue r at a time) start
+    at byte q * width + (r * width) // 8, bit (r * width) % 8: a strided numpy view reads
+    each as a little-endian uint64 from there, shifted and masked (widths up to 57 bits;
+    wider ones go bit by bit). Integer work only, vectorized per residue: 16 peers'
+    indices of a 125 M model in tens of ms, not a uint64 multiply and sum per bit."""
+    if not 0 <= width <= 64:
+        raise ValueError(f"cannot unpack values of {width} bits")
+    if width > 57 or count == 0:
+        bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count * width,
+                             bitorder="little")
+        weights = np.left_shift(np.uint64(1), np.arange(width, dtype=np.uint64))
+        return (bits.reshape(count, width).astype(np.uint64) * weights).sum(axis=1,
+                                                                          dtype=np.uint64)
+    used = _packed_len(count * width)
+    if len(raw) < used:
+        raise ValueError(f"{len(raw)} bytes hold fewer than {count} values of {width} bits")
+    padded = np.zeros(used + 8, dtype=np.uint8)  # every read of 8 bytes stays inside
+    padded[:used] = np.frombuffer(raw, dtype=np.uint8, count=used)
+    out = np.empty(count, dtype=np.uint64)
+    mask = np.uint64((1 << width) - 1)
+    for r in range(min(8, count)):
+        n = (count - r + 7) // 8
+        first_bit = r * width
+        words = np.ndarray((n,), dtype="<u8", buffer=padded, offset=first_bit // 8,
+                           strides=(width,))
+        out[r::8] = (words >> np.uint64(first_bit % 8)) & mask
+    return out

@@ -8,11 +8,12 @@ import importlib.util
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
-from client_image.training import distro_step
+from client_image.training import distro_step, wire
 from client_image.training.distro import (
     SparseResult,
     compress,
@@ -144,3 +145,20 @@ def test_the_kernels_of_a_step_do_not_grow_with_the_number_of_tensors(tmp_path):
     # would show in the count (1184 operators per step, growth 1.89, before grouping).
     assert 0 < figures["distro_ops_per_step"] < 300
     assert figures["distro_ops_growth"] <= 1.10
+
+
+def test_unpack_uints_inverts_pack_uints_for_every_width() -> None:
+    """The per-residue strided decode of packed indices (wire.unpack_uints) gives back what
+    pack_uints wrote, at every width and for counts that are not multiples of 8."""
+    rng = np.random.default_rng(0)
+    for width in range(1, 65):
+        for count in (0, 1, 7, 8, 9, 333):
+            top = 2 ** min(width, 63)
+            values = rng.integers(0, top, count, dtype=np.uint64)
+            if width == 64:
+                values = values * np.uint64(2) + np.uint64(1)  # the top bit set too
+            unpacked = wire.unpack_uints(wire.pack_uints(values, width), width, count)
+            assert unpacked.dtype == np.uint64
+            assert np.array_equal(unpacked, values), (width, count)
+    with pytest.raises(ValueError, match="fewer than 9 values of 12 bits"):
+        wire.unpack_uints(bytes(13), 12, 9)
