@@ -1,7 +1,7 @@
 """One client's training step: throughput, DisTrO's overhead, memory, and what bf16 costs
 in loss. Prints its figures, then ONE JSON line.
 
-    .venv/bin/python bench/train_step.py [--device auto] [--dtype auto] [--model DIR |
+    .venv/bin/python -m bench.train_step [--device auto] [--dtype auto] [--model DIR |
         --generate 125m|1b] [--steps 20] [--batch 8] [--micro-batch 4] [--seq-len 128]
         [--peers 1] [--activation-checkpointing] [--speed-only] [--profile FILE]
 
@@ -51,34 +51,30 @@ import argparse
 import importlib.util
 import json
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-# bench/coordinator.py would shadow the coordinator package: the repository root first.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from client_image.host import resolve_device  # noqa: E402
-from client_image.training import DistroTrainer, load_causal_lm  # noqa: E402
-from client_image.training.flops import mfu, model_flops_per_token, peak_bf16_flops  # noqa: E402
-from client_image.training.layout_check import check_layout  # noqa: E402
-from client_image.training.parallel import ParallelDims  # noqa: E402
-from client_image.training.precision import (  # noqa: E402
+from client_image.host import resolve_device
+from client_image.training import DistroTrainer, load_causal_lm
+from client_image.training.flops import mfu, model_flops_per_token, peak_bf16_flops
+from client_image.training.layout_check import check_layout
+from client_image.training.parallel import ParallelDims
+from client_image.training.precision import (
     ComputeDType,
     configure_backends,
     enable_activation_checkpointing,
     resolve_compute_dtype,
 )
-from client_image.training.simulate import Simulation, SimulationConfig  # noqa: E402
-from client_image.training.trainer import Timings  # noqa: E402
-from coordinator.config import CosineLR, DistroOptimizer  # noqa: E402
+from client_image.training.simulate import Simulation, SimulationConfig
+from client_image.training.trainer import Timings
+from coordinator.config import CosineLR, DistroOptimizer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY = ROOT / "assets" / "tiny-llama"
 DATA = ROOT / "assets" / "data" / "train"

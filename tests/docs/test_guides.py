@@ -256,3 +256,13 @@ def test_every_benchmark_is_a_module_run_from_the_root() -> None:
                 assert top not in siblings, f"bench/{name}.py imports {module}: bench.{module}"
                 if top == "bench" and rest:
                     assert (ROOT / "bench" / f"{rest}.py").exists(), (name, module)
+
+
+def test_no_benchmark_edits_the_import_path() -> None:
+    """Run as modules from the root, benchmarks need no sys.path edits (one used to let
+    bench/coordinator.py shadow the coordinator package)."""
+    editing = [f"{path.name}:{number}" for path in sorted((ROOT / "bench").glob("*.py"))
+               for number, line in enumerate(path.read_text().splitlines(), 1)
+               if re.match(r"\s*sys\.path\b", line)]
+    assert not editing, editing
+    assert not (ROOT / "bench" / "coordinator.py").exists()
