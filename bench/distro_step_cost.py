@@ -57,6 +57,7 @@ NO_KERNEL = {
     "aten::numpy_T", "aten::chunk", "aten::view_as", "aten::_reshape_alias",
     "aten::split_with_sizes", "aten::contiguous", "aten::to", "aten::_to_copy",
     "aten::result_type",
+    "aten::_has_compatible_shallow_copy_type",  # param.data = t: a type check, no kernel
 }
 # aten::to / aten::contiguous / aten::reshape launch a kernel only through a child (a
 # copy); they are counted when one of their children is.

@@ -276,9 +276,13 @@ class DistroTrainer:
             # The lookahead is undone by restoring a copy, not by adding the step back:
             # (theta - x) + x is not always theta in floating point, and clients that
             # must hold bit-identical weights each look ahead with their own delta.
-            saved = distro.save_weights() if lr_prev else []
-            if lr_prev:
-                distro.lookahead(lr_prev)
+            swap = bool(lr_prev) and distro.can_swap_lookahead()
+            if swap:  # one device: the parameters point at the looked-ahead copy
+                saved = distro.lookahead_swapped(lr_prev)
+            else:
+                saved = distro.save_weights() if lr_prev else []
+                if lr_prev:
+                    distro.lookahead(lr_prev)
         self.timings.apply_s += time.perf_counter() - started
 
         started = time.perf_counter()
@@ -287,7 +291,9 @@ class DistroTrainer:
 
         with torch.no_grad():
             started = time.perf_counter()
-            if lr_prev:
+            if swap:
+                distro.restore_swapped(saved)
+            elif lr_prev:
                 distro.restore_weights(saved)
             del saved
             if decay_weights:
