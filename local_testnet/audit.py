@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 from local_testnet.client_log import client_events
@@ -45,10 +46,8 @@ def checkpoints_equal_initial(work_dir: Path, clients: int, initial: Path) -> tu
     return reset, examined
 
 
-def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
-    """(steps saved by 2+ clients, the steps among them whose checkpoints differ)."""
-    digests: dict[int, set[str]] = {}
-    savers: dict[int, int] = {}
+def checkpoint_digests(work_dir: Path, clients: int) -> Iterator[tuple[int, int, str]]:
+    """(client, step, SHA-256 of its safetensors) of every checkpoint the clients saved."""
     for i in range(1, clients + 1):
         for directory in (work_dir / f"client-{i}" / "checkpoints").glob("*-step*"):
             files = sorted(directory.glob("*.safetensors"))
@@ -57,9 +56,16 @@ def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
             digest = hashlib.sha256()
             for file in files:
                 digest.update(file.name.encode() + file.read_bytes())
-            step = int(directory.name.rsplit("-step", 1)[1])
-            digests.setdefault(step, set()).add(digest.hexdigest())
-            savers[step] = savers.get(step, 0) + 1
+            yield i, int(directory.name.rsplit("-step", 1)[1]), digest.hexdigest()
+
+
+def checkpoint_agreement(work_dir: Path, clients: int) -> tuple[int, list[int]]:
+    """(steps saved by 2+ clients, the steps among them whose checkpoints differ)."""
+    digests: dict[int, set[str]] = {}
+    savers: dict[int, int] = {}
+    for _client, step, digest in checkpoint_digests(work_dir, clients):
+        digests.setdefault(step, set()).add(digest)
+        savers[step] = savers.get(step, 0) + 1
     shared = sorted(step for step, count in savers.items() if count >= 2)
     return len(shared), [step for step in shared if len(digests[step]) > 1]
 
@@ -68,16 +74,8 @@ def checkpoint_pairs(work_dir: Path, clients: int) -> tuple[int, list[tuple[int,
     """Every pair of clients compared at every step both checkpointed: (pairs compared,
     the (step, client, client) whose safetensors differ)."""
     digests: dict[int, dict[int, str]] = {}  # step -> client -> digest
-    for i in range(1, clients + 1):
-        for directory in (work_dir / f"client-{i}" / "checkpoints").glob("*-step*"):
-            files = sorted(directory.glob("*.safetensors"))
-            if not files:
-                continue
-            digest = hashlib.sha256()
-            for file in files:
-                digest.update(file.name.encode() + file.read_bytes())
-            step = int(directory.name.rsplit("-step", 1)[1])
-            digests.setdefault(step, {})[i] = digest.hexdigest()
+    for client, step, digest in checkpoint_digests(work_dir, clients):
+        digests.setdefault(step, {})[client] = digest
     compared, differing = 0, []
     for step, by_client in sorted(digests.items()):
         for a, b in itertools.combinations(sorted(by_client), 2):
