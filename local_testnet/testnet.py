@@ -423,6 +423,17 @@ class Testnet:
             self._tasks.append(asyncio.create_task(self.random_kills(),
                                                    name="testnet-random-kills"))
 
+    def client_that_failed(self) -> str | None:
+        """A line for the first client that exited on its own with an error code (a taken
+        port, a bad argument, a refusal, a crash): nothing restarts it, so the run ends at
+        once naming it instead of at its timeout with the others waiting. A client this
+        testnet killed has a negative code (the signal) and is restarted by whoever killed it."""
+        for i, client in self.clients.items():
+            code = client.process.returncode if client.process is not None else None
+            if code is not None and code > 0:
+                return f"client-{i} exited with code {code}: {client.last_line}"
+        return None
+
     @property
     def finished(self) -> bool:
         return self.state is not None and self.state.run_state is RunState.Finished
@@ -525,6 +536,8 @@ async def run_headless(testnet: Testnet) -> dict[str, Any]:
                 break
             if testnet.server is not None and testnet.server.returncode is not None:
                 error = f"the coordinator exited with code {testnet.server.returncode}"
+                break
+            if (error := testnet.client_that_failed()) is not None:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(signals.event.wait(), 0.5)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from pathlib import Path
 
 import pytest
+from loopback import free_port
 from tcp_helpers import RUN_ID, Clock, make_state_file, server_options, wait_for
 
 from client_image.backends.base import ServerState
@@ -27,12 +27,6 @@ from coordinator_tcp.server import CoordinatorServer
 from psyche_common.identity import Identity
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_a_witness_sent_while_the_coordinator_restarts_reaches_the_new_one(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loopback import free_port
+from loopback import free_base_port, free_port
 
 from coordinator import CoordinatorState
 from local_testnet.client_log import client_events
@@ -33,7 +33,7 @@ def make_testnet(tmp_path: Path, num_clients: int, **overrides: Any) -> Testnet:
     config_dir = write_config(tmp_path / "config", data_port, **config)
     options = TestnetOptions(num_clients=num_clients, config_path=config_dir,
                              work_dir=tmp_path / "work", server_port=free_port(),
-                             metrics_base_port=free_port() - num_clients - 1,
+                             metrics_base_port=free_base_port(num_clients),
                              timeout_s=overrides.pop("timeout_s", 420), **overrides)
     return Testnet(options)
 

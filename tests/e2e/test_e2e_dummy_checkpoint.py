@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import log_tails
-from loopback import free_port
+from loopback import free_base_port, free_port
 
 from coordinator import load_state_file
 from coordinator.config import DummyCheckpoint, DummyDataLocation
@@ -29,7 +29,7 @@ async def test_one_client_trains_a_dummy_checkpoint(tmp_path: Path,
     (config_dir / "data.toml").unlink()
     testnet = Testnet(TestnetOptions(
         num_clients=1, config_path=config_dir, work_dir=tmp_path / "work",
-        server_port=free_port(), metrics_base_port=free_port() - 2, timeout_s=240))
+        server_port=free_port(), metrics_base_port=free_base_port(1), timeout_s=240))
     summary = await run_headless(testnet)
     assert summary["error"] is None, f"{summary}\n{log_tails(testnet.options.work_dir)}"
     assert summary["finished"] and summary["final_step"] == 4

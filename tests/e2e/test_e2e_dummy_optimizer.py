@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from e2e_helpers import checkpoint_digests, events, log_tails
-from loopback import free_port
+from loopback import free_base_port, free_port
 from safetensors.torch import load_file
 
 from client_image.training.dummy_model import dummy_causal_lm
@@ -41,7 +41,7 @@ async def test_psyches_config_test_runs_and_learns_nothing(tmp_path: Path,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     testnet = Testnet(TestnetOptions(
         num_clients=2, config_path=write_psyche_test(tmp_path / "config"),
-        work_dir=tmp_path / "work", server_port=free_port(), metrics_base_port=free_port() - 3,
+        work_dir=tmp_path / "work", server_port=free_port(), metrics_base_port=free_base_port(2),
         client_args=["--dummy-training-delay-secs", str(DELAY_S)], timeout_s=300))
     summary = await run_headless(testnet)
     work = testnet.options.work_dir

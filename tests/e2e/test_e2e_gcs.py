@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import checkpoint_digests, events, log_tails
 from gcs_emulator import gcs_emulator
-from loopback import free_port
+from loopback import free_base_port, free_port
 
 from client_image.training.gcs_checkpoint import upload_checkpoint_to_gcs
 from coordinator import load_state_file
@@ -57,7 +57,7 @@ async def test_a_run_reads_its_data_and_keeps_its_checkpoints_in_a_bucket(
         (config_dir / "data.toml").unlink()  # no data server: the clients read the bucket
         testnet = Testnet(TestnetOptions(
             num_clients=2, config_path=config_dir, work_dir=tmp_path / "work",
-            server_port=free_port(), metrics_base_port=free_port() - 2, timeout_s=300,
+            server_port=free_port(), metrics_base_port=free_base_port(1), timeout_s=300,
             client_args=["--gcs-bucket", "ckpts", "--gcs-prefix", "run"]))
         summary = await run_headless(testnet)
         work = testnet.options.work_dir

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from local_testnet.testnet import (
     checkpoints_identical,
     client_key,
     client_secret_hex,
+    run_headless,
 )
 
 
@@ -117,7 +119,25 @@ def test_headless_run_that_cannot_start_times_out_and_stops_everything(tmp_path:
         sock.bind(("127.0.0.1", server_port))
 
 
-def test_e2e_bench_smoke() -> None:
+async def test_a_client_that_cannot_start_ends_the_run_at_once_naming_it(
+        tmp_path: Path) -> None:
+    # Client 2's metrics port is taken after the testnet picked its ports (what a CI run once
+    # saw): the client exits 1 at start, and the run says so within seconds, not at its
+    # timeout with the other client waiting for a second member.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        testnet = Testnet(TestnetOptions(
+            num_clients=2, config_path=TESTNET, work_dir=tmp_path, server_port=free_port(),
+            client_args_of={2: ["--metrics-local-port", str(taken)]}, timeout_s=150))
+        began = time.monotonic()
+        summary = await run_headless(testnet)
+    assert time.monotonic() - began < 60
+    assert summary["error"].startswith("client-2 exited with code 1: error: ")
+    assert f"--metrics-local-port {taken}" in summary["error"]
+    assert summary["steps"] == 0 and summary["finished"] is False
+
     result = subprocess.run(
         [sys.executable, "-m", "bench.e2e", "--counts", "2", "--duration", "1",
          "--skip-round-overhead"],
