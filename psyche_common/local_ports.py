@@ -21,8 +21,14 @@ LOWEST_PICKED_PORT = 10000  # above the well-known and most registered services'
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """False only when something listens there (not when, say, a low port needs root)."""
+    """False only when something listens there (not when, say, a low port needs root).
+
+    The probe binds as a server does (SO_REUSEADDR, as asyncio's start_server and the
+    client's metrics server do): closed connections left in TIME-WAIT on the port (a
+    stopped client's metrics server, polled by the TUI, closes first and keeps them for
+    about a minute) do not stop a listener, so they do not count as in use."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as error:

@@ -145,7 +145,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
     from run_manager.discovery import DiscoveryFailed
     from run_manager.docker_supervisor import Supervisor, SupervisorFinished
     from run_manager.gpus import describe_gpus
-    from run_manager.host_conflicts import choose_metrics_port, run_managed_elsewhere
+    from run_manager.host_conflicts import ManagedElsewhere, choose_metrics_port, clear_host_for_run
     from run_manager.monitor import Monitor
     from run_manager.runner import (
         RunOptions,
@@ -173,6 +173,11 @@ def _run_client(env_file: Path, options: object, tui: bool,
         for warning in env_file_warnings(options.env_file_variables, settings):
             typer.echo(f"run-manager: warning: {env_file}: {warning}", err=True)
         settings = settings_with_chosen_run(settings, options.join_authority)
+        client = engine.connect()
+        # This run's leftover client (of a run-manager killed with SIGKILL) holds the
+        # metrics port: it goes before the port is checked.
+        for removed in clear_host_for_run(client, settings.run_id):
+            typer.echo(f"run-manager: {removed}", err=True)
         # The container shares the host's network: a second run here needs another port.
         if metrics_local_port is None and "METRICS_LOCAL_PORT" in settings.model_fields_set:
             metrics_local_port = settings.METRICS_LOCAL_PORT
@@ -190,16 +195,8 @@ def _run_client(env_file: Path, options: object, tui: bool,
     except (SourceUnavailable, ValueError) as error:
         typer.echo(f"run-manager: {error}", err=True)
         return EXIT_CONFIG_ERROR
-    except DiscoveryFailed as error:
+    except (DiscoveryFailed, engine.EngineError, ManagedElsewhere) as error:
         typer.echo(f"run-manager: {error}", err=True)
-        return EXIT_RUN_FAILED
-    try:
-        client = engine.connect()
-    except engine.EngineError as error:
-        typer.echo(f"run-manager: {error}", err=True)
-        return EXIT_RUN_FAILED
-    if (elsewhere := run_managed_elsewhere(client, settings.run_id)) is not None:
-        typer.echo(f"run-manager: {elsewhere}", err=True)
         return EXIT_RUN_FAILED
     dashboard = Dashboard()
     wallet = settings.wallet_bytes()

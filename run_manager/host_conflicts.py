@@ -22,6 +22,10 @@ class PortTaken(ValueError):
     """A metrics port the user chose is in use: one line naming it."""
 
 
+class ManagedElsewhere(Exception):
+    """Another live run-manager on this host runs this run's client: one line naming it."""
+
+
 @dataclass(frozen=True)
 class MetricsPortChoice:
     port: int
@@ -65,3 +69,19 @@ def run_managed_elsewhere(client: docker.DockerClient, run_id: str) -> str | Non
                 f"({container.status}), managed by run-manager pid {owner}; stop that one "
                 "first (one client per run and host)")
     return None
+
+
+def clear_host_for_run(client: docker.DockerClient, run_id: str) -> list[str]:
+    """Before the metrics port is checked: refuses (ManagedElsewhere) when a live
+    run-manager here runs this run's client, else removes this run's leftover containers
+    (a run-manager killed with SIGKILL leaves its client running, holding the metrics
+    port, which would otherwise make the port check fail first). Lines saying what went."""
+    if (elsewhere := run_managed_elsewhere(client, run_id)) is not None:
+        raise ManagedElsewhere(elsewhere)
+    removed = []
+    for leftover in engine.find_managed_containers(client, run_id):
+        owner = leftover.labels.get(OWNER_PID_LABEL, "?")
+        engine.remove_container(leftover)
+        removed.append(f"removed leftover container {leftover.name} ({leftover.status}) of "
+                       f"run-manager pid {owner}, which is gone")
+    return removed

@@ -204,7 +204,11 @@ class MetricsServer:
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+            # reuse_address: a restart binds at once although the last client's closed
+            # connections still sit in TIME-WAIT on the port (asyncio's default on Unix,
+            # said here because the run-manager's port check relies on it).
+            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port,
+                                                      reuse_address=True)
         except OSError as error:
             raise MetricsPortInUse(
                 f"--metrics-local-port {self.port}: cannot listen on 127.0.0.1:{self.port} "
