@@ -69,8 +69,8 @@ def build_model(name: str, dtype_name: str):  # type: ignore[no-untyped-def]  # 
 def synthetic_payloads(trainer, peers: int) -> list[bytes]:  # type: ignore[no-untyped-def]  # bench helper
     import torch
 
-    from client_image.training.distro import SparseResult
-    from client_image.training.wire import encode_result
+    from client_image.formats.blocks import SparseResult
+    from client_image.formats.distro_wire import encode_result
 
     generator = torch.Generator().manual_seed(0)
     distinct = []

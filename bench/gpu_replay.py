@@ -29,10 +29,10 @@ import torch
 import transformers
 
 from bench.gpu_models import DATA, NAMES, model_dir
+from client_image.formats.distro_wire import DistroResult
 from client_image.training.model import load_causal_lm
 from client_image.training.precision import configure_backends
 from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import DistroResult
 from client_image.verification import ReplayVerifier
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
@@ -67,8 +67,9 @@ def main() -> None:
                             micro_batch_size=args.micro_batch, compute="bf16")
     verifier = DistroTrainer(verifier_model, optimizer, schedule,
                              micro_batch_size=args.micro_batch, compute="bf16")
-    shadow = ReplayVerifier(verifier_model, optimizer, schedule,
-                            micro_batch_size=args.replay_micro_batch, compute="bf16")
+    shadow = ReplayVerifier(DistroTrainer(verifier_model, optimizer, schedule,
+                                          micro_batch_size=args.replay_micro_batch,
+                                          compute="bf16"))
     published: dict[int, DistroResult] = {}
     worst = {"jaccard": 0.0, "hamming": 0.0, "manhattan": 0.0}
     compared = 0

@@ -45,10 +45,10 @@ from pathlib import Path
 import torch
 import transformers
 
-from client_image.training.distro import SparseResult
+from client_image.formats.blocks import SparseResult
+from client_image.formats.distro_wire import DistroResult, encode_result
 from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import DistroResult, encode_result
 from client_image.verification import ReplayVerifier, Thresholds, cheap_checks
 from client_image.verification.adversary import ATTACKS, attacked_tensors
 from client_image.verification.similarity import Distances
@@ -104,8 +104,9 @@ def run_swarm(attack: str | None, steps: int, peers: int, one_bit: bool,
                               compute=trainer_compute) for m in models]
     # Client 0 verifies everyone else (the attacker is the last client).
     compute = "bf16" if shadow_variant == "bf16" else "fp32"
-    shadows = {c: ReplayVerifier(models[0], optimizer, SCHEDULE, micro_batch_size=PER_PEER,
-                                 compute=compute) for c in range(1, n)}
+    shadows = {c: ReplayVerifier(DistroTrainer(models[0], optimizer, SCHEDULE,
+                                               micro_batch_size=PER_PEER, compute=compute))
+               for c in range(1, n)}
     attacker = n - 1 if attack else None
     published: dict[int, dict[int, DistroResult]] = {}  # accepted results, by step
     sent: dict[int, dict[int, DistroResult]] = {}  # everything sent, by step

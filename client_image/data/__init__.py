@@ -28,7 +28,7 @@ Public surface:
                                       what the trainer gets: Pretraining the inputs
                                       [n, max_seq_len]; Finetuning inputs and labels
                                       [n, 2, max_seq_len] (the provider's labels, else
-                                      the inputs; training.objective.with_labels)
+                                      the inputs; formats.batch.with_labels)
 
 A batch id [start, end] is inclusive; sample i is exactly max_seq_len tokens (see
 psyche_common.token_files.sequences for the offset rules).
@@ -44,7 +44,7 @@ import torch
 from client_image.data.dummy import DummyDataProvider
 from client_image.data.http import HttpDataProvider, location_urls
 from client_image.data.tcp_provider import DataServerMismatch, TcpDataProvider
-from client_image.training.objective import with_labels
+from client_image.formats.batch import with_labels
 from coordinator.config import (
     DataType,
     DummyDataLocation,

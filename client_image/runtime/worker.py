@@ -343,10 +343,14 @@ class TrainingWorker:
                 or self.model is None):
             self.followers = None  # SparseLoCo runs have verification off (capabilities.py)
             return not trainers
-        followers = Followers(self.model, trainer.config, trainer.lr_schedule,
-                              micro_batch_size=trainer.micro_batch_size,
-                              compute=trainer.compute,
-                              cold_start_warmup_steps=trainer.cold_start_warmup_steps)
+        model = self.model
+
+        def shadow(start_step: int) -> DistroTrainer:
+            return DistroTrainer(model, trainer.config, trainer.lr_schedule,
+                                 micro_batch_size=trainer.micro_batch_size,
+                                 cold_start_warmup_steps=trainer.cold_start_warmup_steps,
+                                 start_step=start_step, compute=trainer.compute)
+        followers = Followers(shadow)
         await self._run(followers.follow, list(trainers), start_step)
         self.followers = followers
         return True

@@ -17,12 +17,12 @@ DisTrO (client_image.training.trainer, .distro)
         .train(step, batch [n, seq] int64, *, batch_id=(start, end), cold_start=False)
             -> TrainStepOutput(step, loss, payload: bytes, grad_norm, learning_rate=lr(step))
     with_labels(inputs, labels) -> batch [n, 2, seq]   a Finetuning batch (label -100: not
-        in the loss, IGNORE_INDEX); split_labels(batch) -> (inputs, labels | None)
+        in the loss, IGNORE_INDEX; client_image.formats.batch); split_labels(batch) -> (inputs, labels | None)
         .learning_rate(step) ; .plans: list[BlockPlan] ; .timings: Timings
     AdamWTrainer(model, optimizer: AdamWOptimizer, lr_schedule, *, micro_batch_size)
     scheduled_lr(schedule, step), cold_start_factor(step, start, n)
 
-Wire format (client_image.training.wire)
+Wire format (client_image.formats.distro_wire; BlockPlan, SparseResult: formats.blocks)
     encode_result(tensors, plans, *, step, trainer_nonce, batch_start, batch_end, one_bit) -> bytes
     decode_result(payload, plans) -> DistroResult ; ResultDecodeError ; WIRE_VERSION
 
@@ -41,13 +41,22 @@ from typing import TYPE_CHECKING, Any
 # Loaded on first use: importing the package (psyche-train --help, client_image.training.cli)
 # must not load torch and transformers.
 if TYPE_CHECKING:  # the real names for type checkers
+    from client_image.formats.batch import split_labels, with_labels
+    from client_image.formats.blocks import BlockPlan, SparseResult
+    from client_image.formats.distro_wire import (
+        WIRE_VERSION,
+        DistroResult,
+        ResultDecodeError,
+        decode_result,
+        encode_result,
+    )
     from client_image.training.checkpoint import (
         CheckpointError,
         list_checkpoints,
         save_checkpoint,
         upload_checkpoint,
     )
-    from client_image.training.distro import BlockPlan, SparseResult, plan_model
+    from client_image.training.distro import plan_model
     from client_image.training.lr import cold_start_factor, scheduled_lr
     from client_image.training.model import (
         ModelLoadError,
@@ -56,23 +65,15 @@ if TYPE_CHECKING:  # the real names for type checkers
         pick_device,
         resolve_model_dir,
     )
-    from client_image.training.objective import split_labels, with_labels
     from client_image.training.trainer import AdamWTrainer, DistroTrainer, Timings, TrainStepOutput
-    from client_image.training.wire import (
-        WIRE_VERSION,
-        DistroResult,
-        ResultDecodeError,
-        decode_result,
-        encode_result,
-    )
 
 _LAZY = {
     "CheckpointError": "client_image.training.checkpoint",
     "list_checkpoints": "client_image.training.checkpoint",
     "save_checkpoint": "client_image.training.checkpoint",
     "upload_checkpoint": "client_image.training.checkpoint",
-    "BlockPlan": "client_image.training.distro",
-    "SparseResult": "client_image.training.distro",
+    "BlockPlan": "client_image.formats.blocks",
+    "SparseResult": "client_image.formats.blocks",
     "plan_model": "client_image.training.distro",
     "cold_start_factor": "client_image.training.lr",
     "scheduled_lr": "client_image.training.lr",
@@ -85,13 +86,13 @@ _LAZY = {
     "DistroTrainer": "client_image.training.trainer",
     "Timings": "client_image.training.trainer",
     "TrainStepOutput": "client_image.training.trainer",
-    "split_labels": "client_image.training.objective",
-    "with_labels": "client_image.training.objective",
-    "WIRE_VERSION": "client_image.training.wire",
-    "DistroResult": "client_image.training.wire",
-    "ResultDecodeError": "client_image.training.wire",
-    "decode_result": "client_image.training.wire",
-    "encode_result": "client_image.training.wire",
+    "split_labels": "client_image.formats.batch",
+    "with_labels": "client_image.formats.batch",
+    "WIRE_VERSION": "client_image.formats.distro_wire",
+    "DistroResult": "client_image.formats.distro_wire",
+    "ResultDecodeError": "client_image.formats.distro_wire",
+    "decode_result": "client_image.formats.distro_wire",
+    "encode_result": "client_image.formats.distro_wire",
 }
 
 

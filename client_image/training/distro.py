@@ -62,10 +62,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
+from client_image.formats.blocks import BlockPlan, SparseResult
 
 
 def chunk_size(dim: int, max_chunk: int) -> int:
@@ -94,43 +95,6 @@ def _dct_basis_cpu(size: int) -> torch.Tensor:
 def dct_basis(size: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """F_size: the orthonormal DCT-II matrix, columns are frequencies."""
     return _dct_basis_cpu(size).to(device=device, dtype=dtype)
-
-
-@dataclass(frozen=True)
-class BlockPlan:
-    """How one parameter is cut into DCT blocks and compressed.
-
-    The wire format checks every payload against these numbers.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    rows: int  # R: second-to-last dimension (the length, for a vector)
-    cols: int  # C: last dimension (1 for a vector)
-    row_chunk: int  # a = c(R)
-    col_chunk: int  # b = c(C)
-    topk: int  # k = clamp(topk, 1, a*b)
-    mix_rows: bool = True  # the DCT along rows; False: identity (token rows apart)
-
-    @property
-    def leading(self) -> int:
-        return math.prod(self.shape) // (self.rows * self.cols)
-
-    @property
-    def n_blocks(self) -> int:
-        return self.leading * (self.rows // self.row_chunk) * (self.cols // self.col_chunk)
-
-    @property
-    def block_numel(self) -> int:
-        return self.row_chunk * self.col_chunk
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def block_shape(self) -> tuple[int, int]:
-        return (self.row_chunk, self.col_chunk)
 
 
 def plan_parameter(name: str, shape: Sequence[int], max_chunk: int, topk: int,
@@ -233,18 +197,6 @@ def scatter_mean(
     total.scatter_add_(1, idx, val)
     count.scatter_add_(1, idx, (val != 0).to(val.dtype))
     return total / count.clamp_min(1)
-
-
-@dataclass
-class SparseResult:
-    """One parameter's compressed update: idx (n_blocks, k) int64, val (n_blocks, k).
-
-    A slot with val == 0 is empty (its block had fewer than k nonzero coefficients): it
-    contributes nothing to an aggregate and is not sent.
-    """
-
-    idx: torch.Tensor
-    val: torch.Tensor
 
 
 def block_view(tensor: torch.Tensor, plan: BlockPlan) -> torch.Tensor:

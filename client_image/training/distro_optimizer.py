@@ -14,7 +14,7 @@ compression and this project's wire format:
     error feedback   delta -= decompress(own last result)
     weight decay     theta *= 1 - lr * weight_decay
     momentum         delta = compression_decay * delta + lr * grad
-    publish          payload = encode(compress(delta))       (training/wire.py)
+    publish          payload = encode(compress(delta))       (formats/distro_wire.py)
     exchange         every worker's payload of this step      (the ResultExchange)
     apply            theta -= lr * sign(decompress(all payloads))
 
@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from client_image.formats.distro_wire import ResultStream, encode_slots
 from client_image.training.distro import plan_model
 from client_image.training.distro_step import DistroStep, WholeParameters, payload_slots
-from client_image.training.wire import ResultStream, encode_slots
 from coordinator.config import DistroOptimizer
 
 

@@ -9,7 +9,7 @@ D = scatter-mean of the peers' coefficients and the inverse DCT):
     error feedback   delta -= D(own last result)               (its unquantized values)
     weight decay     theta *= 1 - lr * weight_decay
     momentum         delta  = decay * delta + lr * g
-    compress         result = C(delta)                          -> the wire bytes (wire.py)
+    compress         result = C(delta)                          -> the wire bytes (distro_wire.py)
     apply            theta -= lr * sign(D(peers' results))
 
 The trainers decide when each part runs (trainer.py: pipelined over rounds; the
@@ -44,10 +44,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from client_image.formats.blocks import BlockPlan, SparseResult
 from client_image.training.distro import (
     BlockLayout,
-    BlockPlan,
-    SparseResult,
     aggregate_blocks,
     block_view,
     dct_blocks,

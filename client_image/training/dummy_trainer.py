@@ -30,9 +30,9 @@ from collections.abc import Sequence
 
 import torch
 
-from client_image.training.distro import BlockPlan
+from client_image.formats.blocks import BlockPlan
+from client_image.formats.distro_wire import DistroResult, ResultDecodeError
 from client_image.training.trainer import Timings, TrainStepOutput
-from client_image.training.wire import DistroResult, ResultDecodeError
 
 DUMMY_MAGIC = b"PSDY"
 DUMMY_WIRE_VERSION = 1

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from client_image.formats.distro_wire import decode_result
 from client_image.training.distro import decompress
 from client_image.training.model import load_causal_lm
 from client_image.training.parallel import (
@@ -39,7 +40,6 @@ from client_image.training.parallel import (
 )
 from client_image.training.sharded import ShardedDistroTrainer, full_tensor
 from client_image.training.trainer import DistroTrainer, trainable_parameters
-from client_image.training.wire import decode_result
 from coordinator.config import ConstantLR, DistroOptimizer
 
 CHECK_OPTIMIZER = DistroOptimizer(

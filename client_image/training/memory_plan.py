@@ -61,7 +61,7 @@ concatenating the peers' top-k), and for one parameter as a group of its own:
     peers' results   32 bytes per kept coefficient per peer on the device during apply,
                      for one chunk at a time: int64 index and fp32 value, plus the
                      per-slot sender count and weight
-    held (host)      the wire bytes of up to two steps of the peers' results (wire.py), in
+    held (host)      the wire bytes of up to two steps of the peers' results (distro_wire), in
                      host memory until decoded: shown, not counted per device
 
     optimizer peak   the largest of decode, error feedback (decode of one result) and
@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from client_image.formats.distro_wire import index_bits
 from client_image.training.distro import BlockLayout, plan_model
 from client_image.training.distro_step import plan_chunks
 from client_image.training.model_shape import (
@@ -89,7 +90,6 @@ from client_image.training.model_shape import (
     meta_model,
     tp_problem,
 )
-from client_image.training.wire import index_bits
 
 if TYPE_CHECKING:
     from coordinator.config import LLMConfig, StateFile
@@ -291,7 +291,7 @@ def activation_bytes(shape: ModelShape, *, micro_batch_size: int, seq_len: int,
 
 
 def result_wire_bytes(plans: list[Any], one_bit: bool) -> int:
-    """Bytes of one result in the wire format (wire.py) when every block carries k
+    """Bytes of one result in the wire format (distro_wire) when every block carries k
     coefficients (a block with fewer nonzero ones carries fewer: this is the most)."""
     total = _WIRE_HEADER_BYTES + _varint_len(len(plans))
     for plan in plans:

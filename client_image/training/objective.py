@@ -1,12 +1,10 @@
 """What a trainer minimizes: the next-token loss of a batch, labelled or not.
 
     loss = causal_lm_loss(model, batch, micro_batch_size)   # gradients accumulated
-    batch = with_labels(inputs, labels)                      # a Finetuning batch
-    inputs, labels = split_labels(batch)                     # labels None: Pretraining
 
 A Pretraining batch [n, seq_len] trains on its own tokens through the model's loss; a
-Finetuning batch [n, 2, seq_len] carries its labels, and a label of IGNORE_INDEX is not in
-the loss. Any other objective with LossFn's signature trains the same way.
+Finetuning batch [n, 2, seq_len] (formats/batch.py: with_labels, split_labels) carries its
+labels, and a label of IGNORE_INDEX is not in the loss. Any other objective with LossFn's signature trains the same way.
 """
 
 from __future__ import annotations
@@ -15,36 +13,13 @@ from collections.abc import Callable
 
 import torch
 
+from client_image.formats.batch import IGNORE_INDEX, split_labels
 from client_image.training.precision import ComputeDType, compute_context
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor, int, ComputeDType], float]
 """(model, batch, micro_batch_size, compute) -> mean loss, with its gradients accumulated
 into the parameters: what a trainer calls to train on a batch (causal_lm_loss by default;
 any other objective trains the same way)."""
-
-
-IGNORE_INDEX = -100
-"""A label that is not in the loss (transformers' and Psyche's convention)."""
-
-
-def with_labels(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """A labelled batch: [n, 2, seq_len], row i holding sample i's input ids and its labels.
-
-    Finetuning batches travel in this one tensor, so every path a batch takes (rank
-    processes, data-parallel shares, micro-batches, SparseLoCo's inner batches: all split
-    along dim 0) carries the labels along; a Pretraining batch stays [n, seq_len]."""
-    if inputs.shape != labels.shape or inputs.dim() != 2:
-        raise ValueError(f"inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)} "
-                         "must both be [n, seq_len]")
-    return torch.stack((inputs, labels.to(inputs.dtype)), dim=1)
-
-
-def split_labels(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(input ids, labels) of a batch; labels None for a Pretraining batch [n, seq_len]
-    (its labels are its inputs)."""
-    if batch.dim() == 3:
-        return batch[:, 0], batch[:, 1]
-    return batch, None
 
 
 def masked_lm_loss(model: torch.nn.Module, inputs: torch.Tensor,

@@ -36,14 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from client_image.training.distro import (
-    BlockLayout,
-    BlockPlan,
-    SparseResult,
-    from_blocks,
-    plan_parameter,
-    topk_blocks,
-)
+from client_image.formats.blocks import BlockPlan, SparseResult
+from client_image.training.distro import BlockLayout, from_blocks, plan_parameter, topk_blocks
 
 MIN_QUANT_BITS = 2
 MAX_QUANT_BITS = 8

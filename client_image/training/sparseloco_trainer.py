@@ -28,7 +28,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from client_image.training.distro import BlockLayout, BlockPlan, SparseResult
+from client_image.formats.blocks import BlockPlan, SparseResult
+from client_image.formats.distro_wire import DistroResult, ResultDecodeError
+from client_image.training.distro import BlockLayout
 from client_image.training.lr import cold_start_factor, scheduled_lr
 from client_image.training.objective import LossFn, causal_lm_loss
 from client_image.training.precision import ComputeDType
@@ -50,7 +52,6 @@ from client_image.training.trainer import (
     clip_gradients,
     trainable_parameters,
 )
-from client_image.training.wire import DistroResult, ResultDecodeError
 from coordinator.config import LRSchedule, SparseLoCoOptimizer
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The wire format of one SparseLoCo result (one worker's compressed pseudo-gradient).
 
-Version 1, all integers little-endian; the index sections are DisTrO's (training/wire.py):
+Version 1, all integers little-endian; the index sections are DisTrO's (formats/distro_wire.py):
 
     header   "PSSL" | version u8 = 1 | quant_bits u8 (2..8)
              | flags u8 (bit 1: short blocks; others 0)
@@ -41,14 +41,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from client_image.training.distro import BlockPlan, SparseResult
-from client_image.training.sparseloco import (
-    MAX_QUANT_BITS,
-    MIN_QUANT_BITS,
-    QuantizedBlocks,
-    dequantize,
-)
-from client_image.training.wire import (
+from client_image.formats.blocks import BlockPlan, SparseResult
+from client_image.formats.distro_wire import (
     DistroResult,
     Reader,
     ResultDecodeError,
@@ -58,6 +52,12 @@ from client_image.training.wire import (
     read_counts,
     read_tensor_header,
     unpack_uints,
+)
+from client_image.training.sparseloco import (
+    MAX_QUANT_BITS,
+    MIN_QUANT_BITS,
+    QuantizedBlocks,
+    dequantize,
 )
 
 MAGIC = b"PSSL"

@@ -34,7 +34,15 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from client_image.training.distro import BlockPlan, plan_model
+from client_image.formats.blocks import BlockPlan
+from client_image.formats.distro_wire import (
+    DistroResult,
+    ResultDecodeError,
+    ResultStream,
+    decode_result,
+    encode_slots,
+)
+from client_image.training.distro import plan_model
 from client_image.training.distro_step import (
     DistroStep,
     ParameterView,
@@ -45,13 +53,6 @@ from client_image.training.distro_step import (
 from client_image.training.lr import cold_start_factor, scheduled_lr
 from client_image.training.objective import LossFn, causal_lm_loss
 from client_image.training.precision import ComputeDType
-from client_image.training.wire import (
-    DistroResult,
-    ResultDecodeError,
-    ResultStream,
-    decode_result,
-    encode_slots,
-)
 from coordinator.config import AdamWOptimizer, DistroOptimizer, LRSchedule
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from client_image.training.distro import SparseResult
-from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import DistroResult, encode_result
+from client_image.formats.blocks import SparseResult
+from client_image.formats.distro_wire import DistroResult, encode_result
+from client_image.verification.replay import ShadowTrainer
 
 ATTACKS = ("random_signs", "scaled", "stale", "copy", "wrong_batch", "zeros", "flipped_signs")
 LIVE_ATTACKS = tuple(a for a in ATTACKS if a != "copy")
@@ -63,7 +63,7 @@ class Adversary:
     def batch(self, tokens: torch.Tensor) -> torch.Tensor:
         return torch.roll(tokens, shifts=7, dims=-1) if self.kind == "wrong_batch" else tokens
 
-    def payload(self, honest: bytes, trainer: DistroTrainer) -> bytes:
+    def payload(self, honest: bytes, trainer: ShadowTrainer) -> bytes:
         if self.kind == "wrong_batch":
             return honest
         result = trainer.decode(honest)

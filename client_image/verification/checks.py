@@ -17,7 +17,7 @@ of the result, so comparing all pairs of a step's results stays cheap for any mo
 near copy that differs only outside the sketch is not a `copy` (replay still catches it).
 
 The structure itself (sizes, indices in range, step, quantization) is the wire decoder's
-job (training/wire.py): a result that reaches these checks already decoded. Every check is
+job (formats/distro_wire.py): a result that reaches these checks already decoded. Every check is
 a pure function of its inputs, so clients screening the same consensus results leave out
 the same ones (runtime/round_runner.py).
 """
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from client_image.training.distro import BlockPlan
-from client_image.training.wire import DistroResult, ResultDecodeError
+from client_image.formats.blocks import BlockPlan
+from client_image.formats.distro_wire import DistroResult, ResultDecodeError
 
 NEAR = 0.05
 SKETCH_SLOTS = 65_536

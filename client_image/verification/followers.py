@@ -19,16 +19,20 @@ fp32 shadow measured Jaccard 0.71); GPU-vs-GPU noise is not measured yet.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from client_image.training.precision import ComputeDType
-from client_image.training.wire import ResultDecodeError
-from client_image.verification.replay import ReplayVerifier, Thresholds, Verdict, judge
+from client_image.formats.distro_wire import ResultDecodeError
+from client_image.verification.replay import (
+    ReplayVerifier,
+    ShadowTrainer,
+    Thresholds,
+    Verdict,
+    judge,
+)
 from client_image.verification.similarity import Distances
-from coordinator.config import DistroOptimizer, LRSchedule
 
 DEFAULT_THRESHOLDS = Thresholds.from_honest([])
 KEPT_STEPS = 4  # expected results wait for their step's apply, two rounds later
@@ -44,15 +48,11 @@ class Checked:
 
 
 class Followers:
-    def __init__(self, model: torch.nn.Module, optimizer: DistroOptimizer,
-                 lr_schedule: LRSchedule, *, micro_batch_size: int, compute: ComputeDType,
-                 cold_start_warmup_steps: int, thresholds: Thresholds = DEFAULT_THRESHOLDS):
-        self.model = model
-        self.optimizer = optimizer
-        self.lr_schedule = lr_schedule
-        self.micro_batch_size = micro_batch_size
-        self.compute = compute
-        self.cold_start_warmup_steps = cold_start_warmup_steps
+    def __init__(self, make_shadow: Callable[[int], ShadowTrainer], *,
+                 thresholds: Thresholds = DEFAULT_THRESHOLDS):
+        """`make_shadow(start_step)`: a fresh shadow trainer (replay.py) from a zero delta
+        at `start_step`, on this client's model with the run's optimizer and schedule."""
+        self.make_shadow = make_shadow
         self.thresholds = thresholds
         self.shadows: dict[bytes, ReplayVerifier] = {}
         self.expected: dict[tuple[bytes, int], bytes] = {}
@@ -60,11 +60,7 @@ class Followers:
     def follow(self, trainers: Sequence[bytes], start_step: int) -> None:
         """Shadows for exactly `trainers`, all starting from a zero delta."""
         self.expected.clear()
-        self.shadows = {key: ReplayVerifier(
-            self.model, self.optimizer, self.lr_schedule,
-            micro_batch_size=self.micro_batch_size, compute=self.compute,
-            start_step=start_step, cold_start_warmup_steps=self.cold_start_warmup_steps)
-            for key in trainers}
+        self.shadows = {key: ReplayVerifier(self.make_shadow(start_step)) for key in trainers}
 
     def replay(self, trainer: bytes, step: int, batch: torch.Tensor,
                batch_id: tuple[int, int], cold_start: bool) -> None:

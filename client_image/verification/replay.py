@@ -5,7 +5,9 @@ feedback), but every input of that delta is public: the weights all clients shar
 trainer's assigned batches, the run's schedule. A verifier that follows a trainer from a
 point where its delta is zero (its join, a cold start) keeps a *shadow* trainer: its own
 DistroTrainer on the verifier's model, fed the trainer's batches, whose results are what
-an honest trainer publishes. The shadow never changes the verifier's weights (its
+an honest trainer publishes. Verification takes it through the ShadowTrainer port below
+(the runtime builds it: runtime/worker.py), so it depends on the result format
+(client_image/formats/) and not on training. The shadow never changes the verifier's weights (its
 lookahead is undone exactly and it skips weight decay, `decay_weights=False`), and it
 continues from its own honest results, so one deviation does not mask the next.
 
@@ -19,14 +21,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from client_image.training.precision import ComputeDType
-from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import DistroResult
+from client_image.formats.blocks import BlockPlan
+from client_image.formats.distro_wire import DistroResult
 from client_image.verification.similarity import Distances, similarity
-from coordinator.config import DistroOptimizer, LRSchedule
+
+
+class Published(Protocol):
+    """What one training step gives back (training's TrainStepOutput)."""
+
+    @property
+    def payload(self) -> bytes | None: ...
+
+
+class ShadowTrainer(Protocol):
+    """The trainer a verifier replays with, and an adversary's honest source: what
+    verification needs of training/trainer.py's DistroTrainer, which is one."""
+
+    @property
+    def plans(self) -> Sequence[BlockPlan]: ...
+
+    def decode(self, payload: bytes) -> DistroResult:
+        """Validate a payload for this model; raises ResultDecodeError."""
+        ...
+
+    def train(self, step: int, batch: torch.Tensor, *, batch_id: tuple[int, int],
+              cold_start: bool, decay_weights: bool) -> Published: ...
 
 
 @dataclass(frozen=True)
@@ -66,14 +89,10 @@ def judge(distances: Distances, thresholds: Thresholds) -> Verdict:
 class ReplayVerifier:
     """Follows one trainer on the verifier's model (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: DistroOptimizer,
-                 lr_schedule: LRSchedule, *, micro_batch_size: int,
-                 compute: ComputeDType = "fp32", start_step: int = 0,
-                 cold_start_warmup_steps: int = 0) -> None:
-        self.shadow = DistroTrainer(
-            model, optimizer, lr_schedule, micro_batch_size=micro_batch_size,
-            cold_start_warmup_steps=cold_start_warmup_steps, start_step=start_step,
-            compute=compute)
+    def __init__(self, shadow: ShadowTrainer) -> None:
+        """`shadow`: a trainer of the run's optimizer and schedule on the verifier's model,
+        from a zero delta at the step the following starts."""
+        self.shadow = shadow
         self.block_numels = [plan.block_numel for plan in self.shadow.plans]
 
     def expected(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from client_image.training.distro import SparseResult
+from client_image.formats.blocks import SparseResult
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from client_image.data import fetch_training_batch, open_provider
+from client_image.formats.batch import IGNORE_INDEX, split_labels
 from client_image.runtime.worker import TrainingWorker
-from client_image.training.objective import IGNORE_INDEX, split_labels
 from coordinator.config import LLMConfig, PreprocessedDataLocation, state_file_from_dict
 from psyche_common.token_files.local import LocalDataProvider
 

@@ -18,7 +18,7 @@ from tcp_helpers import RUN_ID, TESTNET, identity
 from client_image.data import fetch_training_batch
 from client_image.data.preprocessed import PreprocessedDataProvider
 from client_image.data.tcp_provider import TcpDataProvider
-from client_image.training.objective import IGNORE_INDEX, split_labels
+from client_image.formats.batch import IGNORE_INDEX, split_labels
 from coordinator.config import load_data_config
 from coordinator_tcp.data_protocol import (
     DataResponse,

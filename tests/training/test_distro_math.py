@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from client_image.formats.blocks import SparseResult
 from client_image.training.distro import (
-    SparseResult,
     chunk_size,
     compress,
     dct_basis,

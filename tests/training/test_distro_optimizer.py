@@ -10,7 +10,8 @@ import torch.distributed as dist
 from loopback import free_port
 from training_assets import TINY_MODEL, TRAIN_DATA
 
-from client_image.training.distro import SparseResult, compress, decompress, plan_model
+from client_image.formats.blocks import SparseResult
+from client_image.training.distro import compress, decompress, plan_model
 from client_image.training.distro_optimizer import DisTrO, LocalExchange, TorchDistributedExchange
 from client_image.training.model import load_causal_lm
 from coordinator.config import DistroOptimizer

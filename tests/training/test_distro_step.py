@@ -13,13 +13,11 @@ import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
-from client_image.training import distro_step, wire
-from client_image.training.distro import (
-    SparseResult,
-    compress,
-    decompress,
-    plan_model,
-)
+from client_image.formats import distro_wire
+from client_image.formats.blocks import SparseResult
+from client_image.formats.distro_wire import encode_result, encode_slots
+from client_image.training import distro_step
+from client_image.training.distro import compress, decompress, plan_model
 from client_image.training.distro_step import (
     decode_chunk,
     payload_slots,
@@ -29,7 +27,6 @@ from client_image.training.distro_step import (
 )
 from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import encode_result, encode_slots
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
 
@@ -148,7 +145,7 @@ def test_the_kernels_of_a_step_do_not_grow_with_the_number_of_tensors(tmp_path):
 
 
 def test_unpack_uints_inverts_pack_uints_for_every_width() -> None:
-    """The per-residue strided decode of packed indices (wire.unpack_uints) gives back what
+    """The per-residue strided decode of packed indices (distro_wire.unpack_uints) gives back what
     pack_uints wrote, at every width and for counts that are not multiples of 8."""
     rng = np.random.default_rng(0)
     for width in range(1, 65):
@@ -157,8 +154,8 @@ def test_unpack_uints_inverts_pack_uints_for_every_width() -> None:
             values = rng.integers(0, top, count, dtype=np.uint64)
             if width == 64:
                 values = values * np.uint64(2) + np.uint64(1)  # the top bit set too
-            unpacked = wire.unpack_uints(wire.pack_uints(values, width), width, count)
+            unpacked = distro_wire.unpack_uints(distro_wire.pack_uints(values, width), width, count)
             assert unpacked.dtype == np.uint64
             assert np.array_equal(unpacked, values), (width, count)
     with pytest.raises(ValueError, match="fewer than 9 values of 12 bits"):
-        wire.unpack_uints(bytes(13), 12, 9)
+        distro_wire.unpack_uints(bytes(13), 12, 9)

@@ -9,10 +9,10 @@ from golden_loss_curve import GOLDEN
 from reproducible_numerics import run_reproducibly
 from training_assets import TINY_MODEL, TRAIN_DATA, VALIDATION_DATA
 
+from client_image.formats.distro_wire import ResultDecodeError
 from client_image.training.model import load_causal_lm
 from client_image.training.simulate import Simulation, SimulationConfig, validation_loss
 from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import ResultDecodeError
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
 

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client_image.training.distro import SparseResult, compress, plan_model
-from client_image.training.wire import (
+from client_image.formats.blocks import SparseResult
+from client_image.formats.distro_wire import (
     FLAG_ONE_BIT,
     FLAG_SHORT_BLOCKS,
     WIRE_VERSION,
@@ -20,6 +20,7 @@ from client_image.training.wire import (
     encode_result,
     index_bits,
 )
+from client_image.training.distro import compress, plan_model
 
 SHAPES = [("embed", (256, 128)), ("norm", (128,)), ("odd", (96, 48)), ("tiny", (5,))]
 PLANS = plan_model(SHAPES, 64, 8)

@@ -1,12 +1,13 @@
-"""Finetuning batches (objective.with_labels): a label of -100 is not in the loss, the loss
+"""Finetuning batches (formats.batch.with_labels): a label of -100 is not in the loss, the loss
 is the mean over the other tokens, and every trainer takes the labelled batch."""
 
 import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
+from client_image.formats.batch import IGNORE_INDEX, split_labels, with_labels
 from client_image.training.model import load_causal_lm
-from client_image.training.objective import IGNORE_INDEX, causal_lm_loss, split_labels, with_labels
+from client_image.training.objective import causal_lm_loss
 from client_image.training.trainer import DistroTrainer
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider

@@ -32,8 +32,8 @@ def verdicts(kind: str | None, one_bit: bool = False, steps: int = 3
                             micro_batch_size=2)
     follower_model = load_causal_lm(TINY_MODEL, device="cpu")
     own = DistroTrainer(follower_model, opt, SCHEDULE, micro_batch_size=2)
-    followers = Followers(follower_model, opt, SCHEDULE, micro_batch_size=2,
-                          compute="fp32", cold_start_warmup_steps=0)
+    followers = Followers(lambda start: DistroTrainer(follower_model, opt, SCHEDULE,
+                                                      micro_batch_size=2, start_step=start))
     followers.follow([TRAINER], start_step=1)
     adversary = Adversary(kind) if kind else None
     out = []

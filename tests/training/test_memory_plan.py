@@ -24,11 +24,11 @@ import typer
 from typer.testing import CliRunner
 
 from client_image.cli import app
+from client_image.formats.distro_wire import encode_result
 from client_image.plan_cli import check_fits_or_exit
 from client_image.training import memory_plan as mp
 from client_image.training import model_shape as ms
 from client_image.training.distro import compress, plan_model
-from client_image.training.wire import encode_result
 from coordinator.config import load_state_file
 from tests.training.training_assets import TINY_MODEL
 

@@ -20,12 +20,12 @@ from loopback import free_port
 from sidecar_leader import LLM, train_three_steps
 from training_assets import TINY_MODEL, TRAIN_DATA
 
+from client_image.formats.distro_wire import decode_result
 from client_image.runtime.ports import Unrunnable
 from client_image.runtime.worker import TrainingWorker
 from client_image.training.distro import decompress
 from client_image.training.parallel import ParallelDims
 from client_image.training.rank_group import RankSetup
-from client_image.training.wire import decode_result
 from psyche_common.token_files.local import LocalDataProvider
 
 pytestmark = pytest.mark.slow

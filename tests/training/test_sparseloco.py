@@ -8,6 +8,7 @@ import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
+from client_image.formats.distro_wire import ResultDecodeError
 from client_image.training.distro import BlockLayout
 from client_image.training.model import load_causal_lm
 from client_image.training.objective import causal_lm_loss
@@ -24,7 +25,6 @@ from client_image.training.sparseloco import (
 )
 from client_image.training.sparseloco_trainer import SparseLoCoTrainer
 from client_image.training.sparseloco_wire import decode_sparseloco, encode_sparseloco
-from client_image.training.wire import ResultDecodeError
 from coordinator.config import ConfigError, ConstantLR, SparseLoCoOptimizer, parse_state_toml
 from psyche_common.token_files.local import LocalDataProvider
 
@@ -185,7 +185,7 @@ def test_config_accepts_sparseloco_and_names_a_bad_field():
 
 
 def _gap_section(idx_rows, k, block_numel=4096):
-    from client_image.training.distro import BlockPlan
+    from client_image.formats.blocks import BlockPlan
     from client_image.training.sparseloco_wire import encode_gaps
 
     n = len(idx_rows)
@@ -200,8 +200,8 @@ def _gap_section(idx_rows, k, block_numel=4096):
 
 
 def _read(plan, used, section):
+    from client_image.formats.distro_wire import Reader
     from client_image.training.sparseloco_wire import read_gaps
-    from client_image.training.wire import Reader
 
     reader = Reader(section)
     out = read_gaps(reader, plan, used.sum(dim=1).numpy())

@@ -8,9 +8,9 @@ import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
+from client_image.formats.distro_wire import ResultStream, decode_result
 from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import ResultStream, decode_result
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from training_assets import TINY_MODEL, TRAIN_DATA
 
-from client_image.training.distro import SparseResult
+from client_image.formats.blocks import SparseResult
+from client_image.formats.distro_wire import DistroResult, encode_result
 from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
-from client_image.training.wire import DistroResult, encode_result
 from client_image.verification import ReplayVerifier, Thresholds, cheap_checks, similarity
 from client_image.verification.replay import judge
 from client_image.verification.similarity import Distances
@@ -65,8 +65,10 @@ def test_replay_reproduces_an_honest_trainer_and_catches_a_wrong_batch():
     # The verifier's own trainer: the step's weight decay reaches its weights as every
     # client's (here by idling; a verifier that trains gets it from its own train()).
     own = DistroTrainer(verifier_model, OPTIMIZER, SCHEDULE, micro_batch_size=2)
-    follow_honest = ReplayVerifier(verifier_model, OPTIMIZER, SCHEDULE, micro_batch_size=2)
-    follow_cheat = ReplayVerifier(verifier_model, OPTIMIZER, SCHEDULE, micro_batch_size=2)
+    follow_honest = ReplayVerifier(DistroTrainer(verifier_model, OPTIMIZER, SCHEDULE,
+                                                 micro_batch_size=2))
+    follow_cheat = ReplayVerifier(DistroTrainer(verifier_model, OPTIMIZER, SCHEDULE,
+                                                micro_batch_size=2))
     limits = Thresholds.from_honest([])
     for step in range(3):
         assigned = data.get_samples(4 * step, 4 * step + 1)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from client_image.training.distro import BlockPlan, SparseResult
+from client_image.formats.blocks import BlockPlan, SparseResult
 
 MAGIC = b"PSDR"
 WIRE_VERSION = 1
