@@ -15,10 +15,12 @@ What it does:
   permissionless one); no valid authorization is fatal (`BackendRejected`);
 - ticks: every `check_interval_s` (and at each state change) it runs the coordinator's
   `tick` locally on a copy of the state, without any RPC call. When that would change the
-  phase or step, the tick is due: the client waits a random delay in [0, tick_backoff_s]
-  and sends the tick transaction only if the state has not advanced meanwhile (another
-  client's tick landed first), and at most one per `min_tick_interval_s`. So of N clients
-  about one sends each due tick.
+  phase or step, the tick is due, and who sends it is a pure function of the state
+  (`tick_order`): the run's keys ordered by SHA-256(nonce, key); the first sends at once,
+  the r-th only after r * `tick_grace_s` and only if the state has not advanced meanwhile
+  (an earlier one's tick landed), at most one per `min_tick_interval_s`. Each duplicate
+  costs its sender a fee, and a random backoff let several send on a loaded machine; with
+  the order, a second tick needs the first in line to be gone or slower than the grace.
 The typed port (`base.py`) maps each domain message of `coordinator.messages` to its
 instruction: a warm-up witness, a round witness, a health check (one transaction per
 trainer), a checkpoint report, a verification report (signed by this key, the reporter);
@@ -33,11 +35,11 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import logging
-import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from solders.instruction import Instruction
 from solders.keypair import Keypair
@@ -85,10 +87,28 @@ class SolanaBackendOptions:
     ws_rpc: Sequence[str | None] = ()
     check_interval_s: float = 0.25     # local join / tick checks (no RPC call)
     fallback_poll_s: float = 1.0       # JSON-RPC polling while no WebSocket answers
-    tick_backoff_s: float = 0.5        # a due tick waits a random delay up to this
+    # a due tick waits this long for each key ahead of ours in `tick_order` (its landing,
+    # seen over the WebSocket, takes well under this on a loaded localnet)
+    tick_grace_s: float = 2.0
     min_tick_interval_s: float = 0.5
     find_run_timeout_s: float = 120.0
-    rng: random.Random = field(default_factory=random.Random)
+
+
+def tick_order(account: CoordinatorAccount) -> list[bytes]:
+    """Who sends a due tick first, second, ...: the keys of the epoch's clients and of the
+    pending joiners, ordered by SHA-256(nonce as 8 bytes LE, key). A pure function of the
+    account, so every client computes the same order, and a new one at every change."""
+    keys = {bytes(key) for key in account.pending}
+    if account.state is not None:
+        keys.update(client.id.key for client in account.state.epoch_state.clients)
+    nonce = account.nonce.to_bytes(8, "little")
+    return sorted(keys, key=lambda key: hashlib.sha256(nonce + key).digest())
+
+
+def tick_place(account: CoordinatorAccount, key: bytes) -> int:
+    """`key`'s place in `tick_order`; a key outside it (an observer) comes after all."""
+    order = tick_order(account)
+    return order.index(key) if key in order else len(order)
 
 
 class SolanaBackend:
@@ -254,8 +274,9 @@ class SolanaBackend:
                 or after.progress.epoch != state.progress.epoch)
 
     async def _maybe_tick(self) -> None:
-        """Send the due tick after a random delay, unless the state advanced meanwhile:
-        then another client's tick landed, and the new state is judged afresh."""
+        """Send the due tick after our place in `tick_order` times the grace, unless the
+        state advanced meanwhile: then an earlier key's tick landed, and the new state is
+        judged afresh."""
         account = self.account
         if account is None or self.address is None:
             return
@@ -264,13 +285,15 @@ class SolanaBackend:
             return
         now = time.monotonic()
         if self._tick_due is None or self._tick_due[0] != account.nonce:
-            delay = self.options.rng.uniform(0.0, self.options.tick_backoff_s)
-            self._tick_due = (account.nonce, now + delay)
+            place = tick_place(account, bytes(self.options.wallet.pubkey()))
+            self._tick_due = (account.nonce, now + place * self.options.tick_grace_s)
             return
         if now < self._tick_due[1] or now - self._last_tick < self.options.min_tick_interval_s:
             return
         self._last_tick = now
-        self._tick_due = None
+        # Not again at this nonce before a grace: the tick's landing can take longer than
+        # min_tick_interval_s to be seen (a loaded machine), and a resend is a duplicate.
+        self._tick_due = (account.nonce, now + self.options.tick_grace_s)
         self.ticks_sent += 1
         await self._transact([ix.tick(self.address)])
 

@@ -12,13 +12,20 @@ from pathlib import Path
 
 import pytest
 from solders.keypair import Keypair
+from solders.pubkey import Pubkey
 
 from client_image.backends.base import BackendRejected
-from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
+from client_image.backends.solana import (
+    SolanaBackend,
+    SolanaBackendOptions,
+    tick_order,
+    tick_place,
+)
 from coordinator import load_state_file
 from coordinator.config import HubCheckpoint
 from coordinator.messages import CheckpointReport
 from psyche_solana import instructions as ix
+from psyche_solana.accounts import CoordinatorAccount
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import SolanaRpc
 from psyche_solana.runs import admin, authorize, create_run, find_run, update_instructions
@@ -138,6 +145,24 @@ async def test_a_corrupt_account_does_not_stop_the_watcher(net):
     assert len(states) > delivered
     stop.set()
     await asyncio.wait_for(task, 10)
+
+
+def test_who_sends_a_due_tick_is_one_order_every_client_computes_anew_at_each_change():
+    keys = [Pubkey(bytes([i]) * 32) for i in range(1, 6)]
+
+    def account(nonce: int) -> CoordinatorAccount:
+        # Every key pending for the next epoch (no state yet): the order is over them.
+        return CoordinatorAccount(
+            version=1, nonce=nonce, main_authority=keys[0], join_authority=keys[0],
+            run_id="r", client_version="", config_set=False, model_set=False, next_active=1,
+            registry=[(key, 1) for key in keys], state=None)
+
+    first = tick_order(account(7))
+    assert sorted(first) == sorted(bytes(k) for k in keys)
+    assert tick_order(account(7)) == first  # pure: the same bytes on every client
+    assert {tuple(tick_order(account(n))) for n in range(8)} != {tuple(first)}
+    assert [tick_place(account(7), key) for key in first] == [0, 1, 2, 3, 4]
+    assert tick_place(account(7), bytes(32)) == 5  # not in the run: after every member
 
 
 def test_bench_smoke():

@@ -297,9 +297,10 @@ async def test_of_several_clients_about_one_sends_each_due_tick(net):
     ticks = sum(b.ticks_sent for b in backends)
     moves = len(phases) - 1
     assert moves >= 3, phases  # the run did move: WaitingForMembers -> Warmup -> ...
-    # every move is at most one due tick (joins and ticks move it); with the random
-    # backoff about one client sends each, where all four would without it
-    assert ticks <= moves + 2, (ticks, moves, [b.ticks_sent for b in backends], phases)
+    # every move is at most one due tick (joins and ticks move it): the first key in
+    # tick_order sends it, the next only after the grace (a random backoff once let
+    # several send on a loaded machine: 10 ticks for 7 moves)
+    assert ticks <= moves, (ticks, moves, [b.ticks_sent for b in backends], phases)
 
 
 def test_the_clients_ws_rpc_must_be_a_websocket_url():
