@@ -16,7 +16,7 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
 KEYS_DIR = Path(__file__).resolve().parent / "programs" / "keys"
-PROGRAMS = ("coordinator", "authorizer", "treasurer")
+PROGRAMS = ("coordinator", "authorizer", "treasurer", "distributor", "mining_pool")
 SYSTEM_PROGRAM_ID = Pubkey.default()
 TOKEN_PROGRAM_ID = Pubkey.from_string("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA")
 ASSOCIATED_TOKEN_PROGRAM_ID = Pubkey.from_string("ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL")
@@ -43,3 +43,11 @@ def authorizer_program() -> Pubkey:
 
 def treasurer_program() -> Pubkey:
     return program_id("treasurer")
+
+
+def distributor_program() -> Pubkey:
+    return program_id("distributor")
+
+
+def mining_pool_program() -> Pubkey:
+    return program_id("mining_pool")
