@@ -15,7 +15,7 @@ import typer
 
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
-from run_manager.commands import mining_pool, solana
+from run_manager.commands import airdrop, mining_pool, solana
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,6 +39,7 @@ wallet_app = typer.Typer(**PROGRAM_SETTINGS,
                               "airdrop.")
 app.add_typer(wallet_app, name="wallet")
 solana.register(app)
+airdrop.register(app)
 mining_pool.register(app)
 
 WalletOption = Annotated[
