@@ -308,3 +308,14 @@ def test_the_honest_claim_still_works_after_the_attacks(world: World) -> None:
     assert state.total_claimed_redeemable_amount == 900
     assert mp.decode_lender(world.svm.data(mp.lender_address(pool, world.b.pubkey()))) \
         .claimed_redeemable_amount == 600
+
+
+def test_every_instruction_stays_under_a_tenth_of_the_compute_limit() -> None:
+    """The figures bench/solana.py prints as cu_pool_*."""
+    from bench.solana import CU_LIMIT, pool_compute_units
+
+    figures = pool_compute_units()
+    assert set(figures) == {"cu_pool_create", "cu_pool_update", "cu_pool_extract",
+                            "cu_pool_claimable", "cu_pool_lender_create",
+                            "cu_pool_lender_deposit", "cu_pool_lender_claim"}
+    assert all(0 < units <= CU_LIMIT // 10 for units in figures.values()), figures
