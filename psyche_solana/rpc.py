@@ -1,6 +1,7 @@
 """An async Solana JSON-RPC client on httpx: a primary and fallback endpoints (RPC, RPC_2),
 retries with exponential backoff for transport failures, and clear errors for on-chain
-failures (custom program error codes mapped to words by psyche_solana.errors).
+failures (custom error codes in the words of the program that failed:
+psyche_solana.program_failures).
 
     rpc = SolanaRpc(["http://127.0.0.1:8899", os.environ.get("RPC_2")])
     signature = await rpc.send_instructions([ix.tick(run)], payer, [])
@@ -31,8 +32,7 @@ from solders.pubkey import Pubkey
 from solders.transaction import Transaction
 
 from psyche_solana.b58 import b58encode
-from psyche_solana.errors import TOKEN_ERRORS, describe, error_name
-from psyche_solana.ids import TOKEN_PROGRAM_ID
+from psyche_solana.program_failures import describe_failure, failed_program
 
 log = logging.getLogger(__name__)
 MAX_TRANSACTION_SIZE = 1232
@@ -67,26 +67,22 @@ class _Endpoint:
     failures: int = 0
 
 
-def program_error(data: Any, instructions: Sequence[Instruction]) -> ProgramError:
+def program_error(data: Any, instructions: Sequence[Instruction],
+                  payer: Pubkey | None = None) -> ProgramError:
     """Turn Solana's error `data` ({"err": {"InstructionError": [i, {"Custom": n}]}, ...})
-    into a ProgramError naming the program's error."""
+    into a ProgramError naming the program that failed and its error in that program's
+    words (psyche_solana.program_failures): a System or Token error is not ours."""
     logs = list((data or {}).get("logs") or [])
     err = (data or {}).get("err")
     if isinstance(err, dict) and "InstructionError" in err:
         index, detail = err["InstructionError"]
         if isinstance(detail, dict) and "Custom" in detail:
             code = int(detail["Custom"])
-            # the budget instruction is not ours: index is relative to the message
-            program = instructions[index].program_id if 0 <= index < len(instructions) else None
-            # A token transfer our program invokes fails with the token program's code
-            # (1: insufficient funds), passed up unchanged: the first "failed" log names it.
-            raised_by = next((line.split()[1] for line in logs
-                              if line.startswith("Program ") and " failed: " in line), None)
-            if program == TOKEN_PROGRAM_ID or raised_by == str(TOKEN_PROGRAM_ID):
-                name = TOKEN_ERRORS.get(code, f"TokenError{code}")
-                return ProgramError(f"token program error {code}: {name}", code, name, logs)
-            return ProgramError(f"program error {code}: {describe(code)}", code,
-                                error_name(code), logs)
+            # index is relative to the message, whose instructions these are
+            top_level = instructions[index].program_id if 0 <= index < len(instructions) else None
+            failed = failed_program(logs, top_level)
+            name, message = describe_failure(code, failed, top_level, logs, payer)
+            return ProgramError(message, code, name, logs)
         return ProgramError(f"instruction {index} failed: {detail}", None, str(detail), logs)
     return ProgramError(f"transaction failed: {err}", None, str(err), logs)
 
@@ -202,7 +198,7 @@ class SolanaRpc:
                 if exc.rpc_code == -32002:
                     if "Blockhash not found" in str(exc) and attempt < 2:
                         continue
-                    raise program_error(exc.data, instructions) from None
+                    raise program_error(exc.data, instructions, payer.pubkey()) from None
                 raise
             if confirm:
                 await self.confirm(signature)

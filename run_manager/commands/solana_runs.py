@@ -52,14 +52,25 @@ def create_run(run_id: RunId,
                join_authority: Annotated[str | None, typer.Option(
                    help="Who grants join authorizations (default: the wallet).")] = None) -> None:
     """Create a run (paused until update-config and set-paused --resume)."""
+    from psyche_solana.program_failures import run_rent_shortfall
+    from psyche_solana.rpc import ProgramError
     from psyche_solana.runs import create_run as create
 
     payer = signing_keypair(wallet)
     mint = parse_pubkey(treasurer_collateral_mint, "--treasurer-collateral-mint") \
         if treasurer_collateral_mint else None
     join = parse_pubkey(join_authority, "--join-authority") if join_authority else None
-    address = run_rpc(rpc, rpc_2, program_id, lambda c: create(c, payer, run_id, client_version, join,
-                                                 treasurer_index, mint))
+
+    async def work(client: Any) -> Any:
+        try:
+            return await create(client, payer, run_id, client_version, join, treasurer_index, mint)
+        except ProgramError as error:
+            if error.name != "ResultWithNegativeLamports":
+                raise
+            # the System program's words name one transfer: say what a whole run costs
+            raise ValueError(await run_rent_shortfall(client, payer.pubkey())) from None
+
+    address = run_rpc(rpc, rpc_2, program_id, work)
     typer.echo(f"created run {run_id!r}: coordinator account {address}")
 
 

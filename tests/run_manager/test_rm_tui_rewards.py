@@ -249,7 +249,10 @@ async def test_a_confirmed_claim_pays_the_wallet_or_says_why_not(
             # The vault is empty: the program refuses, and the panel says so in one line.
             refused = await claim()
             assert refused.startswith("claim failed: claim: ") and "\n" not in refused
-            assert refused.endswith("token program error 1: InsufficientFunds"), refused
+            assert refused.endswith(
+                "token program error 1 (InsufficientFunds): the run's reward vault holds fewer "
+                "reward tokens than this claim is owed; the run's owner must top it up "
+                "(treasurer-top-up-rewards), then claim again"), refused
             assert (await rewards.status()).claimed == 0
             run.top_up(700)
             paid = await claim()
