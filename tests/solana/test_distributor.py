@@ -363,3 +363,13 @@ def test_vesting_is_linear_and_rounds_down() -> None:
     assert Vesting(100, 0, 5).vested(100) == 5 and Vesting(100, 0, 5).vested(99) == 0
     with pytest.raises(ValueError, match="u32"):
         Vesting(0, 2**32, 1)
+
+
+def test_every_instruction_stays_under_a_tenth_of_the_compute_limit() -> None:
+    """The figures bench/solana.py prints as cu_airdrop_* (the redeem with a 16-hash proof)."""
+    from bench.solana import CU_LIMIT, airdrop_compute_units
+
+    figures = airdrop_compute_units()
+    assert set(figures) == {"cu_airdrop_create", "cu_airdrop_update", "cu_airdrop_claim_create",
+                            "cu_airdrop_claim_redeem", "cu_airdrop_withdraw"}
+    assert all(0 < units <= CU_LIMIT // 10 for units in figures.values()), figures
