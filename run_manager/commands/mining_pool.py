@@ -61,18 +61,23 @@ def _metadata(text: str | None) -> bytes | None:
 async def _send(rpc: Any, instructions: Sequence[Any], payer: Any) -> None:
     """Send, turning a refusal into one line naming the program and what to do."""
     from psyche_solana import mining_pool as mp
-    from psyche_solana.errors import TOKEN_ERRORS
+    from psyche_solana.ids import mining_pool_program
     from psyche_solana.rpc import ProgramError
 
     try:
         await rpc.send_instructions(instructions, payer)
     except ProgramError as error:
-        if error.name in TOKEN_ERRORS.values() or error.name.startswith("TokenError"):
-            detail = _INSUFFICIENT if error.name == "InsufficientFunds" else "check the token accounts"
-            raise ValueError(f"token program refused the transfer: {error.name}: {detail}") from None
-        if error.code is None:
-            raise ValueError(f"mining pool: {error}") from None
-        raise ValueError(f"mining pool program error {error.code}: {mp.describe(error.code)}") from None
+        # the innermost program that failed logs first: ours, or one it invoked (a token
+        # transfer short of tokens fails in the token program, with that program's code)
+        failed = next((line.split()[1] for line in error.logs
+                       if line.startswith("Program ") and " failed: " in line), None)
+        if error.code is not None and failed == str(mining_pool_program()):
+            raise ValueError(f"mining pool program error {error.code}: "
+                             f"{mp.describe(error.code)}") from None
+        if error.name == "InsufficientFunds":
+            raise ValueError(f"token program refused the transfer: InsufficientFunds: "
+                             f"{_INSUFFICIENT}") from None
+        raise ValueError(f"mining pool transaction refused: {error}") from None
 
 
 async def _pool(rpc: Any, index: int) -> Any:
