@@ -10,6 +10,7 @@ HfAuto is not supported by this client (supported: HfLlama): ...`.
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
         [--tui | --no-tui] [--tick-interval 0.5] [--bind-host 0.0.0.0] [--accept-model-loss]
+        [--no-checkpoint-history-check]
         [--prometheus-port P] [--otlp-metrics-url URL] ... (psyche_common.telemetry.options)
 
 runs the TCP coordinator (and the TCP data server when the run's data location is
@@ -27,6 +28,12 @@ operator may instead accept the loss: stop the server and start it again on the 
 --save-state-dir with --accept-model-loss; the run goes on from its stored checkpoint
 (docs/coordinator.md, "A lost model"). Refused, with the reason, when there is no saved
 state or nothing would be lost.
+
+A client's report of a Hub checkpoint is applied only once its commit is found on the main
+branch of the run's repository (asked of the Hub at HF_ENDPOINT, by default the public
+Hub); a commit only on a pull request's refs/pr/N, an unknown one, or a Hub that does not
+answer is refused with the reason. A run without network turns this off with
+--no-checkpoint-history-check (docs/coordinator.md, "Checkpoint reports").
 """
 
 from __future__ import annotations
@@ -112,6 +119,11 @@ def run(
         "--accept-model-loss", help="the saved run's newer model is lost (MODEL LOST): go "
         "on from its stored checkpoint instead of waiting for a client that holds it "
         "(needs --save-state-dir)")] = False,
+    no_checkpoint_history_check: Annotated[bool, typer.Option(
+        "--no-checkpoint-history-check", help="apply a Hub checkpoint report without "
+        "checking that its commit is on the main branch of the run's repository (for a "
+        "run without network; by default the Hub at HF_ENDPOINT is asked, and a commit "
+        "not on main, or no answer, is refused)")] = False,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
@@ -138,7 +150,8 @@ def run(
         accept_model_loss=accept_model_loss,
         server=ServerOptions(host=bind_host, port=server_port, save_state_dir=save_state_dir,
                              withdraw_on_disconnect=withdraw, init_warmup_time=init_warmup_time,
-                             tick_interval_s=tick_interval))
+                             tick_interval_s=tick_interval,
+                             checkpoint_history_check=not no_checkpoint_history_check))
     code = asyncio.run(run_coordinator(options))
     if code:
         raise typer.Exit(code=code)

@@ -48,6 +48,7 @@ from coordinator import (
 )
 from coordinator_tcp.addresses import AddressBook
 from coordinator_tcp.broadcaster import StateBroadcaster, fan_out
+from coordinator_tcp.checkpoint_history import CheckpointHistory, HubHistory, ReportChecks
 from coordinator_tcp.connections import Connections, Peer
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
@@ -85,6 +86,7 @@ class CoordinatorServer:
         clock: Callable[[], float] = time.time,
         seed_source: Callable[[], int] = lambda: int.from_bytes(os.urandom(8), "little"),
         resumed: bool = False,
+        checkpoint_history: CheckpointHistory | None = None,
     ):
         self.coordinator = coordinator
         self.options = options
@@ -107,6 +109,11 @@ class CoordinatorServer:
         self._been_active = coordinator.state.run_state.active
         self._apply_init_warmup_time()
         self.on_change: list[Callable[[CoordinatorState], None]] = []
+        # A Hub checkpoint report is applied only once its commit is found on main
+        # (coordinator_tcp.checkpoint_history); off with --no-checkpoint-history-check.
+        history = checkpoint_history or (HubHistory() if options.checkpoint_history_check
+                                         else None)
+        self.report_checks = ReportChecks(history) if history is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -142,6 +149,8 @@ class CoordinatorServer:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.report_checks is not None:
+            await self.report_checks.close()
         await self.connections.close()
 
     async def __aenter__(self) -> CoordinatorServer:
@@ -360,8 +369,16 @@ class CoordinatorServer:
 
     def event(self, peer: Peer, message: object) -> None:
         """Apply one client event now, answer a rejected one, broadcast at the end of
-        this turn of the loop (`_publish_soon`)."""
-        rejected = self._apply(peer, message)
+        this turn of the loop (`_publish_soon`). A checkpoint report waits for the check of
+        its commit against the Hub (`report_checks`), refused like any other event."""
+        if (self.report_checks is not None and isinstance(message, CheckpointReport)
+                and not peer.observer):
+            self.report_checks.start(self.state, peer.identity, message, lambda refused: (
+                self._answer(peer, refused or self._apply(peer, message))))
+            return
+        self._answer(peer, self._apply(peer, message))
+
+    def _answer(self, peer: Peer, rejected: Rejected | None) -> None:
         if rejected is not None:
             self.stats.rejected_events += 1
             peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))

@@ -28,6 +28,9 @@ class ServerOptions:
     max_handshakes_per_address: int = 16
     # After a restart from --save-state-dir, listed clients get this long to reconnect.
     reconnect_grace_s: float = 20.0
+    # Check a Hub checkpoint report's commit against the repository's main branch before
+    # applying it (coordinator_tcp.checkpoint_history); off for runs without network.
+    checkpoint_history_check: bool = True
 
 
 @dataclass
