@@ -54,7 +54,8 @@ _EXPLAIN = {
     "ParamsRedeemableAmountIsTooLarge":
         "more than this lender's unclaimed share of the rewards (already claimed?)",
     "ParamsMetadataLengthIsTooLarge": f"metadata is at most {METADATA_MAX} bytes",
-    "PoolClaimingEnabledIsTrue": "claims are already enabled for this pool",
+    "PoolClaimingEnabledIsTrue": "claims are already enabled for this pool (and it takes no "
+                                 "more deposits)",
     "PoolClaimingEnabledIsFalse": "the pool's authority has not enabled claims yet (pool-claimable)",
     "PoolFreezeIsTrue": "the pool is frozen (its authority unfreezes it with pool-update --unfreeze)",
     "PoolTotalDepositedCollateralAmountIsZero": "nobody deposited into this pool",

@@ -20,7 +20,7 @@
  *   3 pool_claimable [authority s, pool w, redeemable_mint]  (no params)
  *   4 lender_create  [payer s w, user s, pool, lender w, system]  (no params)
  *   5 lender_deposit [user s, user_collateral w, pool w, pool_collateral w, lender w,
- *                    token_program]  collateral_amount u64
+ *                    token_program]  collateral_amount u64  (refused once claims are enabled)
  *   6 lender_claim   [user s, user_redeemable w, pool w, pool_redeemable w, redeemable_mint,
  *                    lender w, token_program]  redeemable_amount u64
  *
@@ -292,6 +292,9 @@ static u64 lender_deposit(const u8 *data, u64 len) {
   if ((problem = check_vault(vault, pool, &p->collateral_mint))) return problem;
   if ((problem = load_lender(lender, pool, user, &l))) return problem;
   if (p->freeze) return E_PoolFreezeIsTrue;
+  /* not in Psyche: a deposit once rewards are claimable would take a share of rewards
+   * earned with the others' collateral */
+  if (p->claiming_enabled) return E_PoolClaimingEnabledIsTrue;
   u64 amount = rd_u64(data), total = p->total_deposited_collateral_amount + amount;
   if (total < amount || total > p->max_deposit_collateral_amount)
     return E_ParamsCollateralAmountIsTooLarge;

@@ -246,9 +246,11 @@ CASES: list[tuple[str, str, Case]] = [
     ("claim-unsigned", "MissingSignature", lambda w: (_unsigned(
         mp.lender_claim(_key(w, "b"), 1, w.reward, 600), _key(w, "b")), w.svm.payer)),
     ("deposit-past-the-max", "ParamsCollateralAmountIsTooLarge",
-     lambda w: (mp.lender_deposit(_key(w, "c"), 1, w.collateral, 701), w.c)),
+     lambda w: (mp.lender_deposit(_key(w, "a"), 3, w.collateral, 951), w.a)),
     ("deposit-overflowing-the-total", "ParamsCollateralAmountIsTooLarge",
-     lambda w: (mp.lender_deposit(_key(w, "c"), 1, w.collateral, 2**64 - 1), w.c)),
+     lambda w: (mp.lender_deposit(_key(w, "a"), 3, w.collateral, 2**64 - 1), w.a)),
+    ("deposit-once-claims-are-enabled", "PoolClaimingEnabledIsTrue",
+     lambda w: (mp.lender_deposit(_key(w, "c"), 1, w.collateral, 1), w.c)),
     ("deposit-into-a-frozen-pool", "PoolFreezeIsTrue",
      lambda w: (mp.lender_deposit(_key(w, "a"), 2, w.collateral, 1), w.a)),
     ("deposit-from-another-lenders-tokens", "WrongTokenAccount", lambda w: (_with_account(
@@ -319,3 +321,35 @@ def test_every_instruction_stays_under_a_tenth_of_the_compute_limit() -> None:
                             "cu_pool_claimable", "cu_pool_lender_create",
                             "cu_pool_lender_deposit", "cu_pool_lender_claim"}
     assert all(0 < units <= CU_LIMIT // 10 for units in figures.values()), figures
+
+
+def test_shares_of_amounts_near_the_u64_limit_are_exact_and_sum_within_the_vault() -> None:
+    """The share's product needs 128 bits (the program divides by shift-and-subtract)."""
+    svm = ProgramSvm()
+    authority, lenders = Keypair(), [Keypair(), Keypair()]
+    for key in (authority, *lenders):
+        svm.airdrop(key.pubkey(), 10**10)
+    collateral, reward = _mint(svm, authority), _mint(svm, authority)
+    me, deposits, rewards = authority.pubkey(), [7 * 10**18 + 3, 3 * 10**18 - 1], 2**64 - 7
+    for key, amount in zip(lenders, deposits, strict=True):
+        _fund(svm, authority, key.pubkey(), collateral, amount)
+    _fund(svm, authority, me, reward, rewards)
+    svm.send([mp.pool_create(me, me, 1, collateral), mp.pool_update(me, 1, max_deposit=2**64 - 1)],
+             [authority])
+    for key, amount in zip(lenders, deposits, strict=True):
+        svm.send([mp.lender_create(key.pubkey(), key.pubkey(), 1),
+                  mp.lender_deposit(key.pubkey(), 1, collateral, amount)], [key])
+    pool = mp.pool_address(1)
+    svm.send([ix.create_associated_token_account(me, pool, reward),
+              ix.token_transfer_checked(ix.associated_token_address(me, reward), reward,
+                                        ix.associated_token_address(pool, reward), me, rewards, 0),
+              mp.pool_claimable(me, 1, reward)], [authority])
+    shares = [rewards * amount // sum(deposits) for amount in deposits]
+    for key, share in zip(lenders, shares, strict=True):
+        svm.send([ix.create_associated_token_account(key.pubkey(), key.pubkey(), reward)], [key])
+        with pytest.raises(TransactionFailed) as failure:  # one unit more than the share
+            svm.send([mp.lender_claim(key.pubkey(), 1, reward, share + 1)], [key])
+        assert mp.error_name(failure.value.code or 0) == "ParamsRedeemableAmountIsTooLarge"
+        svm.send([mp.lender_claim(key.pubkey(), 1, reward, share)], [key])
+    left = ix.token_amount(svm.data(ix.associated_token_address(pool, reward)))
+    assert sum(shares) + left == rewards and left >= 0
