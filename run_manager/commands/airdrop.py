@@ -187,14 +187,17 @@ def read_proofs(path: Path) -> tuple[int, list[Any]]:
 
 
 def _program_errors(work: Any) -> Any:
-    """`work` with on-chain refusals named as the distributor's."""
+    """`work` with each on-chain refusal saying it came through the distributor (the
+    message names the program that failed: ours, or e.g. the token program it invoked)."""
     from psyche_solana.rpc import ProgramError
 
     async def wrapped(client: Any) -> Any:
         try:
             return await work(client)
         except ProgramError as error:
-            raise ValueError(f"distributor program refused it: {error}") from None
+            text = str(error)
+            raise ValueError(text if text.startswith("distributor") else
+                             f"distributor: {text}") from None
     return wrapped
 
 

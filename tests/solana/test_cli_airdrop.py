@@ -15,7 +15,8 @@ from solders.keypair import Keypair
 from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import SolanaRpc
-from tests.solana.test_cli import funded_wallet, mint_for, run_cli
+from run_manager.cli import app
+from tests.solana.test_cli import funded_wallet, mint_for, run_cli, runner
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -100,6 +101,21 @@ def test_an_airdrop_is_created_claimed_shown_and_withdrawn_from_the_command_line
     assert _balance(localnet, authority, mint) == before + state["vault"]["amount"]
     shown = run_cli(localnet, None, "airdrop-show", "--airdrop-id", "5")
     assert json.loads(shown.output)["vault"]["amount"] == 0
+    _one_line_error(run_cli(localnet, authority_path, "airdrop-withdraw", "--airdrop-id", "5",
+                            "--amount", "1"), "distributor", "InsufficientFunds")
+
+
+@pytest.mark.parametrize("command,words", [
+    ("airdrop-create", ["--allocations", "--collateral-mint", "--proofs-out", "--no-fund"]),
+    ("airdrop-claim", ["--proofs", "--nonce", "--amount"]),
+    ("airdrop-withdraw", ["--airdrop-id", "--amount"]),
+    ("airdrop-show", ["--airdrop-id", "--proofs"]),
+])
+def test_every_airdrop_command_has_help(command: str, words: list[str]) -> None:
+    result = runner.invoke(app, [command, "-h"])
+    assert result.exit_code == 0, result.output
+    for word in words:
+        assert word in result.output
 
 
 @pytest.mark.parametrize("content,words", [
