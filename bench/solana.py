@@ -23,7 +23,7 @@ from solders.instruction import Instruction
 from solders.keypair import Keypair
 
 from coordinator import RunState, load_state_file
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, StateFile
 from psyche_solana.scenario import SvmRun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CU_LIMIT = 1_400_000
 
 
-def _state_file(clients: int, witness_nodes: int):
+def _state_file(clients: int, witness_nodes: int) -> StateFile:
     base = load_state_file(ROOT / "config/local-testnet/state.toml")
     config = CoordinatorConfig.model_validate({
         **base.config.model_dump(), "init_min_clients": clients, "min_clients": 1,
@@ -53,13 +53,15 @@ def measure(clients: int, witness_nodes: int, rounds: int) -> dict[str, float]:
         cu_join = max(cu_join, run.join(key).compute_units)
     run.svm.advance(2)
     cu_tick = run.tick().compute_units
-    assert run.account().state.run_state is RunState.Warmup
+    assert run.account().run_state is RunState.Warmup
     for key in keys:
-        if run.account().state.run_state is RunState.Warmup:
-            run.warmup_witness(key, run.honest_witness(key, warmup=True))
+        if run.account().run_state is RunState.Warmup:
+            warmup = run.honest_witness(key, warmup=True)
+            assert warmup is not None
+            run.warmup_witness(key, warmup)
     cu_witness, sent, started = 0, 0, time.perf_counter()
     for _ in range(rounds):
-        assert run.account().state.run_state is RunState.RoundTrain
+        assert run.account().run_state is RunState.RoundTrain
         for key in keys:
             witness = run.honest_witness(key)
             if witness is not None:
