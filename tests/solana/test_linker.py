@@ -70,4 +70,5 @@ def test_garbage_is_not_an_object():
 def test_build_is_idempotent():
     first = {name: path.stat().st_mtime_ns for name, path in build().items()}
     second = {name: path.stat().st_mtime_ns for name, path in build().items()}
-    assert first == second and set(first) == {"coordinator", "authorizer", "treasurer"}
+    assert first == second and set(first) == {"coordinator", "authorizer", "treasurer", "distributor",
+                                              "mining_pool"}
