@@ -1,7 +1,8 @@
 """Program ids: the pubkeys of the program keypairs committed in programs/keys/.
 
 The ids can be overridden per cluster with PSYCHE_COORDINATOR_PROGRAM_ID,
-PSYCHE_AUTHORIZER_PROGRAM_ID and PSYCHE_TREASURER_PROGRAM_ID (our programs deployed
+PSYCHE_AUTHORIZER_PROGRAM_ID, PSYCHE_TREASURER_PROGRAM_ID, PSYCHE_DISTRIBUTOR_PROGRAM_ID, ...
+(PSYCHE_<NAME>_PROGRAM_ID; our programs deployed
 elsewhere under other keys; the coordinator program then needs a rebuild, since it
 checks the authorizer id).
 """

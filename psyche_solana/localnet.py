@@ -3,7 +3,8 @@ with the PubSub WebSocket next to it.
 
     psyche-localnet [--port 8899] [--ws-port 8900] [--host 127.0.0.1]
 
-At start the coordinator, authorizer and treasurer programs are built if needed and
+At start our programs (psyche_solana.ids.PROGRAMS: the coordinator, authorizer, treasurer,
+distributor, ...) are built if needed and
 deployed through the real upgradeable loader. The clock follows wall time (a slot every
 400 ms, a fresh blockhash every slot). Methods: getHealth, getVersion, getSlot,
 getBlockHeight, getEpochInfo, getLatestBlockhash, getBalance, getAccountInfo,
