@@ -47,6 +47,9 @@ from run_manager.view import Dashboard
 if TYPE_CHECKING:  # solders loads only for Solana runs
     from run_manager.rewards import SolanaRewards
 
+# The Wallet panel's own refresh (SOL balance, earned, claimed): it goes on after the run
+# finished, when the monitor has stopped, since the operator claims then.
+WALLET_REFRESH_S = 30.0
 SupervisorFactory = Callable[[Callable[[SupervisorEvent], None]], Supervisor]
 MonitorFactory = Callable[[Callable[[Part], None]], Monitor]
 
@@ -67,10 +70,12 @@ class RunManagerApp(App[None]):
         supervisor_factory: SupervisorFactory | None = None,
         monitor_factory: MonitorFactory | None = None,
         rewards: SolanaRewards | None = None,
+        wallet_refresh_s: float = WALLET_REFRESH_S,
     ) -> None:
         super().__init__()
         self.dashboard = dashboard
         self.rewards = rewards
+        self.wallet_refresh_s = wallet_refresh_s
         self._supervisor_factory = supervisor_factory
         self._monitor_factory = monitor_factory
         self.supervisor: Supervisor | None = None
@@ -100,6 +105,8 @@ class RunManagerApp(App[None]):
             self._supervise()
         if self._monitor_factory is not None:
             self._poll(self._monitor_factory(self._post_dashboard_change))
+        if self.rewards is not None:
+            self.set_interval(self.wallet_refresh_s, self._refresh_wallet)
 
     @work(exclusive=True, group="supervisor")
     async def _supervise(self) -> None:
@@ -225,26 +232,28 @@ class RunManagerApp(App[None]):
             return
         from psyche_solana.rewards import format_units
 
-        question = (f"Claim {status.claimable} points = "
-                    f"{format_units(status.claimable, status.decimals)} reward tokens "
+        amount = status.claimable  # computed once: shown, then sent as it is
+        question = (f"Claim {amount} points = "
+                    f"{format_units(amount, status.decimals)} reward tokens "
                     f"({status.mint})\nto wallet {wallet.address}?\n\n"
                     "This sends a transaction signed by the wallet.")
-        self.push_screen(ClaimScreen(question), self._claim_answered)
 
-    def _claim_answered(self, confirmed: bool | None) -> None:
-        if confirmed:
-            self.notify("claiming… (the transaction is on its way)")
-            self._send_claim()
+        def answered(confirmed: bool | None) -> None:
+            if confirmed:
+                self.notify("claiming… (the transaction is on its way)")
+                self._send_claim(amount)
+
+        self.push_screen(ClaimScreen(question, amount), answered)
 
     @work(exclusive=True, group="claim")
-    async def _send_claim(self) -> None:
+    async def _send_claim(self, points: int) -> None:
         from psyche_solana.rewards import format_units
         from run_manager.rewards import RewardsUnavailable
 
         assert self.rewards is not None  # only after the dialog, which needs it
         wallet = self.dashboard.wallet
         try:
-            amount, status = await self.rewards.claim()
+            amount, status = await self.rewards.claim(points)
         except RewardsUnavailable as error:
             wallet.last_claim = f"claim failed: {error}"
             self.notify(str(error), title="claim failed", severity="error", timeout=30)
@@ -253,6 +262,26 @@ class RunManagerApp(App[None]):
             wallet.last_claim = (f"claimed {amount} points: reward token balance now "
                                  f"{format_units(status.held, status.decimals)}")
             self.notify(wallet.last_claim, title="rewards claimed", timeout=30)
+        self.refresh_panels("wallet")
+        await self._read_wallet()  # the fee and the token account's rent left the SOL balance
+
+    @work(exclusive=True, group="wallet")
+    async def _refresh_wallet(self) -> None:
+        await self._read_wallet()
+
+    async def _read_wallet(self) -> None:
+        """The wallet's SOL balance and rewards from the chain, into the Wallet panel."""
+        from run_manager.rewards import RewardsUnavailable
+
+        assert self.rewards is not None
+        wallet = self.dashboard.wallet
+        try:
+            wallet.balance_lamports = await self.rewards.balance()
+            wallet.apply_rewards(await self.rewards.status())
+        except RewardsUnavailable as error:
+            wallet.error = str(error)
+        else:
+            wallet.error = ""
         self.refresh_panels("wallet")
 
 

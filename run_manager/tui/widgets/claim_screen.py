@@ -23,9 +23,10 @@ class ClaimScreen(ModalScreen[bool]):
         Binding("escape", "answer(False)", "Cancel"),
     ]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, points: int) -> None:
         super().__init__()
         self.question = question
+        self.points = points  # what the question shows and a Claim sends
 
     def compose(self) -> ComposeResult:
         with Vertical(id="claim-dialog"):
