@@ -1,6 +1,7 @@
 /* The mining pool program: a delegate (the pool's authority) raises collateral from
  * lenders to buy compute for a run, then hands the reward tokens the run earned back to
- * the lenders in proportion to what each deposited (docs/solana.md, "Mining pool").
+ * the lenders in proportion to what each deposited (Psyche's solana-mining-pool program,
+ * in C; psyche_solana/mining_pool.py builds its instructions and decodes its accounts).
  *
  * Accounts are byte for byte Psyche's Anchor accounts (an 8-byte discriminator
  * sha256("account:<Name>")[:8], then the fields Borsh-packed), so a tool that reads
