@@ -128,13 +128,15 @@ static u64 airdrop_create(const u8 *data, u64 len) {
   a->claim_freeze = 0;
   sol_memcpy_(a->merkle_root, data + 8, 32);
   sol_memcpy_(a->metadata, data + 40, METADATA_SIZE);
-  /* the vault: the associated token account of (airdrop, mint), by the ATA program
-   * (Create, no data), which derives and checks its address itself */
+  /* the vault: the associated token account of (airdrop, mint), by the ATA program,
+   * which derives and checks its address itself. CreateIdempotent: anyone can create the
+   * ATA of a predictable airdrop address first, which must not block the airdrop. */
   Pubkey system_id = {{0}};
   AccountMeta metas[6] = {{payer->key, true, true}, {vault->key, true, false},
                           {airdrop->key, false, false}, {mint->key, false, false},
                           {&system_id, false, false}, {token->key, false, false}};
-  Instruction ix = {(Pubkey *)&ATA_PROGRAM_ID, metas, 6, data, 0};
+  const u8 create_idempotent = 1;
+  Instruction ix = {(Pubkey *)&ATA_PROGRAM_ID, metas, 6, &create_idempotent, 1};
   return sol_invoke_signed_c(&ix, CTX->accounts, (int)CTX->num_accounts, NULL, 0);
 }
 

@@ -174,6 +174,19 @@ def test_the_authority_freezes_updates_and_claws_back_what_is_unclaimed():
         svm.send([drop.redeem(1, 1, proof=kept.proof(0))], [drop.recipients[1]])
 
 
+def test_a_vault_created_beforehand_does_not_block_the_airdrop():
+    """Airdrop addresses are predictable: anyone may create the vault's token account
+    first; airdrop_create still succeeds with it."""
+    svm = ProgramSvm()
+    drop, (squatter,) = make_drop(svm, VESTINGS[:1], airdrop_id=20)
+    svm.send([ix.create_associated_token_account(squatter.pubkey(), dist.airdrop_address(21),
+                                                 drop.mint)], [squatter])
+    root = MerkleTree([drop.allocations[0].leaf()]).root
+    svm.send([dist.airdrop_create(drop.authority.pubkey(), drop.authority.pubkey(), 21, drop.mint,
+                                  root)], [drop.authority])
+    assert dist.decode_airdrop(svm.data(dist.airdrop_address(21))).merkle_root == root
+
+
 # ------------------------------------------------------------------ attack table
 @dataclass
 class World:
