@@ -119,7 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         source = model_dir(args.model, folder / "models")
-        common = ["--model", str(source), "--device", args.device, "--threads", "1",
+        common = ["--model", str(source), "--device", args.device, "--threads", "1", "--grid-points", "1",
                   "--max-epochs", "1000", *extra]
         if args.steps is not None:
             steps = args.steps

@@ -11,7 +11,7 @@ set -u
 out=${1:?OUT_DIR}; steps=${2:-1920}; limit=${3:-480}; shift 3 || shift $#
 mkdir -p "$out"
 epochs=$(( (steps + 479) / 480 ))
-common=(--steps "$steps" --max-epochs "$epochs" --device "${DEVICE:-cuda}" --threads 1
+common=(--steps "$steps" --max-epochs "$epochs" --device "${DEVICE:-cuda}" --threads 1 --grid-points 1
         --eval-every $(( steps / 8 )))
 export PYTHONUNBUFFERED=1
 pids=()
