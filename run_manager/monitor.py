@@ -54,6 +54,10 @@ class Monitor:
             self.dashboard.apply_run(await self._coordinator.snapshot())
         except Exception as error:  # a source's failure must not end the TUI; it is shown
             self.dashboard.container.message = f"coordinator: {error}"
+            self.dashboard.coordinator_error = str(error).strip().split("\n")[0]
+        else:
+            self.dashboard.coordinator_error = ""
+        self.dashboard.coordinator_heard = self._coordinator.heard()
         self._on_change("run")
         if self._metrics is not None:
             from psyche_common.metrics_source import MetricsUnavailable

@@ -34,6 +34,7 @@ from run_manager.docker_supervisor import (
     SupervisorFinished,
 )
 from run_manager.p2p_view import P2PView
+from run_manager.sources.coordinator import Heard
 
 if TYPE_CHECKING:  # solders loads only for Solana runs
     from psyche_solana.rewards import RewardStatus
@@ -89,6 +90,10 @@ class Dashboard(RunView):
     """The shared run view plus what only the run-manager has: its container and wallet."""
 
     container: ContainerView = field(default_factory=ContainerView)
+    coordinator_heard: Heard | None = None
+    """When the coordinator last spoke (the source's `heard`): its silence is shown."""
+    coordinator_error: str = ""
+    """Why the last read of the coordinator failed; "" once one succeeds."""
     wallet: WalletView = field(default_factory=WalletView)
     p2p: P2PView = field(default_factory=P2PView)
     log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))

@@ -6,6 +6,7 @@ from psyche_common.run_view import RunClient, RunPhase, RunSnapshot, WitnessProg
 from run_manager.sources.coordinator import (
     CoordinatorSource,
     CoordinatorUnavailable,
+    Heard,
     PinnedVersionSource,
 )
 
@@ -33,6 +34,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "CoordinatorSource",
     "CoordinatorUnavailable",
+    "Heard",
     "PinnedVersionSource",
     "RunClient",
     "RunPhase",

@@ -9,6 +9,7 @@ and the Solana coordinator account (`solana_coordinator.SolanaCoordinatorSource`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from psyche_common.run_view import RunSnapshot
@@ -16,6 +17,19 @@ from psyche_common.run_view import RunSnapshot
 
 class CoordinatorUnavailable(Exception):
     """The source cannot tell what the run wants; the message names the coordinator."""
+
+
+@dataclass(frozen=True)
+class Heard:
+    """When the coordinator was last heard from (any message: a state, a heartbeat), so
+    that a coordinator that died or hangs shows as silent instead of as its last state."""
+
+    at_monotonic: float
+    """time.monotonic() of the last message."""
+    connected: bool
+    """Whether the connection it came on is still open."""
+    problem: str = ""
+    """Why the connection was lost, when it was."""
 
 
 @runtime_checkable
@@ -35,6 +49,11 @@ class CoordinatorSource(Protocol):
 
     async def close(self) -> None:
         """Releases connections; the source is not used afterwards."""
+        ...
+
+    def heard(self) -> Heard | None:
+        """When the coordinator last spoke; None where the source has no such signal (a
+        pinned version; a run on Solana, whose stalls show as a phase past its limit)."""
         ...
 
 
@@ -59,6 +78,9 @@ class PinnedVersionSource:
         return None
 
     async def close(self) -> None:
+        return None
+
+    def heard(self) -> Heard | None:
         return None
 
 

@@ -27,7 +27,7 @@ from psyche_solana.accounts import AccountDecodeError, CoordinatorAccount, decod
 from psyche_solana.rpc import NONCE_SLICE, RpcError, SolanaRpc
 from psyche_solana.runs import RunNotFound, find_run
 from psyche_solana.subscription import AccountSubscription, ws_urls_for
-from run_manager.sources.coordinator import CoordinatorUnavailable
+from run_manager.sources.coordinator import CoordinatorUnavailable, Heard
 
 
 class SolanaCoordinatorSource:
@@ -84,6 +84,9 @@ class SolanaCoordinatorSource:
         # The clients joined for the next epoch are the registry's pending entries.
         return build_snapshot(ObservedState(account.state, int(time.time()), time.monotonic(), 0,
                                             joined=len(account.pending)))
+
+    def heard(self) -> Heard | None:
+        return None  # the chain does not die with a coordinator: a stall is a phase overdue
 
     async def close(self) -> None:
         if self._follower is not None:

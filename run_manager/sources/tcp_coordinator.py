@@ -32,7 +32,7 @@ from coordinator_tcp.protocol import (
 from psyche_common.identity import Identity
 from psyche_common.run_view import ObservedState, RunSnapshot, build_snapshot
 from psyche_common.tcp.connection import Backoff, JoinRefused, keep_connected, parse_host_port
-from run_manager.sources.coordinator import CoordinatorUnavailable
+from run_manager.sources.coordinator import CoordinatorUnavailable, Heard
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class TcpCoordinatorSource:
         self._new_state: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_heard: float | None = None  # monotonic time of its last message
 
     # ------------------------------------------------------------------ CoordinatorSource
     async def client_version(self) -> str:
@@ -77,7 +78,16 @@ class TcpCoordinatorSource:
 
     async def snapshot(self) -> RunSnapshot | None:
         self._ensure_running()
-        return None if self.observed is None else build_snapshot(self.observed)
+        if self.observed is None:
+            return None
+        # A lost coordinator's phase timer stops where it was last heard: it is not running.
+        return build_snapshot(self.observed, None if self.connected else self._last_heard)
+
+    def heard(self) -> Heard | None:
+        if self._last_heard is None:
+            return None
+        return Heard(self._last_heard, self.connected,
+                     "" if self.connected else self.last_problem)
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -151,8 +161,10 @@ class TcpCoordinatorSource:
         try:
             self.connections += 1
             self.connected = True
+            self._last_heard = time.monotonic()
             while True:
                 message = await connection.receive()
+                self._last_heard = time.monotonic()  # a heartbeat counts: it is alive
                 if isinstance(message, StateUpdate):
                     self._on_state(message)
                 elif isinstance(message, ErrorReply):

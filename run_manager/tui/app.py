@@ -42,6 +42,7 @@ from run_manager.tui.widgets import (
     WalletPanel,
 )
 from run_manager.tui.widgets.log_screen import LogScreen
+from run_manager.tui.widgets.run_panel import CoordinatorRunPanel
 from run_manager.view import Dashboard
 
 if TYPE_CHECKING:  # solders loads only for Solana runs
@@ -87,7 +88,7 @@ class RunManagerApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         with Grid(id="panels"):
-            yield RunPanel(id="run")
+            yield CoordinatorRunPanel(id="run")
             yield WitnessPanel(id="witnesses")
             yield TrainingPanel(id="training")
             yield ContainerPanel(id="container")
