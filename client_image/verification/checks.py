@@ -6,8 +6,9 @@
     underfilled  under a tenth of the slots kept: an honest delta is nonzero almost
                  everywhere (only the embedding rows of tokens no batch has seen yet stay
                  zero early on), so its top-k fills nearly every block
-    copy         agrees with an earlier result of the same step on >= 1 - NEAR of the
+    copy         agrees with another result of the same step on >= 1 - NEAR of the
                  sketched slots (same index, same sign): a re-signed copy, or a near copy
+                 (in a screen, both of them fail: `screen`)
     repeat       agrees so with the sender's own previous result: a stale replay (error
                  feedback removes what a client sent, so its consecutive results share few
                  indices: honest pairs agree on ~1-5% of slots, measured over 200 steps)
@@ -100,8 +101,8 @@ def cheap_checks(result: Checked, plans: Sequence[BlockPlan], *,
                  learning_rate: float, near: float = NEAR) -> list[CheapCheck]:
     """Every cheap check `result` fails (empty list: it passes them all).
 
-    `others`: results of the same step to compare with (in a screen, the ones kept before
-    it), by name; `previous`: the sender's own result of an earlier step, if any;
+    `others`: results of the same step to compare with (in a screen, all the others), by
+    name; `previous`: the sender's own result of an earlier step, if any;
     `learning_rate`: the run's at the result's step."""
     mine = fingerprint(result, plans)
     filled = mine.fill
@@ -129,17 +130,23 @@ def cheap_checks(result: Checked, plans: Sequence[BlockPlan], *,
 def screen(results: Sequence[tuple[str, Checked]], plans: Sequence[BlockPlan],
            previous: Mapping[str, Checked], learning_rate: float) -> dict[int, CheapCheck]:
     """The results of one step a client leaves out of its apply, by position: each result
-    is checked against the ones kept before it (so of two copies the first stays: a copy
-    adds nothing, the original is not punished for it) and its sender's previous result."""
-    kept: dict[str, Checked] = {}
+    is checked against every other result of the step and its sender's previous result.
+
+    Of two copies both are left out: a copier re-signs the original under its own header,
+    so nothing in the results tells which came first, and keeping the first in batch
+    order let a copier with an earlier batch position keep its copy while the honest
+    original was left out (bench/verification.py, copy_pos*). The copier keeps nothing;
+    the original loses this step's result, and the copier's followers report it (its
+    result is not its batch's replay)."""
+    prints = [(sender, fingerprint(result, plans)) for sender, result in results]
     left_out: dict[int, CheapCheck] = {}
-    for position, (sender, result) in enumerate(results):
-        failed = cheap_checks(result, plans, others=kept, previous=previous.get(sender),
+    for position, (sender, print_) in enumerate(prints):
+        others = {f"{other} (position {i})": p for i, (other, p) in enumerate(prints)
+                  if i != position}
+        failed = cheap_checks(print_, plans, others=others, previous=previous.get(sender),
                               learning_rate=learning_rate)
         if failed:
             left_out[position] = failed[0]
-        else:
-            kept[sender] = result
     return left_out
 
 

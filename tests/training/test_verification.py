@@ -111,6 +111,30 @@ def test_cheap_checks_catch_empty_copied_and_repeated_results():
                                           learning_rate=0.0)] == ["not_empty"]
 
 
+def test_a_copier_ahead_of_its_original_does_not_keep_its_copy():
+    """The issue-36 order: a copier whose batch position is earlier than its original's
+    was kept and the honest original left out. Both go now, in either order, and an
+    honest third result stays."""
+    from client_image.verification.checks import screen
+
+    trainer = DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER, SCHEDULE,
+                            micro_batch_size=2)
+    data = LocalDataProvider(TRAIN_DATA, 32)
+    original = trainer.decode(trainer.train(2, data.get_samples(0, 1)).payload or b"")
+    other = trainer.decode(trainer.train(3, data.get_samples(2, 3)).payload or b"")
+    copy = _decoded(trainer, list(original.tensors), 2)
+    lr = trainer.learning_rate(2)
+    ahead = screen([("copier", copy), ("honest", original), ("third", other)],
+                   trainer.plans, {}, lr)
+    behind = screen([("honest", original), ("copier", copy), ("third", other)],
+                    trainer.plans, {}, lr)
+    assert {i: c.name for i, c in ahead.items()} == {0: "copy", 1: "copy"}
+    assert {i: c.name for i, c in behind.items()} == {0: "copy", 1: "copy"}
+    assert "honest (position 1)" in ahead[0].detail
+    # without a copy, nothing honest is left out
+    assert screen([("honest", original), ("third", other)], trainer.plans, {}, lr) == {}
+
+
 async def test_the_workers_screen_leaves_out_copies_empties_and_repeats():
     import tomllib
     from pathlib import Path
@@ -143,8 +167,9 @@ async def test_the_workers_screen_leaves_out_copies_empties_and_repeats():
         left_out = await worker.screen(
             6, [(honest, b), (copier, copy), (lazy, zeros), (replayer, replay)],
             {replayer: a, honest: a})
+        # the copy and its original both: content cannot tell which came first
         assert {i: check for i, (check, _) in left_out.items()} == {
-            1: "copy", 2: "empty", 3: "repeat"}
+            0: "copy", 1: "copy", 2: "empty", 3: "repeat"}
         # the same inputs, the same answer: what keeps every client's weights identical
         assert left_out == await worker.screen(
             6, [(honest, b), (copier, copy), (lazy, zeros), (replayer, replay)],
