@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 
 class _StepResult(ResultSource, Protocol):
-    """A result that says its step (wire.DistroResult, wire.ResultStream)."""
+    """A result that says its step (distro_wire.DistroResult, distro_wire.ResultStream)."""
 
     step: int
 
