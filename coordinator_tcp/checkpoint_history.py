@@ -30,6 +30,7 @@ from coordinator import CoordinatorError, CoordinatorState, NodeIdentity, Reject
 from coordinator.checkpoint_reports import describe_location, report_problem
 from coordinator.config_variants import HubCheckpoint
 from coordinator_tcp.protocol import CheckpointReport
+from psyche_common.hub_history import MainHistoryAnswer, ask_main_history, one_line
 
 __all__ = ["CheckpointHistory", "HubHistory", "ReportChecks"]
 
@@ -72,17 +73,10 @@ def in_daemon_thread(work: Callable[[], T]) -> asyncio.Future[T]:
     return future
 
 
-def one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
-
-
 class HubHistory:
-    """`CheckpointHistory` from the Hub through huggingface_hub: `list_repo_commits` of
-    main (the commit is on main when listed), then, for a commit not listed, `model_info`
-    at that revision to say whether the repository has it at all. Each question runs in a
-    thread under `timeout_s`; at most `max_running` such threads at once (a report beyond
+    """`CheckpointHistory` from the Hub through huggingface_hub
+    (psyche_common.hub_history: main's head, else main's listing, else whether the
+    repository has the commit at all). Each question runs in a thread under `timeout_s`; at most `max_running` such threads at once (a report beyond
     that is refused as busy, so a flood of reports cannot pile up threads). Main's commits
     are remembered per repository (main only grows: one listing serves every later report
     of them); an answer that refuses is remembered `refused_ttl_s`, so a client repeating
@@ -122,55 +116,27 @@ class HubHistory:
                         f"for the Hub at {self.where()}): report again later")
             self.running += 1
         try:
-            main, problem = await asyncio.wait_for(
+            answer = await asyncio.wait_for(
                 in_daemon_thread(lambda: self.ask(repo_id, commit)), self.timeout_s)
         except TimeoutError:
             return (f"cannot check commit {commit} against the main branch of Hub "
                     f"repository {repo_id!r}: the Hub at {self.where()} did not answer "
                     f"within {self.timeout_s:g} s")
-        if main is not None:
-            self.main_commits.setdefault(repo_id, set()).update(main)
-        if problem is not None:
+        self.main_commits.setdefault(repo_id, set()).update(answer.main)
+        if answer.problem is not None and answer.reached:  # unreachable: ask again next time
             if len(self.refused) >= 1024:
                 self.refused.clear()
-            self.refused[key] = (self.clock(), problem)
-        return problem
+            self.refused[key] = (self.clock(), answer.problem)
+        return answer.problem
 
-    def ask(self, repo_id: str, commit: str) -> tuple[set[str] | None, str | None]:
-        """Blocking, in a thread: (main's commit ids if listed, why refused or None)."""
+    def ask(self, repo_id: str, commit: str) -> MainHistoryAnswer:
+        """Blocking, in a thread."""
         try:
-            return self.ask_hub(repo_id, commit)
+            return ask_main_history(repo_id, commit, endpoint=self.endpoint,
+                                    timeout_s=self.timeout_s)
         finally:
             with self.lock:
                 self.running -= 1
-
-    def ask_hub(self, repo_id: str, commit: str) -> tuple[set[str] | None, str | None]:
-        from huggingface_hub import HfApi
-        from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
-
-        api = HfApi(endpoint=self.endpoint)
-        where = f"Hub repository {repo_id!r} at {self.where()}"
-        try:
-            main = {c.commit_id for c in api.list_repo_commits(repo_id, revision="main")}
-        except RepositoryNotFoundError:
-            return None, f"{where} was not found (or is private): cannot tie commit {commit} to it"
-        except RevisionNotFoundError:
-            return None, f"{where} has no main branch: commit {commit} is on no main history"
-        except Exception as exc:  # huggingface_hub raises many types for a failing Hub
-            return None, (f"cannot check commit {commit} against the main branch of {where}: "
-                          f"the Hub did not answer ({one_line(exc)})")
-        if commit in main:
-            return main, None
-        try:
-            api.model_info(repo_id, revision=commit)
-        except RevisionNotFoundError:
-            return main, f"{where} has no commit {commit}"
-        except Exception as exc:  # the listing worked: say what is known
-            return main, (f"commit {commit} is not on the main branch of {where} (and asking "
-                          f"for it failed: {one_line(exc)})")
-        return main, (f"commit {commit} of {where} is not on its main branch: it is reachable "
-                      "only from another ref (a branch, or a pull request's refs/pr/N, which "
-                      "anyone may open), not from the run's history")
 
 
 class ReportChecks:

@@ -5,6 +5,8 @@ calls in this project make (tests/ is on sys.path through its conftest.py):
     GET  /api/models/{repo}/commits/{revision}     HfApi.list_repo_commits (paginated,
                                                    a Link header as the Hub sends)
     GET  /api/models/{repo}[/revision/{revision}]  HfApi.model_info / repo_info
+    GET  /api/models/{repo}/tree/{revision}        HfApi.list_repo_tree (snapshot_download;
+                                                   files only, one page)
     HEAD/GET /{repo}/resolve/{revision}/{filename} hf_hub_download (X-Repo-Commit, ETag,
                                                    Content-Length)
 
@@ -150,6 +152,9 @@ def _handler(hub: HubEmulator) -> type[BaseHTTPRequestHandler]:
                     if rest[:1] == ["commits"] and len(rest) >= 2:
                         self.commits(repo_id, "/".join(rest[1:]), query, body)
                         return
+                    if rest[:1] == ["tree"] and len(rest) >= 2:
+                        self.tree(repo_id, rest[1], "/".join(rest[2:]), body)
+                        return
                     if not rest or (rest[0] == "revision" and len(rest) >= 2):
                         self.info(repo_id, "/".join(rest[1:]) or "main", body)
                         return
@@ -199,6 +204,17 @@ def _handler(hub: HubEmulator) -> type[BaseHTTPRequestHandler]:
                              "private": False, "lastModified": commit.date,
                              "siblings": [{"rfilename": name} for name in sorted(commit.files)]},
                        body)
+
+        def tree(self, repo_id: str, revision: str, folder: str, body: bool) -> None:
+            found = self.found(repo_id, revision, body)
+            if found is None:
+                return
+            _, commit = found
+            prefix = f"{folder}/" if folder else ""
+            self.reply(200, [{"type": "file", "path": name, "size": len(content),
+                              "oid": hashlib.sha1(content).hexdigest()}
+                             for name, content in sorted(commit.files.items())
+                             if name.startswith(prefix)], body)
 
         def resolve(self, repo_id: str, revision: str, filename: str, body: bool) -> None:
             found = self.found(repo_id, revision, body)
