@@ -3,13 +3,17 @@
 Loop (Psyche's run-manager, plus crash restarts as its train_entrypoint.sh does):
   1. ask whether this client can join the run at all (run_manager.join_check: Psyche's
      can-join; a run that has finished): if not, stop with the reason, nothing started;
-  2. ask the coordinator which client version the run wants -> image `repo:version`
-     (`repo:version-cuda` when the container gets GPUs, run_manager.gpus);
+  2. ask the coordinator which client version the run wants -> image `repo:tag` by the
+     rule of run_manager.client_versions (`latest` is this run-manager's own version;
+     `-cuda` appended when the container gets GPUs);
   3. use the local image or pull it (progress reported, the digest checked:
      run_manager.image_pull); none to be had (no such tag, the registry down): stop,
      say so, nothing started;
   4. start the container, stream its logs, wait for it to exit;
   5. exit 10 (the run wants another version): wait `version_change_delay_s`, go to 1;
+     the same version exiting 10 `max_version_mismatches` times in a row cannot be cured
+     by restarting (a pinned --client-version the run does not want): stop, naming the
+     version the run wants (the client's `version_mismatch wanted=...` line);
      exit 11 (the coordinator refused the client for good): stop with the client's
      own "error: ..." line; exit 0: the client finished, stop;
      any other code: a crash, restart after
@@ -44,12 +48,20 @@ from psyche_common.exit_codes import (
     CLIENT_EXIT_VERSION_MISMATCH,
 )
 from run_manager import engine
-from run_manager.gpus import GpuPlan, image_tag
+from run_manager.client_versions import own_version, resolved_tag
+from run_manager.gpus import GpuPlan
 from run_manager.image_pull import PullProgress
 from run_manager.join_check import JoinCheck
-from run_manager.sources.coordinator import CoordinatorSource, CoordinatorUnavailable
+from run_manager.sources.coordinator import (
+    CoordinatorSource,
+    CoordinatorUnavailable,
+    PinnedVersionSource,
+)
 
 VERSION_MISMATCH_EXIT_CODE = CLIENT_EXIT_VERSION_MISMATCH
+# The client's line for exit 10, in console (`version_mismatch wanted=X running=Y`) and
+# JSON (`{"event": "version_mismatch", ..., "wanted": "X", ...}`) form.
+_WANTED = re.compile(r'version_mismatch.*?\bwanted"?[=:]\s*"?([^"\s,}]+)')
 T = TypeVar("T")
 
 
@@ -69,6 +81,10 @@ class SupervisorConfig:
     backoff_max_s: float = 120.0
     healthy_uptime_s: float = 120.0
     version_change_delay_s: float = 5.0
+    max_version_mismatches: int = 3
+    """Exits 10 in a row with the same version before giving up (restarting cannot help)."""
+    latest_version: str = field(default_factory=own_version)
+    """The version a run's `latest` stands for (run_manager.client_versions)."""
     stop_timeout_s: int = 10
     pull: bool = True
     """False (Psyche's --local): run the local image, never pull one."""
@@ -121,7 +137,7 @@ class RestartScheduled:
 
 FinishReason = Literal[
     "stopped", "client-finished", "run-finished",  # done: the run-manager exits 0
-    "not-authorized", "refused", "no-image",  # final: restarting cannot help
+    "not-authorized", "refused", "no-image", "version-mismatch",  # final: restarting cannot help
     "gave-up", "error",
 ]
 
@@ -160,6 +176,8 @@ class Supervisor:
         self._on_event = on_event
         self._join_check = join_check
         self.last_error_line = ""  # the client's last "error: ..." line, why it refused
+        self.wanted_version = ""  # the version the client last said the run wants (exit 10)
+        self._mismatches: tuple[str, int] = ("", 0)  # (version started, exits 10 in a row)
         self._stop = asyncio.Event()
         self._restart = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -242,6 +260,8 @@ class Supervisor:
             if (final := self._final_exit(exit_code)) is not None:
                 return final
             if exit_code == CLIENT_EXIT_VERSION_MISMATCH:
+                if (stuck := self._count_mismatch(version)) is not None:
+                    return stuck
                 delay = self._config.version_change_delay_s
                 self._on_event(RestartScheduled("version-change", delay, self.crash_restarts))
             else:
@@ -283,6 +303,27 @@ class Supervisor:
                                       f"(exit {exit_code}), so it is not restarted: {why}")
         return None
 
+    def _count_mismatch(self, version: str) -> SupervisorFinished | None:
+        """Counts an exit 10 of `version`; the end once the same version has mismatched
+        `max_version_mismatches` times in a row (a new version resets the count)."""
+        last, count = self._mismatches
+        count = count + 1 if last == version else 1
+        self._mismatches = (version, count)
+        if count < self._config.max_version_mismatches:
+            return None
+        wanted = self.wanted_version or "another version (see the client's log)"
+        if isinstance(self._coordinator, PinnedVersionSource):
+            todo = (f"drop --client-version (the run-manager then runs the version the run "
+                    f"names) or pass --client-version {self.wanted_version or 'VERSION'}")
+        else:
+            todo = (f"make {self.image(self.wanted_version or 'VERSION')} available (build it, "
+                    "or publish it with scripts/publish_client_image.sh; docs/operators.md)")
+        return SupervisorFinished(
+            "version-mismatch",
+            f"the run wants client version {wanted}, but the client started as version "
+            f"{version} ({self.image(version)}) exited 10 (version mismatch) {count} times in "
+            f"a row; not restarting it: {todo}")
+
     async def _run_once(self, image: str, version: str) -> tuple[int, float]:
         """Starts one container and waits for it to exit, a stop or a restart request."""
         spec = self.container_spec(version)
@@ -308,8 +349,10 @@ class Supervisor:
         return exit_code, uptime_s
 
     def image(self, version: str) -> str:
-        """The image of a client version: REPO:VERSION, or REPO:VERSION-cuda with GPUs."""
-        return f"{self._config.image_repository}:{image_tag(version, self._config.gpus)}"
+        """The image of a client version: REPO:TAG, the tag by run_manager.client_versions'
+        rule (`latest`: this run-manager's version; `-cuda` with GPUs)."""
+        tag = resolved_tag(version, self._config.gpus, self._config.latest_version)
+        return f"{self._config.image_repository}:{tag}"
 
     def container_spec(self, version: str) -> engine.ContainerSpec:
         """How the client container of `version` is created (image, env, labels, GPUs)."""
@@ -363,6 +406,8 @@ class Supervisor:
     def _report_log_line(self, text: str) -> None:
         if text.startswith("error:"):
             self.last_error_line = text
+        if (wanted := _WANTED.search(text)) is not None:
+            self.wanted_version = wanted.group(1)
         self._emit_threadsafe(LogLine(text))
 
     def _emit_threadsafe(self, event: SupervisorEvent) -> None:
