@@ -36,6 +36,7 @@ from client_image.runtime.events import (
     WitnessSent,
 )
 from client_image.telemetry.system import GpuReading, SystemSampler, nvml_gpus
+from client_image.telemetry.training_stats import TrainingStats, model_vocab_size
 from coordinator import CoordinatorState
 from psyche_common.telemetry.core import Telemetry
 
@@ -72,6 +73,11 @@ class ClientTelemetry:
         observe("psyche_training_perplexity", one(
             lambda: math.exp(min(counters.loss, 80.0)) if counters.loss is not None else None))
         observe("psyche_tokens_per_second", one(lambda: counters.tokens_per_sec))
+        # The worker holds no model before the first warm-up (and a stand-in client none).
+        self.stats = TrainingStats(lambda: model_vocab_size(
+            getattr(getattr(client, "worker", None), "model", None)))
+        observe("psyche_training_confidence", one(lambda: self.stats.confidence))
+        observe("psyche_training_efficiency", one(lambda: self.stats.efficiency))
         observe("psyche_broadcasts_seen_total", one(lambda: counters.broadcasts_seen))
         observe("psyche_apply_message_success", one(lambda: counters.apply_message_success))
         observe("psyche_apply_message_failure", one(lambda: counters.apply_message_failure))
@@ -170,6 +176,7 @@ class ClientTelemetry:
         t.log_event(event.NAME, event.fields())
         match event:
             case Trained(seconds=seconds, payload_bytes=payload_bytes, tokens=tokens):
+                self.stats.on_trained(event)
                 t.gauge("psyche_last_train_time_seconds").set(seconds)
                 t.gauge("psyche_learning_rate").set(event.learning_rate)
                 if event.batch_tokens > 0:

@@ -93,6 +93,12 @@ CLIENT_METRICS: tuple[MetricSpec, ...] = (
     _client("psyche_training_loss", "observable_gauge", "loss of the last trained batch"),
     _client("psyche_training_perplexity", "observable_gauge", "exp(loss) of the last batch"),
     _client("psyche_tokens_per_second", "observable_gauge", "tokens/s of the last train step"),
+    _client("psyche_training_confidence", "observable_gauge",
+            "1 - loss / log2(vocabulary size) of the last batch: 1 certain, 0 a uniform guess "
+            "(Psyche's StatsLogger)"),
+    _client("psyche_training_efficiency", "observable_gauge",
+            "training time over wall time between step ends, last 16 steps (Psyche's "
+            "StatsLogger)"),
     _client("psyche_total_tokens", "counter", "tokens this client has trained on", "{token}"),
     _client("psyche_last_train_time_seconds", "gauge", "seconds the last train step took", "s"),
     _client("psyche_learning_rate", "gauge", "learning rate of the step just trained"),
