@@ -19,8 +19,6 @@ _EVENTS = "the client's event files"
 
 # Accepted and not used: the run-manager names each in a warning.
 IGNORED: dict[str, str] = {
-    "RPC_3": "a third RPC endpoint (we use RPC and RPC_2)",
-    "WS_RPC_3": "a third RPC endpoint (we use RPC and RPC_2)",
     "HUB_MAX_CONCURRENT_DOWNLOADS": "parallel Hub downloads",
     "WANDB_PROJECT": _WANDB, "WANDB_RUN": _WANDB, "WANDB_GROUP": _WANDB,
     "WANDB_ENTITY": _WANDB, "WANDB_API_KEY": _WANDB,

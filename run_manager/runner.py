@@ -58,12 +58,13 @@ def _solana_source(settings: RunManagerSettings) -> CoordinatorSource:
     # Imported here: solders and the account decoders are not needed by --help.
     from run_manager.sources.solana_coordinator import SolanaCoordinatorSource
 
-    return SolanaCoordinatorSource([settings.RPC, settings.RPC_2], settings.run_id,
-                                   ws_urls=[settings.WS_RPC, settings.WS_RPC_2])
+    return SolanaCoordinatorSource(settings.rpc_urls, settings.run_id,
+                                   ws_urls=settings.ws_rpc_urls)
 
 
 # Backends register how to build their coordinator source from the settings:
-# "tcp" (COORDINATOR_ADDRESS), "solana" (RPC and WS_RPC, with RPC_2 / WS_RPC_2 as fallbacks).
+# "tcp" (COORDINATOR_ADDRESS), "solana" (RPC and WS_RPC, with RPC_2 / WS_RPC_2, then
+# RPC_3 / WS_RPC_3, as fallbacks).
 COORDINATOR_SOURCES: dict[str, Callable[[RunManagerSettings], CoordinatorSource]] = {
     "tcp": _tcp_source,
     "solana": _solana_source,
@@ -96,7 +97,7 @@ def make_join_check(settings: RunManagerSettings, coordinator: CoordinatorSource
         from psyche_common.wallet import keypair_public_key
         from run_manager.join_check import SolanaJoinCheck
 
-        return SolanaJoinCheck([settings.RPC, settings.RPC_2], settings.run_id,
+        return SolanaJoinCheck(settings.rpc_urls, settings.run_id,
                                keypair_public_key(wallet), settings.AUTHORIZER)
     if pinned_version is not None:
         return None  # --client-version: no coordinator is asked anything

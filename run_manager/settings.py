@@ -65,9 +65,13 @@ class RunManagerSettings(BaseSettings):
     """The run to join (at most 32 bytes, as the coordinator stores it). Optional on
     Solana, as in Psyche: the run-manager then picks a run the wallet may join."""
     WS_RPC: str | None = None
+    """Its PubSub endpoint; default from RPC (ws:// or wss://, port + 1), as Solana's tools."""
     RPC_2: str | None = None
     """Fallback JSON-RPC endpoint."""
     WS_RPC_2: str | None = None
+    RPC_3: str | None = None
+    """A third JSON-RPC endpoint, tried after RPC_2 (Psyche's --rpc-3)."""
+    WS_RPC_3: str | None = None
     WALLET_PRIVATE_KEY_PATH: Path | None = Field(
         default=None, validation_alias=AliasChoices("WALLET_PRIVATE_KEY_PATH", "WALLET_PATH")
     )
@@ -100,6 +104,9 @@ class RunManagerSettings(BaseSettings):
     SCRATCH_DIR: Path | None = None
     COORDINATOR_WAIT_S: float = Field(default=30.0, gt=0, le=3600)
     """How long to wait for the coordinator's state before giving up with an error."""
+    AIRDROP_PROOFS: Path | None = None
+    """The proofs file `airdrop-create` wrote: the TUI's Pools & airdrops panel shows this
+    wallet's allocations in that airdrop (the chain keeps only the Merkle root)."""
 
     @field_validator("RUN_ID")
     @classmethod
@@ -144,14 +151,14 @@ class RunManagerSettings(BaseSettings):
             raise ValueError(f"refused: {REFUSED[str(info.field_name)]}")
         return value
 
-    @field_validator("RPC", "RPC_2")
+    @field_validator("RPC", "RPC_2", "RPC_3")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"https?://[^\s/]+", value):
             raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
         return value
 
-    @field_validator("WS_RPC", "WS_RPC_2")
+    @field_validator("WS_RPC", "WS_RPC_2", "WS_RPC_3")
     @classmethod
     def _ws_url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"wss?://[^\s/]+", value):
@@ -191,8 +198,10 @@ class RunManagerSettings(BaseSettings):
                 "COORDINATOR_ADDRESS (TCP run) or RPC (Solana run): one is required, neither is set"
             )
         if self.RPC is not None:
-            if self.WS_RPC is None:
-                raise ValueError("WS_RPC: required with RPC (Solana run), not set")
+            if self.WS_RPC is None:  # derived, as the client and Solana's tools do
+                from psyche_solana.subscription import default_ws_url
+
+                self.WS_RPC = default_ws_url(self.RPC)
             if self.WALLET_PRIVATE_KEY_PATH is None and self.RAW_WALLET_PRIVATE_KEY is None:
                 raise ValueError("WALLET_PRIVATE_KEY_PATH or RAW_WALLET_PRIVATE_KEY: one is "
                                  "required with RPC (Solana run), neither is set")
@@ -225,6 +234,16 @@ class RunManagerSettings(BaseSettings):
         return "DATA_PARALLELISM" in self.model_fields_set
 
     @property
+    def rpc_urls(self) -> list[str | None]:
+        """RPC, then the fallbacks RPC_2 and RPC_3, as Psyche tries them."""
+        return [self.RPC, self.RPC_2, self.RPC_3]
+
+    @property
+    def ws_rpc_urls(self) -> list[str | None]:
+        """WS_RPC, WS_RPC_2, WS_RPC_3 (a missing fallback is derived from its RPC)."""
+        return [self.WS_RPC, self.WS_RPC_2, self.WS_RPC_3]
+
+    @property
     def backend(self) -> Literal["tcp", "solana"]:
         return "tcp" if self.COORDINATOR_ADDRESS is not None else "solana"
 
@@ -243,7 +262,8 @@ class RunManagerSettings(BaseSettings):
             if name not in HOST_ONLY_VARIABLES
         }
         names = [
-            "RUN_ID", "COORDINATOR_ADDRESS", "RPC", "WS_RPC", "RPC_2", "WS_RPC_2",
+            "RUN_ID", "COORDINATOR_ADDRESS", "RPC", "WS_RPC", "RPC_2", "WS_RPC_2", "RPC_3",
+            "WS_RPC_3",
             "AUTHORIZER", "DATA_PARALLELISM", "TENSOR_PARALLELISM", "MICRO_BATCH_SIZE",
             "NVIDIA_DRIVER_CAPABILITIES", "METRICS_LOCAL_PORT",
         ]  # fmt: skip
@@ -256,7 +276,8 @@ class RunManagerSettings(BaseSettings):
 
 
 # Variables of the env file that name things on the host only.
-HOST_ONLY_VARIABLES = frozenset({"WALLET_PRIVATE_KEY_PATH", "WALLET_PATH", "SCRATCH_DIR"})
+HOST_ONLY_VARIABLES = frozenset({"WALLET_PRIVATE_KEY_PATH", "WALLET_PATH", "SCRATCH_DIR",
+                                 "AIRDROP_PROOFS"})
 
 
 def unread_variables(variables: dict[str, str]) -> list[str]:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import docker
 import pytest
+import tcp_run
 import tomli_w
 from loopback import free_port
 from processes import stop_process
-import tcp_run
 from tcp_run import TESTNET
 
 from run_manager import engine
@@ -109,10 +109,10 @@ def test_a_latest_run_pulls_the_run_managers_own_version_from_the_registry(
             tmp_path, f"RUN_ID={run_id}\nCOORDINATOR_ADDRESS={coordinator}\n"
             f"CLIENT_IMAGE={registry.address}/psyche-client\n", timeout_s=180)
         assert code == 0, output
-        assert f"pulled {published}" in output or published in output, output
+        digest = publish.stdout.splitlines()[-1]
+        assert f"[container] pulled {published}: digest {digest} verified" in output, output
         assert "[client] client latest" in output, output  # CLIENT_VERSION is the run's word
         assert "the client exited normally" in output, output
-        assert publish.stdout.splitlines()[-1] in output  # the digest pulled is the published one
     finally:
         registry.stop()
         remove_images(docker_client, local, published, TINY_BASE)

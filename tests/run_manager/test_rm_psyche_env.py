@@ -104,9 +104,9 @@ def test_psyches_keys_we_do_not_use_are_named_in_warnings_never_dropped_silently
                  "RAW_WALLET_PRIVATE_KEY": "x", "SCRATCH_DIR": "/tmp", "AUTHORIZER": "a"}
     warnings = env_file_warnings(variables)
     named = sorted(line.split(" ")[0] for line in warnings)
-    assert named == ["BLOBS_GC_INTERVAL_MILLIS", "MICRO_BATCH", "OPTIM_STATS_STEPS", "RPC_3",
-                     "WALLET_FILE", "WANDB_API_KEY"]
-    assert "RPC_3 is read by Psyche (a third RPC endpoint (we use RPC and RPC_2)), not by psyche-py: ignored" in warnings
+    assert named == ["BLOBS_GC_INTERVAL_MILLIS", "MICRO_BATCH", "OPTIM_STATS_STEPS",
+                     "WALLET_FILE", "WANDB_API_KEY"]  # RPC_3 is used: the third RPC endpoint
+    assert "WANDB_API_KEY is read by Psyche (Weights & Biases logging), not by psyche-py: ignored" in warnings
     assert "MICRO_BATCH is read by neither the run-manager nor the client (a typo?)" in warnings
 
 
