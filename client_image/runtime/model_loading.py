@@ -8,6 +8,7 @@ Called on the worker thread (runtime/worker.py), which then builds the trainer.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +25,12 @@ from client_image.training.architecture import (
 from client_image.training.model import ModelLoadError, resolve_model_dir
 from client_image.training.parallel import ParallelDims
 from client_image.training.precision import ComputeDType
+from coordinator.checkpoint_reports import is_commit_id
 from coordinator.config import LLMConfig
+from psyche_common.hub_history import ask_main_history
 
 TOKENIZER_FILE = "tokenizer.json"
+log = logging.getLogger(__name__)
 
 # transformers keeps loading flags in module globals (weight init on/off) that it sets and
 # restores around each load: two loads at once in one process (in-process clients in
@@ -98,10 +102,30 @@ def hub_model(repo_id: str, revision: str | None, llm: LLMConfig,
     """The run's checkpoint from the Hub (or a local directory), fp32 on the device."""
     from transformers import AutoConfig
 
+    refuse_off_main(repo_id, revision)
     config = AutoConfig.from_pretrained(resolve_model_dir(repo_id, revision=revision))
     checks.refuse(config, llm)
     with TRANSFORMERS_LOADING:
         return load_causal_lm(repo_id, device=checks.device, revision=revision)
+
+
+def refuse_off_main(repo_id: str, revision: str | None) -> None:
+    """A Hub checkpoint is loaded only from a commit on its repository's main branch
+    (docs/coordinator.md, "Checkpoint reports"): on Solana the program cannot ask the Hub,
+    so a client of the epoch may report a pull request's commit (refs/pr/N, which anyone
+    may open) and every joiner would load it. ModelLoadError for a commit the Hub says is
+    not on main (or does not exist); a Hub that does not answer (offline, HF_HUB_OFFLINE)
+    leaves the load to the cache, with a warning. A local directory, or a revision that
+    is not a commit id, is not the Hub's to judge."""
+    if revision is None or not is_commit_id(revision) or Path(repo_id).expanduser().exists():
+        return
+    answer = ask_main_history(repo_id, revision)
+    if answer.problem is None:
+        return
+    if not answer.reached:
+        log.warning("loading the run's checkpoint unchecked: %s", answer.problem)
+        return
+    raise ModelLoadError(f"not loading the run's checkpoint: {answer.problem}")
 
 
 def dummy_model(repo_id: str, llm: LLMConfig, checks: LoadChecks) -> torch.nn.Module:
