@@ -13,10 +13,13 @@ Public surface (import from the submodules; they are loaded lazily from here too
     client          ProtocolConnection.connect(host, port, identity, run_id, p2p_address,
                     observe=False) -> (connection, welcome); JoinRefused
     server          CoordinatorServer(coordinator, ServerOptions, p2p_addresses=, clock=,
-                    seed_source=, resumed=); await start()/stop(); publish(); pending;
+                    seed_source=, resumed=, checkpoint_history=); await start()/stop();
+                    publish(); pending;
                     the run's rules: pending_clients, needed_addresses,
                     apply_client_event, waiting_notices
     server_options  ServerOptions (what the server is told), ServerStats (what it counts)
+    checkpoint_history  CheckpointHistory (is a reported commit on main?), HubHistory,
+                    ReportChecks (the server's checks in flight)
     connections     Connections (listening, handshake, reading), Peer (a joined connection)
     broadcaster     StateBroadcaster (one broadcast's messages), fan_out
     persistence     StateStore(dir).save(encoded, addresses) / .load()

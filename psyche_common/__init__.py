@@ -11,6 +11,8 @@
                     keep_connected (reconnect with backoff)
     ui/             RunView and the panels both TUIs show
     exit_codes      the client's exit codes the run-manager acts on (refused, new version)
+    hub_history     ask_main_history: is a commit on a Hub repository's main branch (the
+                    TCP coordinator before applying a report, the client before loading)
     stopping        StopSignals (SIGINT, SIGTERM, SIGHUP -> a clean stop), say, exit_on_signals
                     and exit_after (a stop's deadline): every program stops this way
 
