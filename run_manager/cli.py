@@ -235,13 +235,21 @@ def _run_client(env_file: Path, options: object, tui: bool,
     if tui:
         from run_manager.tui.app import RunManagerApp, run_tui
 
-        tui_app = RunManagerApp(dashboard, make_supervisor, make_monitor, rewards)
+        funds = None  # the Pools & airdrops panel: Solana runs with a wallet
+        if settings.RPC is not None and wallet is not None:
+            from solders.keypair import Keypair
+
+            from run_manager.funds import WalletFunds
+
+            funds = WalletFunds(settings.rpc_urls, Keypair.from_bytes(wallet),
+                                settings.AIRDROP_PROOFS)
+        tui_app = RunManagerApp(dashboard, make_supervisor, make_monitor, rewards, funds=funds)
 
         async def with_tui() -> None:
             try:
                 await run_tui(tui_app)
             finally:
-                await _close(coordinator, metrics, join_check, rewards)
+                await _close(coordinator, metrics, join_check, rewards, funds)
 
         asyncio.run(with_tui())
         finished = tui_app.finished

@@ -6,7 +6,9 @@ The supervisor and the monitor run as async workers on the app's event loop; the
 events update the shared Dashboard and the panels redraw from it. Keys: q (or ctrl+c)
 stops the client gracefully and quits, r restarts the client, l shows the full-screen
 logs, c claims this wallet's reward tokens after a confirmation (offered only in a
-Solana run with a treasurer, once the chain has been read: `rewards`). SIGINT, SIGTERM and SIGHUP (`run_tui`) stop as q does; a second stop kills the
+Solana run with a treasurer, once the chain has been read: `rewards`), a claims from
+the mining pool or airdrop highlighted in the Pools & airdrops panel (Solana runs with
+a wallet: `funds`). SIGINT, SIGTERM and SIGHUP (`run_tui`) stop as q does; a second stop kills the
 container at once. The app exits once the container is gone, leaving the terminal as
 it found it.
 """
@@ -33,7 +35,12 @@ from psyche_common.ui.training_panel import TrainingPanel
 from psyche_common.ui.witness_panel import WitnessPanel
 from run_manager.docker_supervisor import LogLine, Supervisor, SupervisorEvent, SupervisorFinished
 from run_manager.monitor import Monitor, Part
-from run_manager.tui.messages import ClientEjected, DashboardChanged, SupervisorEventPosted
+from run_manager.tui.messages import (
+    ClientEjected,
+    DashboardChanged,
+    FundsClaimed,
+    SupervisorEventPosted,
+)
 from run_manager.tui.widgets import (
     ClaimScreen,
     ContainerPanel,
@@ -41,11 +48,13 @@ from run_manager.tui.widgets import (
     VerificationPanel,
     WalletPanel,
 )
+from run_manager.tui.widgets.funds_panel import FundsPanel
 from run_manager.tui.widgets.log_screen import LogScreen
 from run_manager.tui.widgets.run_panel import CoordinatorRunPanel
 from run_manager.view import Dashboard
 
 if TYPE_CHECKING:  # solders loads only for Solana runs
+    from run_manager.funds import WalletFunds
     from run_manager.rewards import SolanaRewards
 
 # The Wallet panel's own refresh (SOL balance, earned, claimed): it goes on after the run
@@ -63,6 +72,7 @@ class RunManagerApp(App[None]):
         Binding("r", "restart_client", "Restart client"),
         Binding("l", "show_logs", "Logs"),
         Binding("c", "claim", "Claim rewards"),
+        Binding("a", "claim_funds", "Claim pool/airdrop"),
     ]
 
     def __init__(
@@ -72,10 +82,12 @@ class RunManagerApp(App[None]):
         monitor_factory: MonitorFactory | None = None,
         rewards: SolanaRewards | None = None,
         wallet_refresh_s: float = WALLET_REFRESH_S,
+        funds: WalletFunds | None = None,
     ) -> None:
         super().__init__()
         self.dashboard = dashboard
         self.rewards = rewards
+        self.funds = funds  # this wallet's mining pools and airdrops
         self.wallet_refresh_s = wallet_refresh_s
         self._supervisor_factory = supervisor_factory
         self._monitor_factory = monitor_factory
@@ -96,6 +108,7 @@ class RunManagerApp(App[None]):
         with Horizontal(id="bottom"):
             yield WalletPanel(id="wallet")
             yield P2PPanel(id="p2p")
+        yield FundsPanel(self.funds, self.wallet_refresh_s, id="funds")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -221,6 +234,8 @@ class RunManagerApp(App[None]):
         # No claim on TCP runs, runs without a treasurer, or before the chain was read.
         if action == "claim":
             return self.rewards is not None and self.dashboard.wallet.can_claim
+        if action == "claim_funds":
+            return self.funds is not None
         return True
 
     def action_claim(self) -> None:
@@ -245,6 +260,14 @@ class RunManagerApp(App[None]):
                 self._send_claim(amount)
 
         self.push_screen(ClaimScreen(question, amount), answered)
+
+    def action_claim_funds(self) -> None:
+        self.query_one(FundsPanel).ask_claim()
+
+    @on(FundsClaimed)
+    def _funds_claimed(self) -> None:
+        if self.rewards is not None:  # the fee left the SOL balance the Wallet panel shows
+            self._refresh_wallet()
 
     @work(exclusive=True, group="claim")
     async def _send_claim(self, points: int) -> None:

@@ -30,3 +30,12 @@ class ClientEjected(Message):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
+
+
+class FundsClaimed(Message):
+    """A mining pool or airdrop claim went through (`text` says what): the transaction's
+    fee and a new token account's rent left the wallet's SOL balance."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
