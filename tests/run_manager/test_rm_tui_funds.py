@@ -320,3 +320,35 @@ def test_snapshot_funds_panel_and_claim_dialog(world: World, snap_compare: Any) 
         await app.funds.close()  # type: ignore[union-attr]  # read; the dialog sends nothing here
 
     assert snap_compare(app, run_before=ready, terminal_size=(120, 40))
+
+
+async def test_an_unreachable_cluster_is_one_line_in_the_panel() -> None:
+    dashboard = Dashboard()
+    app = RunManagerApp(dashboard, wallet_refresh_s=3600,
+                        funds=WalletFunds(["http://127.0.0.1:9"], WALLET, None))
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = app.query_one(FundsPanel)
+            deadline = time.monotonic() + 30
+            while not panel.error:
+                assert time.monotonic() < deadline
+                await pilot.pause(0.1)
+            await pilot.pause()
+            [line] = text_of(app, "#funds-notes").splitlines()
+            assert line.startswith("pools and airdrops: ") and line == panel.error
+            assert panel.rows == [] and not app.query_one("#funds-table").display
+    finally:
+        await app.funds.close()  # type: ignore[union-attr]  # given above
+
+
+def test_airdrop_proofs_is_a_setting_kept_on_the_host(tmp_path: Path) -> None:
+    from run_manager.settings import env_file_warnings, load_settings, read_env_file
+
+    env_file = tmp_path / "run.env"
+    env_file.write_text(f"RUN_ID=r\nCOORDINATOR_ADDRESS=127.0.0.1:1\n"
+                        f"AIRDROP_PROOFS={tmp_path}/airdrop-9-proofs.json\n")
+    settings = load_settings(env_file)
+    assert str(settings.AIRDROP_PROOFS) == f"{tmp_path}/airdrop-9-proofs.json"
+    variables = read_env_file(env_file)
+    assert env_file_warnings(variables, settings) == []  # a key the run-manager reads
+    assert "AIRDROP_PROOFS" not in settings.container_environment(variables)  # a host path
