@@ -15,7 +15,7 @@ import typer
 
 from psyche_common.cli_conventions import PROGRAM_SETTINGS, version_option
 from psyche_common.telemetry.options import TelemetryOptions, telemetry_options
-from run_manager.commands import airdrop, mining_pool, solana
+from run_manager.commands import airdrop, help_markdown, mining_pool, solana
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,6 +41,7 @@ app.add_typer(wallet_app, name="wallet")
 solana.register(app)
 airdrop.register(app)
 mining_pool.register(app)
+help_markdown.register(app)  # last: it lists the commands registered
 
 WalletOption = Annotated[
     Path,
@@ -210,7 +211,7 @@ def _run_client(env_file: Path, options: object, tui: bool,
 
         from run_manager.rewards import SolanaRewards
 
-        rewards = SolanaRewards([settings.RPC, settings.RPC_2], settings.RUN_ID,
+        rewards = SolanaRewards(settings.rpc_urls, settings.RUN_ID,
                                 Keypair.from_bytes(wallet))
     if config.gpus is not None:
         typer.echo(f"run-manager: {describe_gpus(config.gpus, settings.CLIENT_IMAGE, config.environment)}",
@@ -297,7 +298,7 @@ def settings_with_chosen_run(settings: RunManagerSettings,
     delegate = Pubkey.from_string(settings.AUTHORIZER) if settings.AUTHORIZER else None
     authority = Pubkey.from_string(join_authority) if join_authority else None
     try:
-        chosen, candidates = pick_run([settings.RPC, settings.RPC_2], user, authority, delegate)
+        chosen, candidates = pick_run(settings.rpc_urls, user, authority, delegate)
     except NoJoinableRun as error:
         raise SettingsError([str(error)]) from None
     typer.echo(f"run-manager: RUN_ID not set: {len(candidates)} run(s) open to wallet {user}:",

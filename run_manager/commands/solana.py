@@ -29,12 +29,12 @@ from run_manager.commands.solana_authorizations import (
 )
 from run_manager.commands.solana_common import SOLANA_PANEL, with_websocket_options
 from run_manager.commands.solana_lifecycle import accept_model_loss, checkpoint, close_run
+from run_manager.commands.solana_list_runs import list_runs
 from run_manager.commands.solana_rewards import treasurer_claim_rewards, treasurer_top_up_rewards
 from run_manager.commands.solana_runs import (
     create_run,
     json_dump_run,
     json_dump_user,
-    list_runs,
     set_future_epoch_rates,
     set_paused,
     tick,

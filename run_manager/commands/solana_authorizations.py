@@ -11,12 +11,14 @@ from run_manager.commands.solana_common import (
     EXIT_BAD_ARGUMENT,
     EXIT_FAILED,
     LOCALNET_URL,
+    Address,
     ProgramId,
     Rpc,
     Rpc2,
     RunId,
     Wallet,
     fail,
+    parse_address,
     parse_pubkey,
     run_rpc,
     signing_keypair,
@@ -94,7 +96,10 @@ def join_authorization_delegate(join_authority: Annotated[str, typer.Option()],
                                 wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                                 program_id: ProgramId = None,
                                 delegates_clear: Annotated[bool, typer.Option()] = False,
-                                delegates_added: Annotated[list[str] | None, typer.Option()] = None) -> None:
+                                delegates_added: Annotated[list[str] | None, typer.Option(
+                                    "--delegates-added", "--delegate-added",
+                                    help="A key to add (repeat the flag for more); "
+                                         "--delegate-added is Psyche's alias.")] = None) -> None:
     """As a grantee, let other keys (e.g. each machine's) join on your authorization."""
     from psyche_solana import instructions as ix
 
@@ -131,14 +136,14 @@ def join_authorization_delete(authorizer: Annotated[str, typer.Option(
     typer.echo(f"authorization {address} deleted")
 
 
-def can_join(run_id: RunId, address: Annotated[str, typer.Option()],
+def can_join(run_id: RunId, address: Address,
              rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
              program_id: ProgramId = None, authorizer: Annotated[str | None, typer.Option()] = None) -> None:
     """Whether an address may join a run; exits 1 if not."""
     from psyche_solana.runs import can_join as check
     from psyche_solana.runs import find_run
 
-    user = parse_pubkey(address, "--address")
+    user = parse_address(address)
     grantee = parse_pubkey(authorizer, "--authorizer") if authorizer else None
 
     async def work(client: Any) -> tuple[bool, str]:

@@ -70,6 +70,34 @@ def with_websocket_options(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+# Psyche's can-join and json-dump-user: `--address PUBKEY`, aliases `--wallet` and `--user`.
+Address = Annotated[str, typer.Option(
+    "--address", "--wallet", "--user", metavar="PUBKEY",
+    help="The user's public key (or a keypair file: its public key); --wallet and --user "
+         "are Psyche's aliases.")]
+
+
+def parse_address(text: str) -> Any:
+    """--address/--wallet/--user: a base-58 public key, as in Psyche, or a keypair file
+    (this CLI's other --wallet is one), read for its public key only."""
+    from solders.keypair import Keypair
+    from solders.pubkey import Pubkey
+
+    from psyche_common.wallet import WalletError, load_keypair_bytes
+
+    try:
+        return Pubkey.from_string(text)
+    except ValueError:
+        pass
+    if Path(text).is_file():
+        try:
+            return Keypair.from_bytes(load_keypair_bytes(Path(text))).pubkey()
+        except WalletError as error:
+            raise fail(f"--address {text}: {error}", EXIT_BAD_ARGUMENT) from None
+    raise fail(f"--address is neither a base-58 public key nor a keypair file: {text!r}",
+               EXIT_BAD_ARGUMENT)
+
+
 TreasurerIndex = Annotated[int | None, typer.Option(
     "--treasurer-index", help="Treasurer run index (default: from the run id).")]
 
@@ -135,9 +163,9 @@ def parse_amount(text: str, decimals: int, what: str) -> int:
 
 
 def run_rpc(rpc: str, rpc_2: str | None, program_id: str | None,
-         work: Callable[[Any], Awaitable[T]]) -> T:
+         work: Callable[[Any], Awaitable[T]], rpc_3: str | None = None) -> T:
     """Run `work(SolanaRpc)` against `program_id` (None: ours), turning every failure
-    into a clear message."""
+    into a clear message. RPC_2, then RPC_3, are the fallback endpoints."""
     from psyche_solana.accounts import AccountDecodeError
     from psyche_solana.ids import program_id as cached_program_id
     from psyche_solana.rpc import RpcError, SolanaRpc
@@ -147,7 +175,7 @@ def run_rpc(rpc: str, rpc_2: str | None, program_id: str | None,
         parse_pubkey(program_id, "--coordinator-program-id")
 
     async def main() -> T:
-        async with SolanaRpc([rpc, rpc_2]) as client:
+        async with SolanaRpc([rpc, rpc_2, rpc_3]) as client:
             return await work(client)
 
     # psyche_solana.ids reads the override from the environment and caches it; put both

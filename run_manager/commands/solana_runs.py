@@ -14,6 +14,7 @@ import typer
 from run_manager.commands.solana_common import (
     EXIT_BAD_ARGUMENT,
     LOCALNET_URL,
+    Address,
     ProgramId,
     Rpc,
     Rpc2,
@@ -21,6 +22,7 @@ from run_manager.commands.solana_common import (
     TreasurerIndex,
     Wallet,
     fail,
+    parse_address,
     parse_amount,
     parse_pubkey,
     run_rpc,
@@ -262,7 +264,7 @@ def json_dump_run(run_id: RunId, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
     typer.echo(json.dumps(run_rpc(rpc, rpc_2, program_id, work), indent=2))
 
 
-def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
+def json_dump_user(run_id: RunId, address: Address,
                    rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
                    program_id: ProgramId = None, treasurer_index: TreasurerIndex = None) -> None:
     """Print one user's state in a run as JSON."""
@@ -271,7 +273,7 @@ def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
     from psyche_solana.dump import user_json
     from psyche_solana.runs import find_run
 
-    user = parse_pubkey(address, "--address")
+    user = parse_address(address)
 
     async def work(client: Any) -> dict[str, Any]:
         run = await find_run(client, run_id, treasurer_index)
@@ -283,26 +285,6 @@ def json_dump_user(run_id: RunId, address: Annotated[str, typer.Option()],
         return user_json(run, user, await client.balance(user), participant)
 
     typer.echo(json.dumps(run_rpc(rpc, rpc_2, program_id, work), indent=2))
-
-
-def list_runs(rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,
-              program_id: ProgramId = None) -> None:
-    """List the runs of the coordinator program (with their metadata's name)."""
-    from psyche_solana.run_metadata import metadata_of_runs
-    from psyche_solana.runs import list_runs as runs
-
-    async def work(client: Any) -> tuple[list[tuple[Any, Any]], dict[Any, Any]]:
-        found = await runs(client)
-        return found, await metadata_of_runs(client, [address for address, _ in found])
-
-    found, metadata = run_rpc(rpc, rpc_2, program_id, work)
-    for address, account in found:
-        step = account.state.progress.step if account.state else "-"
-        name = metadata[address].name if address in metadata else ""
-        typer.echo(f"{account.run_id:<32} {account.run_state.name:<18} step {step:<6} "
-                   f"clients {len(account.registry):<4} {address}" + (f"  {name}" if name else ""))
-    if not found:
-        typer.echo("no runs")
 
 
 def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None,

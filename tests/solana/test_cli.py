@@ -88,7 +88,7 @@ def test_a_treasurer_run_is_managed_from_the_command_line(localnet, tmp_path):
 
     stranger = str(Keypair().pubkey())
     assert run_cli(localnet, None, "can-join", "-r", "cli-run", "--address", stranger).exit_code == 0
-    listed = run_cli(localnet, None, "list-runs")
+    listed = run_cli(localnet, None, "list-runs", "--all")
     assert "cli-run" in listed.output and "WaitingForMembers" in listed.output
     dump = json.loads(run_cli(localnet, None, "json-dump-run", "-r", "cli-run").output)
     assert dump["coordinator_account"]["status"]["state"] == "WaitingForMembers"
@@ -198,7 +198,7 @@ def test_a_run_id_is_taken_once_and_found_through_its_claim(localnet, tmp_path):
 
     name, address = asyncio.run(squat())
     assert name == "AlreadyInitialized"
-    listed = run_cli(localnet, None, "list-runs").output.splitlines()
+    listed = run_cli(localnet, None, "list-runs", "--all").output.splitlines()
     contested = [line for line in listed if line.startswith("contested ")]
     assert len(contested) == 1 and contested[0].endswith(str(address))
     dump = json.loads(run_cli(localnet, None, "json-dump-run", "-r", "contested").output)

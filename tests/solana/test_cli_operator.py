@@ -98,7 +98,7 @@ def test_close_run_returns_the_rent_and_frees_the_run_id(localnet, tmp_path):
     assert _balance(localnet, owner.pubkey()) - before > 700_000_000
     gone = run_cli(localnet, None, "json-dump-run", "-r", "closing")
     assert gone.exit_code == 1 and "no run 'closing'" in gone.output
-    assert "closing " not in run_cli(localnet, None, "list-runs").output
+    assert "closing " not in run_cli(localnet, None, "list-runs", "--all").output
     again = run_cli(localnet, owner_path, "close-run", "-r", "closing")
     assert again.exit_code == 1 and "no run 'closing'" in again.output
     assert run_cli(localnet, intruder_path, "create-run", "-r", "closing", "-c", "v2").exit_code == 0
@@ -230,14 +230,14 @@ def test_list_runs_takes_the_connection_options(localnet, tmp_path):
     from psyche_solana.ids import coordinator_program
 
     ours = str(coordinator_program())
-    listed = runner.invoke(app, ["list-runs", "--rpc", "http://127.0.0.1:9", "--rpc-2",
+    listed = runner.invoke(app, ["list-runs", "--all", "--rpc", "http://127.0.0.1:9", "--rpc-2",
                                  localnet.url, "--coordinator-program-id", ours])
     assert listed.exit_code == 0 and "listed " in listed.output, listed.output
-    other = runner.invoke(app, ["list-runs", "--rpc", localnet.url,
+    other = runner.invoke(app, ["list-runs", "--all", "--rpc", localnet.url,
                                 "--coordinator-program-id", str(Keypair().pubkey())])
     assert other.exit_code == 0 and other.output.strip() == "no runs"
     assert str(coordinator_program()) == ours  # the override lasted one command
-    bad = runner.invoke(app, ["list-runs", "--rpc", localnet.url,
+    bad = runner.invoke(app, ["list-runs", "--all", "--rpc", localnet.url,
                               "--coordinator-program-id", "not-a-key"])
     assert bad.exit_code == 2
     assert "--coordinator-program-id is not a base-58 public key" in bad.output

@@ -76,7 +76,7 @@ def test_update_config_sets_the_metadata_that_json_dump_and_list_runs_show(local
     assert _metadata(localnet, "named") == {**nice, "vocab_size": 50_000}
     dump = json.loads(run_cli(localnet, None, "json-dump-run", "-r", "named").output)
     assert dump["coordinator_account"]["setup"]["client_version"] == "v2"
-    listed = [line for line in run_cli(localnet, None, "list-runs").output.splitlines()
+    listed = [line for line in run_cli(localnet, None, "list-runs", "--all").output.splitlines()
               if line.startswith("named ")]
     assert len(listed) == 1 and listed[0].endswith("  Nice run ✓")
 
@@ -129,10 +129,10 @@ def test_a_treasurer_run_takes_metadata_and_is_closed_through_the_treasurer(loca
 
 
 def test_psyches_websocket_options_are_accepted_and_checked(localnet):
-    accepted = runner.invoke(app, ["list-runs", "--rpc", localnet.url, "--ws-rpc",
+    accepted = runner.invoke(app, ["list-runs", "--all", "--rpc", localnet.url, "--ws-rpc",
                                    "ws://127.0.0.1:8900", "--ws-rpc-2", "wss://example.org"])
     assert accepted.exit_code == 0 and "Traceback" not in accepted.output, accepted.output
-    from_env = runner.invoke(app, ["list-runs"], env={"RPC": localnet.url,
+    from_env = runner.invoke(app, ["list-runs", "--all"], env={"RPC": localnet.url,
                                                       "WS_RPC": "ws://127.0.0.1:8900"})
     assert from_env.exit_code == 0, from_env.output
     for argv, env in ((["--ws-rpc", "http://127.0.0.1:8900"], {}),
