@@ -166,6 +166,12 @@ def train(
         if dir_problem := checkpoint_dir_problem(checkpoint_dir):
             typer.echo(f"error: --checkpoint-dir {dir_problem}", err=True)
             raise typer.Exit(code=2)
+    if (events_dir := config.observability.events_dir) is not None:
+        from psyche_common.event_files import events_dir_problem
+
+        if events_problem := events_dir_problem(events_dir):
+            typer.echo(f"error: --events-dir {events_problem}", err=True)
+            raise typer.Exit(code=2)
     options = ClientOptions(
         config=config,
         identity=identity,
@@ -182,6 +188,14 @@ def train(
         evals=evals,
     )
     client = PsycheClient(options, EventLog(mode))
+    from client_image.telemetry.wandb_logging import WandbUnavailable, start_wandb
+
+    try:  # before the exporters start: nothing to stop when it fails
+        wandb_logger = start_wandb(config.observability, client, identity.node_id,
+                                   connection.run_id)
+    except WandbUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
     exporter = train_support.start_telemetry(telemetry, client, identity.node_id,
                                              connection.run_id)
 
@@ -209,6 +223,8 @@ def train(
         exit_on_signals(0, lambda sig: f"stopping now ({sig.name})")
         if exporter is not None:
             train_support.shutdown_telemetry(exporter, stopping=client.stop_event.is_set())
+        if wandb_logger is not None:
+            wandb_logger.finish()
     raise typer.Exit(code=code)
 
 

@@ -160,6 +160,21 @@ class ObservabilityConfig:
     tui: Annotated[bool | None, Option(
         env=None, flag="--tui/--no-tui", show_default=False,
         help="--tui: --logs tui; --no-tui: console logs instead of a TUI")] = None
+    events_dir: Annotated[Path | None, Option(
+        env="EVENTS_DIR",
+        help="write every event here as event files (docs/events.md; `psyche-testnet "
+             "replay` shows them)")] = None
+    # W&B (client_image/telemetry/wandb_logging.py): no --wandb-project, no wandb import.
+    wandb_project: Annotated[str | None, Option(
+        env="WANDB_PROJECT",
+        help="log each step's loss, lr, tokens/s, confidence and efficiency to this W&B "
+             "project (WANDB_API_KEY; WANDB_MODE=offline keeps them on disk)")] = None
+    wandb_run: Annotated[str | None, Option(
+        env="WANDB_RUN", help="the W&B run's name [default: W&B picks one]")] = None
+    wandb_group: Annotated[str | None, Option(
+        env="WANDB_GROUP", help="the W&B group, e.g. the run id for all its clients")] = None
+    wandb_entity: Annotated[str | None, Option(
+        env="WANDB_ENTITY", help="the W&B team or user owning the project")] = None
 
 
 @dataclass(frozen=True)
