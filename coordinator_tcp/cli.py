@@ -10,7 +10,7 @@ HfAuto is not supported by this client (supported: HfLlama): ...`.
     psyche-coordinator run --state state.toml [--server-port 20000] [--data-config data.toml]
         [--save-state-dir D] [--withdraw-on-disconnect true|false] [--init-warmup-time S]
         [--tui | --no-tui] [--tick-interval 0.5] [--bind-host 0.0.0.0] [--accept-model-loss]
-        [--no-checkpoint-history-check]
+        [--no-checkpoint-history-check] [--events-dir DIR]
         [--prometheus-port P] [--otlp-metrics-url URL] ... (psyche_common.telemetry.options)
 
 runs the TCP coordinator (and the TCP data server when the run's data location is
@@ -124,6 +124,9 @@ def run(
         "checking that its commit is on the main branch of the run's repository (for a "
         "run without network; by default the Hub at HF_ENDPOINT is asked, and a commit "
         "not on main, or no answer, is refused)")] = False,
+    events_dir: Annotated[Path | None, typer.Option(
+        "--events-dir", help="write every state change, join, leave and refusal here as "
+        "event files (docs/events.md; `psyche-testnet replay` shows them)")] = None,
     *,
     telemetry: TelemetryOptions,
 ) -> None:
@@ -140,6 +143,12 @@ def run(
     from coordinator_tcp.server import ServerOptions
 
     withdraw = _parse_bool(withdraw_on_disconnect)
+    if events_dir is not None:
+        from psyche_common.event_files import events_dir_problem
+
+        if problem := events_dir_problem(events_dir):
+            typer.echo(f"error: --events-dir {problem}", err=True)
+            raise typer.Exit(code=2)
     if tui:  # records go to the TUI's log panel (its handler), not to the terminal
         logging.getLogger().setLevel(logging.INFO)
     else:
@@ -151,7 +160,8 @@ def run(
         server=ServerOptions(host=bind_host, port=server_port, save_state_dir=save_state_dir,
                              withdraw_on_disconnect=withdraw, init_warmup_time=init_warmup_time,
                              tick_interval_s=tick_interval,
-                             checkpoint_history_check=not no_checkpoint_history_check))
+                             checkpoint_history_check=not no_checkpoint_history_check,
+                             events_dir=events_dir))
     code = asyncio.run(run_coordinator(options))
     if code:
         raise typer.Exit(code=code)

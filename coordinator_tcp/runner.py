@@ -35,6 +35,7 @@ from coordinator.config import (
     load_state_file,
 )
 from coordinator.machine import coordinator_from_state
+from coordinator_tcp.event_recording import CoordinatorEventRecorder
 from coordinator_tcp.persistence import PersistenceError, StateStore
 from coordinator_tcp.server import CoordinatorServer, ServerOptions
 from psyche_common.stopping import StopSignals, run_app_until_stopped, say
@@ -183,6 +184,14 @@ async def _serve(options: RunOptions, signals: StopSignals) -> int:
 
     server = CoordinatorServer(loaded.coordinator, options.server,
                                p2p_addresses=loaded.p2p_addresses, resumed=loaded.resumed)
+    recorder: CoordinatorEventRecorder | None = None
+    if options.server.events_dir is not None:
+        try:
+            recorder = CoordinatorEventRecorder(options.server.events_dir)
+        except OSError as exc:
+            say(f"error: --events-dir {options.server.events_dir}: {exc.strerror or exc}")
+            return 2
+        recorder.attach(server)
     data_server: DataServer | None = None
     if loaded.data_config is not None and loaded.data_address is not None:
         from coordinator_tcp.data_server import DataServer, DataServerOptions
@@ -230,6 +239,8 @@ async def _serve(options: RunOptions, signals: StopSignals) -> int:
         if not started:  # (a port in use, or a cancellation) nothing is left listening
             await _shut_down(server, data_server, telemetry, save=False)
     if error is not None:
+        if recorder is not None:
+            recorder.close()
         say(error)
         return 1
     reason = signals.reason
@@ -244,6 +255,8 @@ async def _serve(options: RunOptions, signals: StopSignals) -> int:
             say(f"stopping… ({reason})")
         log.info("stopping… (%s)", reason)
         await _shut_down(server, data_server, telemetry, save=True)
+        if recorder is not None:
+            recorder.close()
         timing = server.stats.broadcast_ms()
         log.info("stopped after %d broadcasts%s", server.stats.broadcasts,
                  "" if timing is None else "; each written to every client in p50 "

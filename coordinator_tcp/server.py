@@ -109,6 +109,9 @@ class CoordinatorServer:
         self._been_active = coordinator.state.run_state.active
         self._apply_init_warmup_time()
         self.on_change: list[Callable[[CoordinatorState], None]] = []
+        # (kind, payload) of each join, leave and refusal: --events-dir records them
+        # (coordinator_tcp.event_recording).
+        self.on_peer_event: list[Callable[[str, dict[str, object]], None]] = []
         # A Hub checkpoint report is applied only once its commit is found on main
         # (coordinator_tcp.checkpoint_history); off with --no-checkpoint-history-check.
         history = checkpoint_history or (HubHistory() if options.checkpoint_history_check
@@ -344,6 +347,7 @@ class CoordinatorServer:
             writer.write(encode_frame(encode(Welcome(identity=identity.key))))
             observer.send(self.state_message(observer=True))
             log.info("observer %r connected", identity)
+            self._peer_event("joined", observer)
             return observer
         previous = self.peers.pop(identity, None)
         if previous is not None:  # the same key reconnected: the newest connection wins
@@ -365,6 +369,7 @@ class CoordinatorServer:
         self._tell_observers_if_joined_changed(len(pending))
         self._notify_waiting([peer], pending)
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
+        self._peer_event("joined", peer)
         return peer
 
     def event(self, peer: Peer, message: object) -> None:
@@ -381,6 +386,7 @@ class CoordinatorServer:
     def _answer(self, peer: Peer, rejected: Rejected | None) -> None:
         if rejected is not None:
             self.stats.rejected_events += 1
+            self._peer_event("refused", peer, error=rejected.error.name, detail=str(rejected))
             peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))
         self._publish_soon()
 
@@ -396,7 +402,13 @@ class CoordinatorServer:
             self.peers.pop(sender, None)  # leaving for good: not a client to tick with
         return apply_client_event(self.coordinator, sender, message, now, self.seed_source)
 
+    def _peer_event(self, kind: str, peer: Peer, **more: object) -> None:
+        for callback in self.on_peer_event:
+            callback(kind, {"identity": peer.identity.key.hex(), "observer": peer.observer,
+                            "p2p_address": peer.p2p_address, **more})
+
     def left(self, peer: Peer) -> None:
+        self._peer_event("left", peer)
         if peer.observer:
             self.observers.discard(peer)
             peer.writer.close()

@@ -31,6 +31,9 @@ class ServerOptions:
     # Check a Hub checkpoint report's commit against the repository's main branch before
     # applying it (coordinator_tcp.checkpoint_history); off for runs without network.
     checkpoint_history_check: bool = True
+    # --events-dir: every state change, join, leave and refusal as event files
+    # (coordinator_tcp.event_recording, docs/events.md).
+    events_dir: Path | None = None
 
 
 @dataclass

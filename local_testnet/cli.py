@@ -1,6 +1,7 @@
 """`psyche-testnet`: a whole local run on this machine (see `local_testnet.testnet`).
 
     psyche-testnet --num-clients 3 --config-path config/local-testnet --headless
+    psyche-testnet replay --events-dir DIR [--speed 4] [--follow]   (local_testnet/replay_cli.py)
 
 `--no-tui` (the default; `--headless` is its older name) waits for Finished (or `--timeout`)
 and prints ONE JSON line; `--tui` shows the server, each client's metrics and witness
@@ -137,6 +138,13 @@ def _exit_after_signal(net: Testnet) -> None:
 
 
 def main() -> None:
+    import sys
+
+    if sys.argv[1:2] == ["replay"]:  # a run shown again from its event files
+        from local_testnet import replay_cli
+
+        replay_cli.main(sys.argv[2:])
+        return
     app()
 
 

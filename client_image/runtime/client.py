@@ -32,6 +32,7 @@ from client_image.p2p import (
     decode_broadcast,
 )
 from client_image.runtime.evaluating import EvalOptions, IdleEvals
+from client_image.runtime.event_recording import ClientEventRecorder
 from client_image.runtime.events import (
     CoordinatorRefused,
     HubRepoNotRunRepository,
@@ -121,6 +122,9 @@ class PsycheClient:
         # what the runtime tells only by event (following, ejected) reaches the metrics
         events.listeners.append(self.counters.observe)
         self.removals = RemovalWatch(self.me, events)  # tells why it was taken out
+        events_dir = options.config.observability.events_dir
+        self.event_files = None if events_dir is None else ClientEventRecorder(
+            events_dir, self.me.key.hex(), options.config.connection.run_id, events)
         self.state: CoordinatorState | None = None
         self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)
         self.addresses: dict[str, str] = {}
@@ -173,6 +177,8 @@ class PsycheClient:
                 await self.metrics_server.stop()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.node.stop(), STOP_P2P_S)
+            if self.event_files is not None:
+                self.event_files.close()
             self.worker.close(ranks_timeout_s=STOP_RANKS_S)
         return self.exit_code or 0
 
