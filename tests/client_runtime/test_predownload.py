@@ -138,7 +138,8 @@ def test_a_run_this_client_cannot_serve_is_one_error_line(tmp_path: Path,
     result = runner.invoke(app, ["predownload"])
     assert result.exit_code == 1
     assert result.output.splitlines() == [
-        "error: give either --state or --server-addr with --run-id"]
+        "error: give one of --state, --server-addr with --run-id (a TCP run) or --rpc "
+        "with --run-id (a Solana run)"]
 
 
 def test_local_and_dummy_runs_need_nothing_beforehand(tmp_path: Path) -> None:
