@@ -88,9 +88,9 @@ class RunReplay:
             except ValueError as exc:
                 self._say(f"coordinator: {exc}")
             return
-        if payload.get("observer"):
-            return  # an observer's connection says nothing of the run
         identity = str(payload.get("identity", ""))
+        if payload.get("observer") and record.kind != "refused":
+            return  # an observer connecting or leaving says nothing of the run
         if record.kind == "joined":
             self.connected.add(identity)
         elif record.kind == "left":
