@@ -227,7 +227,10 @@ def _run_client(env_file: Path, options: object, tui: bool,
     def make_supervisor(on_event: Callable[[SupervisorEvent], None]) -> Supervisor:
         if exporter is not None:
             on_event = exporter.wrap(on_event)  # counts starts, exits and restarts
-        return Supervisor(client, coordinator, config, on_event, join_check)
+        supervisor = Supervisor(client, coordinator, config, on_event, join_check)
+        if exporter is not None:
+            supervisor.tracing = exporter.tracing
+        return supervisor
 
     def make_monitor(on_change: Callable[[Part], None]) -> Monitor:
         return Monitor(dashboard, coordinator, metrics, on_change, rpc_url=settings.RPC,

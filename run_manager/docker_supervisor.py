@@ -57,6 +57,7 @@ from run_manager.sources.coordinator import (
     CoordinatorUnavailable,
     PinnedVersionSource,
 )
+from run_manager.tracing import NO_TRACING, NoTracing
 
 VERSION_MISMATCH_EXIT_CODE = CLIENT_EXIT_VERSION_MISMATCH
 # The client's line for exit 10, in console (`version_mismatch wanted=X running=Y`) and
@@ -184,6 +185,7 @@ class Supervisor:
         self.restarts = 0
         self.crash_restarts = 0
         self.container: Container | None = None
+        self.tracing: NoTracing = NO_TRACING  # spans of pulls, starts and stops (run_manager.tracing)
 
     def request_stop(self) -> None:
         """Stops the container and ends `run`. Safe from any thread or a signal handler."""
@@ -239,8 +241,10 @@ class Supervisor:
                 break
             image = self.image(version)
             try:
-                digest = await asyncio.to_thread(engine.ensure_image, self._client, image,
-                                                 self._report_pull, pull=self._config.pull)
+                with self.tracing.pull(image, self._config.pull) as span:
+                    digest = await asyncio.to_thread(engine.ensure_image, self._client, image,
+                                                     self._report_pull, pull=self._config.pull)
+                    span.set_attribute("psyche.digest", digest or "")
             except engine.ImageUnavailableError as error:
                 return SupervisorFinished(
                     "no-image", f"the run wants client version {version}, and its image "
@@ -328,7 +332,9 @@ class Supervisor:
         """Starts one container and waits for it to exit, a stop or a restart request."""
         spec = self.container_spec(version)
         self._restart.clear()  # any restart asked before this start is served by it
-        container = await asyncio.to_thread(engine.start_container, self._client, spec)
+        with self.tracing.start(image, version, self.restarts) as span:
+            container = await asyncio.to_thread(engine.start_container, self._client, spec)
+            span.set_attribute("psyche.container_id", container.id or "")
         self.container = container
         started = time.monotonic()
         self._on_event(ContainerStarted(container.id or "", image, version, self.restarts))
@@ -339,7 +345,9 @@ class Supervisor:
         for task in interrupts:
             task.cancel()
         if not exited.done():  # stop or restart asked: the container is still running
-            await asyncio.to_thread(engine.stop_container, container, self._config.stop_timeout_s)
+            with self.tracing.stop(container.id or "", "stop", self._config.stop_timeout_s):
+                await asyncio.to_thread(engine.stop_container, container,
+                                        self._config.stop_timeout_s)
         exit_code = await exited
         uptime_s = time.monotonic() - started
         await asyncio.to_thread(log_thread.join, 5.0)
@@ -374,7 +382,8 @@ class Supervisor:
         )
 
     def _stop_and_remove(self, container: Container) -> None:
-        engine.stop_container(container, self._config.stop_timeout_s)
+        with self.tracing.stop(container.id or "", "cleanup", self._config.stop_timeout_s):
+            engine.stop_container(container, self._config.stop_timeout_s)
         engine.remove_container(container)
 
     async def _unless_stopped(self, waiting: Awaitable[T]) -> T | None:

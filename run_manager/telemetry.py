@@ -1,7 +1,8 @@
 """The run-manager's telemetry: container starts, exits and restarts from supervisor events.
 
     observer = RunManagerTelemetry(telemetry)
-    Supervisor(engine, coordinator, config, observer.wrap(on_event))
+    supervisor = Supervisor(engine, coordinator, config, observer.wrap(on_event))
+    supervisor.tracing = observer.tracing  # spans of the container's pull, start and stop
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from psyche_common.telemetry.core import Telemetry
+from run_manager.tracing import RunManagerTracing
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +20,7 @@ log = logging.getLogger(__name__)
 class RunManagerTelemetry:
     def __init__(self, telemetry: Telemetry):
         self.telemetry = telemetry
+        self.tracing = RunManagerTracing(telemetry.tracer)  # the supervisor's spans
         telemetry.gauge("psyche_run_manager_container_running").set(0)
 
     def on_event(self, event: Any) -> None:
