@@ -1,246 +1,252 @@
-"""Catching a dishonest client: detection rates of the cheap checks and replay verification
-against seven attacks, false positives on honest clients, verifier cost, loss effect.
+"""Verification under honest noise: how far an honest replay on another machine lands
+from the trainer's result, the thresholds that follow, which attacks those thresholds
+catch and from what strength, and the loss an attacker costs before it is ejected.
 Prints its figures, then ONE JSON line.
 
-    .venv/bin/python -m bench.verification [--steps 30] [--peers 4] [--one-bit]
+    .venv/bin/python -m bench.verification [--steps 18] [--peers 3] [--seeds 3] [--smoke]
 
-A swarm in one process (the tiny model, CPU): `--peers` honest clients and one attacker,
-each a DistroTrainer on its own copy of the model (the copies stay bit-identical: all
-apply the same results). Client 0 is also the verifier: before its own training of a
-step it replays every other client's assigned batch with a shadow trainer
-(client_image/verification/replay.py) and runs the cheap checks
-(verification/checks.py) on every result. A result that fails either is left out of
-every client's apply. The attacks (one run each):
+Honest noise (bench/verification_noise.py): swarms of honest clients (the tiny model,
+CPU, 1 thread, micro-batch = batch, math SDPA), each client's batch replayed at every step
+by shadows on other setups: `threads` (2 threads), `microbatch` (micro-batches of 1),
+`sdpa_kernel` (flash instead of math SDPA; bf16 only; CPU torch has no `efficient`
+kernel, which is CUDA-only), `mixed` (all three), in fp32 and in bf16 swarms, 1-bit and
+values mode, each seed on other data; `dtype_mismatch` (an fp32 replay of a bf16
+trainer) is measured, but is no honest noise a verifier may accept (it replays in the
+trainer's declared dtype). Thresholds: Thresholds.from_honest over every honest
+verification (`--margin` x the largest distance, at least 0.02).
 
-    random_signs   the honest result's indices with random signs (values: random sign)
-    scaled         the honest result's values x 10
-    stale          its previous step's result, re-sent as this step's
-    copy           an honest peer's result of this step, re-signed as its own
-    wrong_batch    trains honestly, but on other data than its assigned batch
-    zeros          an empty result
-    flipped_signs  the honest result with 10% of its signs flipped
+Attacks (bench/verification_attacks.py) are judged against the `mixed` shadow with the
+client's thresholds (verification/followers.py DEFAULT_THRESHOLDS) plus the cheap checks
+of a client's screen; the loss runs (bench/verification_delay.py) apply them until the
+protocol ejects the attacker.
 
-Thresholds come from a calibration run of honest clients whose shadows differ from them
-in the ways honest machines do: another CPU thread count, and bf16 instead of fp32
-compute (Thresholds.from_honest: 3 x the largest honest distance, at least 0.02).
-
-JSON fields: detect_rate_<attack> (flagged attacker results / attacker results),
-false_positive_rate (flagged honest results / honest results verified, at least 200),
-verify_cost_pct (shadow replay time / the trainer's own train time),
-loss_with_attacker_vs_clean (the honest clients' final loss with the attacker present
-and excluded when caught, over a run without it; the worst attack), thresholds.
-Values mode by default (`quantize_1bit = false`): with 1-bit results a scaled result is
-the honest one byte for byte (only signs travel), so it is harmless and undetectable.
+JSON fields: false_positive_rate (honest results flagged by replay or the screen, over all
+honest noise sources), honest_verifications, honest_p99_{jaccard,hamming,manhattan},
+detect_rate_<attack>[_<strength>] (flagged / forged results; scale: values mode only,
+1-bit sends the honest bytes), min_detected_sign_flip_pct, min_detected_scale,
+min_detected_lazy_pct (the least share of its batch, in %, a lazy trainer may skip and
+still be detected: 10 = lazy_90), with detection >= 0.95 (null: none),
+copy_originals_left_out, loss_with_attacker_vs_clean (the worst attack), thresholds,
+client_thresholds.
 """
 
 from __future__ import annotations
 
+import os
+
+# Passive OpenMP waits: a 2-thread replay on a shared machine otherwise spins for seconds.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import json
-import random
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import transformers
 
-from client_image.formats.blocks import SparseResult
-from client_image.formats.distro_wire import DistroResult, encode_result
-from client_image.training.model import load_causal_lm
-from client_image.training.trainer import DistroTrainer
-from client_image.verification import ReplayVerifier, Thresholds, cheap_checks
-from client_image.verification.adversary import ATTACKS, attacked_tensors
+from bench.verification_attacks import (
+    GROSS,
+    LAZY,
+    LAZY_PCTS,
+    SCALES,
+    SIGN_FLIP_PCTS,
+)
+from bench.verification_delay import delay_run
+from bench.verification_noise import Judged, follow_run
+from client_image.training.precision import ComputeDType
+from client_image.verification import Thresholds
+from client_image.verification.followers import THRESHOLDS as CLIENT_THRESHOLDS
+from client_image.verification.replay import judge
 from client_image.verification.similarity import Distances
-from coordinator.config import ConstantLR, DistroOptimizer
-from psyche_common.token_files.local import LocalDataProvider
 
-REPO = Path(__file__).resolve().parents[1]
-
-TINY = REPO / "assets" / "tiny-llama"
-DATA = REPO / "assets" / "data" / "train"
-SEQ_LEN, PER_PEER = 64, 2
-
-
-@dataclass
-class Tally:
-    attacker: list[bool] = field(default_factory=list)
-    honest: list[bool] = field(default_factory=list)
-    honest_distances: list[Distances] = field(default_factory=list)
-    final_loss: float = 0.0
-    shadow_s: float = 0.0
-    train_s: float = 0.0
-    reasons: dict[str, int] = field(default_factory=dict)
+METRICS = ("jaccard", "hamming", "manhattan")
+EXCLUDED = "dtype_mismatch"
+# (attack, 1-bit): the shipped configs are 1-bit; scale only changes values-mode bytes
+LOSS_ATTACKS = (*((a, True) for a in ("random_signs", "zeros", "stale", "partial_copy",
+                                     "wrong_batch", "copy_pos0", "sign_flip_1", "lazy_90")),
+                ("scale_1.05", False))
+# Threshold floors: room for rounding on machines not measured here. Hamming's is lower:
+# an honest replay's shared slots never disagreed in sign (a top-k coefficient's sign
+# moves only if the noise exceeds the coefficient), and 1 % of flipped signs is 0.01.
+FLOORS = {"jaccard": 0.02, "hamming": 0.002, "manhattan": 0.02}
 
 
-def _optimizer(one_bit: bool) -> DistroOptimizer:
-    return DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
-                           quantize_1bit=one_bit, clip_grad_norm=1.0, weight_decay=0.1)
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-SCHEDULE = ConstantLR(base_lr=2e-3, warmup_init_lr=0.0, warmup_steps=3)
+def spread(distances: list[Distances]) -> str:
+    parts = []
+    for metric in METRICS:
+        values = [getattr(d, metric) for d in distances]
+        parts.append(f"{metric} p50 {quantile(values, 0.5):.4f} p99 {quantile(values, 0.99):.4f}"
+                     f" max {max(values, default=0.0):.4f}")
+    return " | ".join(parts)
 
 
-def _encode(tensors: list[SparseResult], trainer: DistroTrainer, step: int,
-            batch: tuple[int, int], one_bit: bool) -> bytes:
-    return encode_result(tensors, trainer.plans, step=step, trainer_nonce=step,
-                         batch_start=batch[0], batch_end=batch[1], one_bit=one_bit)
+def low_tail(distances: list[Distances]) -> str:
+    """An attack's smallest distances: what has to clear the thresholds."""
+    parts = []
+    for metric in METRICS:
+        values = [getattr(d, metric) for d in distances]
+        parts.append(f"{metric} min {min(values, default=0.0):.4f} p1 {quantile(values, 0.01):.4f}"
+                     f" p50 {quantile(values, 0.5):.4f}")
+    return " | ".join(parts)
 
 
-def run_swarm(attack: str | None, steps: int, peers: int, one_bit: bool,
-              thresholds: Thresholds | None, shadow_variant: str = "same") -> Tally:
-    """One swarm run; `attack` None: honest only (`peers` clients). Without thresholds it
-    only measures honest distances (calibration). `shadow_variant`: same (fp32 both),
-    threads (fp32, the shadow on another thread count), bf16 (bf16 trainers and shadows,
-    other thread counts), bf16_vs_fp32 (bf16 trainers, fp32 shadows)."""
-    torch.manual_seed(0)
-    rng = torch.Generator().manual_seed(7)
-    optimizer = _optimizer(one_bit)
-    data = LocalDataProvider(DATA, SEQ_LEN)
-    n = peers + (1 if attack else 0)
-    models = [load_causal_lm(TINY, device="cpu") for _ in range(n)]
-    trainer_compute = "bf16" if shadow_variant.startswith("bf16") else "fp32"
-    trainers = [DistroTrainer(m, optimizer, SCHEDULE, micro_batch_size=PER_PEER,
-                              compute=trainer_compute) for m in models]
-    # Client 0 verifies everyone else (the attacker is the last client).
-    compute = "bf16" if shadow_variant == "bf16" else "fp32"
-    shadows = {c: ReplayVerifier(DistroTrainer(models[0], optimizer, SCHEDULE,
-                                               micro_batch_size=PER_PEER, compute=compute))
-               for c in range(1, n)}
-    attacker = n - 1 if attack else None
-    published: dict[int, dict[int, DistroResult]] = {}  # accepted results, by step
-    sent: dict[int, dict[int, DistroResult]] = {}  # everything sent, by step
-    honest_before: dict[int, DistroResult] = {}  # the attacker's last honest result
-    tally = Tally()
-    losses: list[float] = []
-    for step in range(steps):
-        accepted = [published[step - 2][c] for c in sorted(published.get(step - 2, {}))]
-        if step >= 2:
-            for trainer in trainers:
-                trainer.apply(step, accepted)
-        # Laid out for peers + 1 clients whether or not the attacker is there, so that the
-        # honest clients train the same data in every run (the loss ratio compares runs).
-        stride = (peers + 1) * PER_PEER
-        batches = {c: (step * stride + c * PER_PEER, step * stride + (c + 1) * PER_PEER - 1)
-                   for c in range(n)}
-        expected = {}
-        for c, shadow in shadows.items():
-            threads = torch.get_num_threads()
-            if shadow_variant in ("threads", "bf16"):
-                torch.set_num_threads(1 if threads > 1 else 2)
-            started = time.perf_counter()
-            expected[c] = shadow.expected(step, data.get_samples(*batches[c]), batches[c])
-            tally.shadow_s += time.perf_counter() - started
-            torch.set_num_threads(threads)
-        results: dict[int, DistroResult] = {}
-        for c, trainer in enumerate(trainers):
-            batch = batches[c]
-            tokens = data.get_samples(*batch)
-            if c == attacker and attack == "wrong_batch":
-                tokens = data.get_samples(batch[0] + 5000, batch[1] + 5000)
-            started = time.perf_counter()
-            out = trainer.train(step, tokens, batch_id=batch)
-            if c == 0:
-                tally.train_s += time.perf_counter() - started
-            assert out.payload is not None
-            results[c] = trainer.decode(out.payload)
-            if c != attacker:
-                losses.append(out.loss)
-        # wrong_batch at a learning rate of 0 sends the honest (empty) result
-        attacked = attacker is not None and trainers[0].learning_rate(step) > 0
-        if attacker is not None and attack != "wrong_batch":
-            previous_sent = honest_before.pop(attacker, None)  # its own previous honest one
-            honest_before[attacker] = results[attacker]
-            honest_payload = _encode(list(results[attacker].tensors), trainers[attacker], step,
-                                     batches[attacker], one_bit)
-            tensors = attacked_tensors(attack, results[attacker], previous_sent, results[0], rng)
-            payload = _encode(tensors, trainers[attacker], step, batches[attacker], one_bit)
-            results[attacker] = trainers[attacker].decode(payload)
-            # At a learning rate of 0 the honest result is empty: zeros, a scaled or
-            # flipped empty result are the honest one, not an attack to catch.
-            attacked = payload != honest_payload
-        kept: dict[int, DistroResult] = {}
-        for c, result in results.items():
-            if c == 0:
-                kept[c] = result
-                continue
-            distances = shadows[c].distances(result, expected[c])
-            if thresholds is None:
-                tally.honest_distances.append(distances)
-                kept[c] = result
-                continue
-            others = {str(o): r for o, r in results.items() if o != c}
-            previous = sent.get(step - 1, {}).get(c)
-            failed = [check.name for check in cheap_checks(
-                result, trainers[0].plans, others=others, previous=previous,
-                learning_rate=trainers[0].learning_rate(step))]
-            verdict = shadows[c].verify(result, expected[c], thresholds)
-            if not verdict.ok:
-                failed.append("replay")
-            flagged = bool(failed)
-            if c != attacker:
-                tally.honest.append(flagged)
-            elif attacked:
-                tally.attacker.append(flagged)
-            for name in failed:
-                tally.reasons[name] = tally.reasons.get(name, 0) + 1
-            if not flagged:
-                kept[c] = result
-        published[step] = kept
-        sent[step] = results
-    tally.final_loss = sum(losses[-5 * peers:]) / len(losses[-5 * peers:])
-    return tally
+def flagged(j: Judged, thresholds: Thresholds) -> bool:
+    return j.cheap is not None or not judge(j.distances, thresholds).ok
+
+
+def derive(honest: list[Distances], margin: float) -> Thresholds:
+    """margin x the largest honest distance, never under FLOORS."""
+    return Thresholds(**{m: max(FLOORS[m], margin * max((getattr(d, m) for d in honest),
+                                                        default=0.0)) for m in METRICS})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--peers", type=int, default=4)
-    parser.add_argument("--one-bit", action="store_true")
+    parser.add_argument("--steps", type=int, default=16, help="steps of each honest swarm")
+    parser.add_argument("--peers", type=int, default=3, help="honest clients of a swarm")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--delay-steps", type=int, default=12, help="steps of each loss run")
+    parser.add_argument("--delay-peers", type=int, default=2,
+                        help="honest clients of each loss run (and the attacker)")
+    parser.add_argument("--report-rounds", type=int, default=2,
+                        help="rounds from the verdict to the ejection (1: the next round)")
+    parser.add_argument("--margin", type=float, default=3.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: 1 seed, 1-bit, bf16, few steps, one lazy trainer")
     args = parser.parse_args()
+    modes: tuple[bool, ...] = (True, False)
+    computes: tuple[ComputeDType, ...] = ("fp32", "bf16")
+    lazy_kinds, loss_attacks = LAZY, LOSS_ATTACKS
+    if args.smoke:
+        args.steps, args.peers, args.seeds, args.delay_steps, args.delay_peers = 4, 2, 1, 6, 2
+        modes, computes, lazy_kinds = (True,), ("bf16",), ("lazy_90",)
+        loss_attacks = (("random_signs", True),)
+    if (args.steps < 3 or args.peers < 2 or args.seeds < 1 or args.delay_steps < 6
+            or args.delay_peers < 2):
+        parser.error("needs --steps >= 3, --peers >= 2, --seeds >= 1, --delay-steps >= 6, "
+                     "--delay-peers >= 2")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    random.seed(0)
+    started = time.perf_counter()
 
-    honest: list[Distances] = []
-    for variant in ("same", "threads", "bf16", "bf16_vs_fp32"):
-        calibration = run_swarm(None, args.steps, args.peers, args.one_bit, None, variant)
-        seen = calibration.honest_distances
-        print(f"honest distances, {variant}: max jaccard {max(d.jaccard for d in seen):.4f} "
-              f"hamming {max(d.hamming for d in seen):.4f} manhattan "
-              f"{max(d.manhattan for d in seen):.4f} ({len(seen)} results)")
-        if variant != "bf16_vs_fp32":  # a verifier replays in the trainer's compute dtype
-            honest += seen
-    thresholds = Thresholds.from_honest(honest)
-    print(f"thresholds: {thresholds}")
+    honest: dict[tuple[str, str, str], list[Distances]] = {}  # (source, compute, mode)
+    attacks: dict[tuple[str, str, str], list[Judged]] = {}  # (attack, compute, mode)
+    honest_screened = honest_results = victims = victims_out = 0
+    for one_bit in modes:
+        mode = "1bit" if one_bit else "values"
+        for seed in range(args.seeds):
+            for compute in computes:
+                # Lazy trainers in bf16 swarms only, where honest noise is largest (time).
+                run = follow_run(one_bit, seed, compute, args.steps, args.peers,
+                                 lazy_kinds if compute == "bf16" else ())
+                for source, seen in run.honest.items():
+                    honest.setdefault((source, compute, mode), []).extend(seen)
+                for name, judged in run.attacks.items():
+                    attacks.setdefault((name, compute, mode), []).extend(judged)
+                honest_screened += run.honest_left_out
+                honest_results += run.honest_results
+                victims += run.copy_victims
+                victims_out += run.copy_victims_left_out
+            print(f"[{time.perf_counter() - started:.0f} s] {mode} seed {seed} done", flush=True)
 
-    clean = run_swarm(None, args.steps, args.peers, args.one_bit, thresholds)
+    print("honest replay distances, by source (trainer: 1 thread, micro-batch 2, math SDPA):")
+    for (source, dtype, mode), seen in sorted(honest.items()):
+        print(f"  {source:>14} {dtype} {mode:>6} n={len(seen):4d}  {spread(seen)}")
+    measured: dict[str, Thresholds] = {}
+    for compute in computes:
+        seen = [d for (source, c, _), ds in honest.items() if c == compute and source != EXCLUDED
+                for d in ds]
+        print(f"  {'all honest':>14} {compute}   both n={len(seen):4d}  {spread(seen)}")
+        measured[compute] = derive(seen, args.margin)
+    print(f"thresholds from honest noise ({args.margin:g} x the largest distance, floors "
+          f"{FLOORS}, {EXCLUDED} left out):")
+    for dtype, limits in measured.items():
+        client = CLIENT_THRESHOLDS[dtype]
+        print(f"  {dtype}: measured {limits}; the client's (verification/followers.py "
+              f"THRESHOLDS) {client}, {'the same' if client == limits else 'DIFFERENT'}")
+
+    counted = [(d, c) for (source, c, _), ds in honest.items() if source != EXCLUDED
+               for d in ds]
+    honest_flags = sum(not judge(d, measured[c]).ok for d, c in counted)
+    mismatch = [d for (source, _, _), ds in honest.items() if source == EXCLUDED for d in ds]
+    print(f"honest verifications: {len(counted)} replays, {honest_flags} over the thresholds; "
+          f"screen: {honest_screened} of {honest_results} honest results left out; "
+          f"{EXCLUDED} (bf16 trainer, fp32 replay): {len(mismatch)} replays, "
+          f"{sum(not judge(d, measured['bf16']).ok for d in mismatch) if 'bf16' in measured else 0}"
+          f" over the bf16 thresholds (a dtype the verifier must not replay in)")
+    false_positive_rate = ((honest_flags + honest_screened)
+                           / max(1, len(counted) + honest_results))
+
     report: dict[str, object] = {}
-    honest_flags: list[bool] = list(clean.honest)
-    ratios = []
-    cost = []
-    for attack in ATTACKS:
-        tally = run_swarm(attack, args.steps, args.peers, args.one_bit, thresholds)
-        rate = sum(tally.attacker) / len(tally.attacker)
-        honest_flags += tally.honest
-        ratios.append(tally.final_loss / clean.final_loss)
-        cost.append(100 * tally.shadow_s / len(tally.attacker + tally.honest) / (tally.train_s / args.steps))
-        print(f"{attack:>14}: detected {rate:.1%} of {len(tally.attacker)}, reasons "
-              f"{tally.reasons}, honest flagged {sum(tally.honest)}/{len(tally.honest)}, "
-              f"loss ratio {ratios[-1]:.4f}")
-        report[f"detect_rate_{attack}"] = round(rate, 4)
-    false_positive_rate = sum(honest_flags) / len(honest_flags)
-    print(f"false positives: {sum(honest_flags)} of {len(honest_flags)} honest results")
+    rates: dict[str, float] = {}
+    print("attacks (judged against the `mixed` shadow with the thresholds of the swarm's "
+          "dtype, and by the screen); the distances' low tail:")
+    for name in sorted({n for n, _, _ in attacks}):
+        pooled = [(j, c) for (n, c, _), js in attacks.items() if n == name for j in js]
+        rate = sum(flagged(j, measured[c]) for j, c in pooled) / len(pooled)
+        rates[name] = rate
+        report[f"detect_rate_{name}"] = round(rate, 4)
+        cheap = sum(j.cheap is not None for j, _ in pooled)
+        print(f"  {name:>16}: detected {rate:.1%} of {len(pooled)} (screen {cheap})")
+        for (n, c, m), js in sorted(attacks.items()):
+            if n == name:
+                print(f"  {'':>16}  {c} {m:>6}: {sum(flagged(j, measured[c]) for j in js)}/"
+                      f"{len(js)}  {low_tail([j.distances for j in js])}")
+    print(f"copy: {victims_out} of {victims} copied honest originals left out by the screen "
+          "(with their copier)")
+
+    def least(names: list[tuple[float, str]]) -> float | None:
+        caught = [strength for strength, name in names if rates.get(name, 0.0) >= 0.95]
+        return min(caught) if caught else None
+
+    min_flip = least([(p, f"sign_flip_{p:g}") for p in SIGN_FLIP_PCTS])
+    min_scale = least([(x, f"scale_{x:g}") for x in SCALES])
+    min_lazy = least([(100 - p, f"lazy_{p}") for p in LAZY_PCTS])
+
+    gross = [*GROSS, *(n for n in rates if n.startswith("copy_pos"))]
+    ratios: dict[str, float] = {}
+    delay_compute: ComputeDType = computes[-1]
+    print(f"loss runs: {args.delay_peers} honest clients + the attacker, {delay_compute}, "
+          f"{args.delay_steps} steps, ejection {args.report_rounds} rounds after the verdict")
+    cleans = {one_bit: delay_run(None, one_bit, 0, args.delay_steps, args.delay_peers,
+                                 measured[delay_compute], args.report_rounds, delay_compute)
+              for one_bit in {one_bit for _, one_bit in loss_attacks}}
+    for attack, one_bit in loss_attacks:
+        mode = "1bit" if one_bit else "values"
+        clean = cleans[one_bit]
+        lost = delay_run(attack, one_bit, 0, args.delay_steps, args.delay_peers,
+                        measured[delay_compute], args.report_rounds, delay_compute)
+        ratios[f"{attack}_{mode}"] = lost.final_loss / clean.final_loss
+        print(f"  {attack:>16} {mode:>6}: ejected from round {lost.ejected_at}, "
+              f"{lost.applied} forged results applied, {lost.screened} screened out, "
+              f"final loss {lost.final_loss:.4f} vs clean {clean.final_loss:.4f} "
+              f"({ratios[f'{attack}_{mode}']:.4f})", flush=True)
+    worst = max(ratios, key=lambda k: ratios[k])
+    print(f"[{time.perf_counter() - started:.0f} s] done; the worst loss ratio: {worst}")
+
+    p99 = {m: quantile([getattr(d, m) for d, _ in counted], 0.99) for m in METRICS}
     print(json.dumps({
+        "false_positive_rate": round(false_positive_rate, 6),
+        "honest_verifications": len(counted),
+        "honest_screened": honest_results,
+        **{f"honest_p99_{m}": round(v, 5) for m, v in p99.items()},
         **report,
-        "false_positive_rate": round(false_positive_rate, 4),
-        "honest_verifications": len(honest_flags),
-        "verify_cost_pct": round(sum(cost) / len(cost), 1),
-        "loss_with_attacker_vs_clean": round(max(ratios), 4),
-        "thresholds": {"jaccard": round(thresholds.jaccard, 4),
-                       "hamming": round(thresholds.hamming, 4),
-                       "manhattan": round(thresholds.manhattan, 4)},
-        "steps": args.steps, "peers": args.peers, "one_bit": args.one_bit,
+        "min_detected_sign_flip_pct": min_flip,
+        "min_detected_scale": min_scale,
+        "min_detected_lazy_pct": min_lazy,
+        "gross_min_detect_rate": round(min(rates[g] for g in gross if g in rates), 4),
+        "copy_originals_left_out": victims_out,
+        "loss_with_attacker_vs_clean": round(ratios[worst], 4),
+        "thresholds": {c: {m: round(getattr(t, m), 4) for m in METRICS}
+                       for c, t in measured.items()},
+        "steps": args.steps, "peers": args.peers, "seeds": args.seeds,
+        "delay_steps": args.delay_steps, "delay_peers": args.delay_peers,
+        "report_rounds": args.report_rounds, "torch": torch.__version__,
     }))
 
 
