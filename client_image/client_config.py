@@ -87,6 +87,10 @@ class P2PConfig:
         help="local: peers' addresses come from the coordinator's client list.")] = "local"
     max_concurrent_parameter_requests: Annotated[int, Option(
         env="MAX_CONCURRENT_PARAMETER_REQUESTS", min=1)] = 8
+    max_model_download_mbps: Annotated[float | None, Option(
+        env="MAX_MODEL_DOWNLOAD_MBPS",
+        help="cap on how fast a P2P run's model comes from peers at warm-up, in megabits "
+             "per second (default: no cap)")] = None
 
 
 @dataclass(frozen=True)

@@ -160,10 +160,13 @@ def tensor_from_bytes(data: bytes, entry: ParameterEntry) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(entry.shape)
 
 
+MEGABIT_BYTES = 125_000  # 10^6 bits
+
+
 @dataclass(frozen=True)
 class ModelFetchOptions:
     max_concurrent_parameter_requests: int = 8
-    bandwidth_bytes_per_second: float | None = None
+    bandwidth_bytes_per_second: float | None = None  # one cap for the whole model's fetch
     # How long a peer that is not sharing the model may keep us waiting, unless it says
     # it is loading it: then `holder_wait_s` of the size it announces.
     manifest_timeout_s: float = 10.0
@@ -171,6 +174,15 @@ class ModelFetchOptions:
     # CPU: reading, then building the model), and the longest wait whatever the size.
     holder_load_bytes_per_second: float = 5e6
     max_holder_wait_s: float = 900.0
+
+    @classmethod
+    def of_client(cls, max_concurrent_parameter_requests: int,
+                  max_model_download_mbps: float | None) -> ModelFetchOptions:
+        """The options the client's flags give (--max-concurrent-parameter-requests,
+        --max-model-download-mbps: megabits per second, None for no cap)."""
+        return cls(max_concurrent_parameter_requests=max_concurrent_parameter_requests,
+                   bandwidth_bytes_per_second=None if max_model_download_mbps is None
+                   else max_model_download_mbps * MEGABIT_BYTES)
 
     def holder_wait_s(self, notice: LoadingNotice) -> float:
         """How much longer to wait for a peer loading `notice.bytes`, `notice.elapsed_s`

@@ -230,8 +230,9 @@ class PsycheClient:
             if telemetry is not None:
                 telemetry.model_progress(downloaded, total)
 
-        fetching = ModelFetchOptions(max_concurrent_parameter_requests=self.options.config.p2p
-                                     .max_concurrent_parameter_requests)
+        p2p = self.options.config.p2p
+        fetching = ModelFetchOptions.of_client(p2p.max_concurrent_parameter_requests,
+                                               p2p.max_model_download_mbps)
         peers = IrohPeers(self.node, topic, fetching, progress=model_progress)
         return RoundRunner(self.me, backend=backend, peers=peers, worker=self.worker,
                            open_data=self._open_data, events=self.events,
