@@ -68,6 +68,7 @@ from coordinator_tcp.protocol import (
     encode,
 )
 from coordinator_tcp.server_options import ServerOptions, ServerStats
+from coordinator_tcp.tracing import NO_TRACING, NoTracing
 from psyche_common.tcp.framing import encode_frame
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class CoordinatorServer:
         self._been_active = coordinator.state.run_state.active
         self._apply_init_warmup_time()
         self.on_change: list[Callable[[CoordinatorState], None]] = []
+        self.tracing: NoTracing = NO_TRACING  # spans of ticks, joins, witnesses (tracing.py)
         # (kind, payload) of each join, leave and refusal: --events-dir records them
         # (coordinator_tcp.event_recording).
         self.on_peer_event: list[Callable[[str, dict[str, object]], None]] = []
@@ -181,6 +183,7 @@ class CoordinatorServer:
         now = self.now()
         if self._held_after_restart(now):
             return
+        mark = self.tracing.tick_started(self.state)
         result = self.coordinator.tick(self._pending(), now, self.seed_source())
         if isinstance(result, Rejected) and self.state.run_state is not RunState.Finished:
             log.debug("tick: %s", result)
@@ -188,6 +191,7 @@ class CoordinatorServer:
             self._been_active = True
             self._apply_init_warmup_time()
         self._publish_if_changed()
+        self.tracing.tick_done(mark, self.state, result)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -340,7 +344,7 @@ class CoordinatorServer:
         """A verified Join: an observer gets the state; a client takes its place among
         the peers (the newest connection of a key wins), its address is recorded and it
         gets the state and what it waits for."""
-        identity = NodeIdentity(message.identity)
+        identity, started_ns = NodeIdentity(message.identity), self.tracing.now_ns()
         if message.observe:
             observer = Peer(identity, message.p2p_address, writer, observer=True)
             self.observers.add(observer)
@@ -369,6 +373,8 @@ class CoordinatorServer:
         self._tell_observers_if_joined_changed(len(pending))
         self._notify_waiting([peer], pending)
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
+        self.tracing.joined(started_ns, identity.key.hex(), message.p2p_address, self.state,
+                            len(pending))
         self._peer_event("joined", peer)
         return peer
 
@@ -400,7 +406,10 @@ class CoordinatorServer:
                             "an observer connection is read-only: join without observe to act")
         if isinstance(message, Withdraw):
             self.peers.pop(sender, None)  # leaving for good: not a client to tick with
-        return apply_client_event(self.coordinator, sender, message, now, self.seed_source)
+        started_ns = self.tracing.now_ns()
+        rejected = apply_client_event(self.coordinator, sender, message, now, self.seed_source)
+        self.tracing.witnessed(started_ns, sender.key.hex(), message, rejected, self.state)
+        return rejected
 
     def _peer_event(self, kind: str, peer: Peer, **more: object) -> None:
         for callback in self.on_peer_event:

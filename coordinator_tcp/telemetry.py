@@ -4,7 +4,8 @@
 `_publish_if_changed` after every broadcast) and sets the gauges from the new state:
 phase, epoch, step, clients by state, witnesses and quorum of the current round, and
 the epoch's verification reports and ejected clients; and how long each phase lasted
-(`psyche_coordinator_phase_duration_seconds{phase=RunState name}`, set when it ends).
+(`psyche_coordinator_phase_duration_seconds{phase=RunState name}`, set when it ends);
+and it gives the server its spans (coordinator_tcp/tracing.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from coordinator import Client, ClientState, CoordinatorState, RunState, witness_quorum
+from coordinator_tcp.tracing import CoordinatorTracing
 
 if TYPE_CHECKING:  # the TUI imports ejected_clients without the OpenTelemetry SDK
     from coordinator_tcp.server import CoordinatorServer
@@ -36,6 +38,7 @@ class CoordinatorTelemetry:
         self._last_round_start: float | None = None
         self._phase_start: float | None = None  # None: the first state, seen mid-phase
         server.on_change.append(self.on_state)
+        server.tracing = CoordinatorTracing(telemetry.tracer)  # ticks, joins, witnesses
         self.on_state(server.state, count_change=False)
 
     def on_state(self, state: CoordinatorState, count_change: bool = True) -> None:
