@@ -182,6 +182,14 @@ def clients() -> dict[str, Any]:
         f"psyche_last_train_time_seconds{{{CLIENTS}}}", "{{service_instance_id}}")], "s"), 8)
     lay.add(timeseries("Round duration", [target(
         f"psyche_round_duration_seconds{{{CLIENTS}}}", "{{service_instance_id}}")], "s"), 8)
+    lay.add(timeseries("Confidence", [target(
+        f"psyche_training_confidence{{{CLIENTS}}}", "{{service_instance_id}}")],
+        description="1 - loss / log2(vocabulary size): 1 certain, 0 a uniform guess "
+                    "(Psyche's StatsLogger)"), 8)
+    lay.add(timeseries("Efficiency", [target(
+        f"psyche_training_efficiency{{{CLIENTS}}}", "{{service_instance_id}}")],
+        "percentunit", description="training time over wall time between step ends, "
+                                   "last 16 steps"), 8)
     lay.add(timeseries("Results applied / failed / ignored (per minute)", [
         target(f"rate(psyche_apply_message_success_total{{{CLIENTS}}}[5m]) * 60",
                "{{service_instance_id}} applied", "A"),
