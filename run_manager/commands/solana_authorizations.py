@@ -153,3 +153,8 @@ def can_join(run_id: RunId, address: Address,
     typer.echo(f"{'yes' if allowed else 'no'}: {reason}")
     if not allowed:
         raise typer.Exit(EXIT_FAILED)
+    # As Psyche's can-join: the model is fetched before the first warm-up, not in it.
+    from shlex import quote
+
+    typer.echo(f"fetch the model before joining: psyche-client predownload --rpc {quote(rpc)} "
+               f"--run-id {quote(run_id)} --model")

@@ -1,12 +1,14 @@
 """``psyche-client predownload --rpc URL --run-id RUN``: an on-chain run's model read from
 its coordinator account on the local validator (LiteSVM behind JSON-RPC), downloaded from
 a real Hub API server on loopback (tests/hub_emulator.py) into the HF cache the client's
-warm-up reads; the second run downloads nothing and says so; every failure is one line."""
+warm-up reads, by the very command the run-manager's can-join prints; the second run
+downloads nothing and says so; every failure is one line."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,14 +18,17 @@ import pytest
 from hub_emulator import hub_emulator
 from loopback import free_port
 from solders.keypair import Keypair
+from solders.pubkey import Pubkey
 from typer.testing import CliRunner
 
 from client_image.cli import app
 from coordinator import load_state_file
 from coordinator.config import HubCheckpoint
+from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import SolanaRpc
-from psyche_solana.runs import admin, create_run, find_run, update_instructions
+from psyche_solana.runs import admin, authorize, create_run, find_run, update_instructions
+from run_manager.cli import app as run_manager
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "assets" / "tiny-llama"
@@ -52,7 +57,9 @@ def make_run(net: Localnet, run_id: str, checkpoint: HubCheckpoint | None) -> No
             state = STATE.model_copy(update={
                 "run_id": run_id,
                 "model": STATE.model.model_copy(update={"checkpoint": checkpoint})})
-            await admin(rpc, run, owner, update_instructions(run, owner.pubkey(), state, None))
+            await admin(rpc, run, owner, [*update_instructions(run, owner.pubkey(), state, None),
+                                          ix.set_paused(run.address, owner.pubkey(), False)])
+            await authorize(rpc, owner, Pubkey.default())  # anyone may join
 
     asyncio.run(create())
 
@@ -78,7 +85,16 @@ def test_an_onchain_runs_hub_model_lands_in_the_client_cache_once(net: Localnet,
         commit = hub.commit(REPO, files)
         make_run(net, "predownload-hub", HubCheckpoint(repo_id=REPO))
         env = hf_env(tmp_path, hub.endpoint)
-        first = predownload(env, "--rpc", net.url, "--run-id", "predownload-hub", "--model")
+        joiner = str(Keypair().pubkey())
+        can_join = CliRunner().invoke(run_manager, ["can-join", "-r", "predownload-hub",
+                                                    "--address", joiner, "--rpc", net.url])
+        assert can_join.exit_code == 0, can_join.output
+        told = can_join.output.splitlines()[-1]
+        assert told == ("fetch the model before joining: psyche-client predownload --rpc "
+                        f"{net.url} --run-id predownload-hub --model")
+        command = shlex.split(told.partition(": ")[2])
+        assert command[:2] == ["psyche-client", "predownload"]
+        first = predownload(env, *command[2:])
         assert first.returncode == 0, first.stderr
         snapshot = tmp_path / "hf" / "hub" / "models--psyche-test--tiny-llama" / "snapshots" / commit
         assert {path.name: path.read_bytes() for path in snapshot.iterdir()} == files
