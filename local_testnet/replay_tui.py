@@ -91,7 +91,9 @@ class ReplayApp(App[None]):
         where = ("following the files" if self.follow else
                  "at the end" if not left else f"{left} records to go")
         speed = "at once" if playback.speed <= 0 else f"{playback.speed:g}x"
-        lines = [f"replay of {self.directory}  {speed}  t+{playback.position_s:.1f}s  "
+        # The run's time of the last record replayed, from its first record.
+        at = replay.time - playback.start_time if playback.start_time is not None else 0.0
+        lines = [f"replay of {self.directory}  {speed}  t+{max(at, 0.0):.1f}s  "
                  f"records {replay.records}  {where}"]
         lines += [line.describe() for line in replay.bad[-3:]]
         return "\n".join(lines)
