@@ -74,6 +74,9 @@ def testnet(
 ) -> None:
     """Start a coordinator and N clients on this machine and follow the run.
 
+    `psyche-testnet replay --events-dir DIR` shows a run again from the event
+    files of its processes' --events-dir (docs/events.md).
+
     SIGINT (ctrl+c), SIGTERM, SIGHUP: stop every process it started, exit
     128 + the signal (130, 143, 129); q in the TUI: exit 0. Headless: exit 0
     once the run finished, 1 on a timeout or error.

@@ -123,3 +123,21 @@ def test_events_dir_problems(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     assert events_dir_problem(locked) == f"{locked} is not writable"
+
+
+def test_follower_reports_a_torn_line_once_its_writer_restarted(tmp_path: Path) -> None:
+    first = EventFileWriter(tmp_path, "client-1")
+    line = first.write("trained", {"step": 1}).line()
+    with first.path.open("ab") as handle:  # killed while writing its second record
+        handle.write(line[:7])
+    first.close()
+    follower = EventFollower(tmp_path)
+    records, bad = follower.poll()
+    assert len(records) == 1 and bad == []  # it may yet finish the line
+    restarted = EventFileWriter(tmp_path, "client-1")  # the process came back: a new file
+    restarted.write("trained", {"step": 2})
+    records, bad = follower.poll()
+    assert [r.payload["step"] for r in records] == [2]
+    assert [(b.path, b.line, b.torn) for b in bad] == [(first.path, 2, True)]
+    assert follower.poll() == ([], [])  # said once
+    restarted.close()
