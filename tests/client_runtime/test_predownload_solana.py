@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gcs_emulator import gcs_emulator
 from hub_emulator import hub_emulator
 from loopback import free_port
 from solders.keypair import Keypair
@@ -22,8 +23,9 @@ from solders.pubkey import Pubkey
 from typer.testing import CliRunner
 
 from client_image.cli import app
+from client_image.training.gcs_checkpoint import upload_checkpoint_to_gcs
 from coordinator import load_state_file
-from coordinator.config import HubCheckpoint
+from coordinator.config import GcsCheckpoint, HubCheckpoint
 from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import SolanaRpc
@@ -44,7 +46,8 @@ def net() -> Iterator[Localnet]:
         yield localnet
 
 
-def make_run(net: Localnet, run_id: str, checkpoint: HubCheckpoint | None) -> None:
+def make_run(net: Localnet, run_id: str,
+             checkpoint: HubCheckpoint | GcsCheckpoint | None) -> None:
     """A run on the validator; with a checkpoint, update-config has set it as the model."""
     async def create() -> None:
         async with SolanaRpc([net.url]) as rpc:
@@ -119,6 +122,28 @@ def test_an_onchain_runs_hub_model_lands_in_the_client_cache_once(net: Localnet,
         capture_output=True, text=True, timeout=120, check=False)
     assert warm_up.returncode == 0, warm_up.stderr
     assert warm_up.stdout.strip() == str(snapshot)
+
+
+def test_an_onchain_runs_gcs_model_lands_in_the_gcs_cache_once(
+        net: Localnet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "gcs-cache"
+    with gcs_emulator(monkeypatch) as client:
+        client.create_bucket("ckpts")
+        upload_checkpoint_to_gcs(TINY, "ckpts", "run", run_id="init", epoch=0, step=3)
+        make_run(net, "predownload-gcs", GcsCheckpoint(bucket="ckpts", prefix="run"))
+        args = ["--rpc", net.url, "--run-id", "predownload-gcs", "--model",
+                "--gcs-cache-dir", str(cache)]
+        first = CliRunner().invoke(app, ["predownload", *args], env={"RPC": "", "RUN_ID": ""})
+        assert first.exit_code == 0, first.output
+        step = cache / "ckpts" / "run" / "step3"
+        for path in TINY.iterdir():
+            assert (step / path.name).read_bytes() == path.read_bytes()
+        line = f"model: Gcs gs://ckpts/run -> {step} (6 files, "  # and Psyche's manifest.json
+        assert first.output.startswith(line) and first.output.endswith(": downloaded (6 files)\n")
+        second = CliRunner().invoke(app, ["predownload", *args], env={"RPC": "", "RUN_ID": ""})
+        assert second.exit_code == 0, second.output
+        assert second.output.startswith(line)
+        assert second.output.endswith(": already in the cache, nothing downloaded\n")
 
 
 def test_an_eval_tasks_data_set_missing_on_the_hub_is_one_line(net: Localnet,
