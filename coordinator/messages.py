@@ -12,9 +12,11 @@ same: these are its coordinator crate's types, and its `Backend` trait
     HealthCheck(checks)                   trainers whose results the witnesses missed
     CheckpointReport(index, repo)         where this client uploaded the epoch's checkpoint
     VerificationReport (coordinator.state) a follower's replay did not reproduce a result
+    Withdrawal()                          a client leaves the run
     Refusal(error, detail)                the coordinator (or chain) refused a message
 
-A withdrawal carries nothing: the port's `withdraw()` is the whole message.
+A withdrawal carries nothing: the client's port is `withdraw()`, and `Withdrawal` is what
+a server decodes its wire message to.
 """
 
 from __future__ import annotations
@@ -99,6 +101,11 @@ class CheckpointReport:
 
 
 @dataclass(frozen=True, slots=True)
+class Withdrawal:
+    """This client leaves the run (Psyche's withdraw): it is taken off the epoch's list."""
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
     """The coordinator refused one of this client's messages: the error's name (a
     `CoordinatorError`, a server's or a program's word) and what it says."""
@@ -109,5 +116,5 @@ class Refusal:
 
 __all__ = [
     "MAX_WITNESS_EVALS", "CheckpointReport", "EvalScore", "HealthCheck", "Refusal",
-    "RoundWitness", "WarmupWitness", "WitnessMetadata", "witness_eval_scores",
+    "RoundWitness", "WarmupWitness", "Withdrawal", "WitnessMetadata", "witness_eval_scores",
 ]

@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 from coordinator import CoordinatorError, CoordinatorState, NodeIdentity, Rejected
 from coordinator.checkpoint_reports import describe_location, report_problem
 from coordinator.config_variants import HubCheckpoint
-from coordinator_tcp.protocol import CheckpointReport
+from coordinator.messages import CheckpointReport
 from psyche_common.hub_history import MainHistoryAnswer, ask_main_history, one_line
 
 __all__ = ["CheckpointHistory", "HubHistory", "ReportChecks"]
@@ -154,9 +154,9 @@ class ReportChecks:
 
     def start(self, state: CoordinatorState, sender: NodeIdentity, message: CheckpointReport,
               then: Callable[[Rejected | None], None]) -> None:
-        report = message.hub
+        report = message.repo if isinstance(message.repo, HubCheckpoint) else None
         clients = state.epoch_state.clients
-        if (report is None or message.gcs is not None or message.index >= len(clients)
+        if (report is None or message.index >= len(clients)
                 or clients[message.index].id != sender
                 or report_problem(state.model.checkpoint, report) is not None):
             then(None)

@@ -16,12 +16,14 @@ one at a time.
 
 Untrusted input is handled at the edge (`coordinator_tcp.connections`: the handshake,
 size-limited frames, garbage answered with an error and a disconnect); this module
-decides what a join, an event or a leave does to the run. Its rules are pure functions
-of the coordinator's state and the connected clients, at the end of this file: who the
-server counts in (`pending_clients`) and whose addresses the clients need
-(`needed_addresses`), what a joined client's message asks of the coordinator
-(`apply_client_event`: the coordinator checks the rest and says `Rejected` when the
-event does not apply), and what a client left out of the epoch is told
+decides what a join, an event or a leave does to the run. A joined client's wire message
+is read in one place, `client_event`: it becomes the coordinator's domain message
+(coordinator/messages.py, the values the client's runtime gave its backend), and nothing
+after it sees the wire. The rules are pure functions of the coordinator's state and the
+connected clients, at the end of this file: who the server counts in (`pending_clients`)
+and whose addresses the clients need (`needed_addresses`), what a client's domain message
+asks of the coordinator (`apply_client_event`: the coordinator checks the rest and says
+`Rejected` when the event does not apply), and what a client left out of the epoch is told
 (`waiting_notices`: the epoch is full, as Psyche caps it at `MAX_CLIENTS`, or started
 before it joined; once it is in, that it takes part).
 """
@@ -46,25 +48,30 @@ from coordinator import (
     RunState,
     encode_state,
 )
+from coordinator.messages import (
+    CheckpointReport,
+    EvalScore,
+    HealthCheck,
+    RoundWitness,
+    WarmupWitness,
+    Withdrawal,
+    WitnessMetadata,
+)
+from coordinator.state import VerificationReport
+from coordinator_tcp import protocol as wire
 from coordinator_tcp.addresses import AddressBook
 from coordinator_tcp.broadcaster import StateBroadcaster, fan_out
 from coordinator_tcp.checkpoint_history import CheckpointHistory, HubHistory, ReportChecks
 from coordinator_tcp.connections import Connections, Peer
 from coordinator_tcp.persistence import StateStore
 from coordinator_tcp.protocol import (
-    CheckpointReport,
     ErrorReply,
-    HealthCheck,
     Heartbeat,
     Join,
     Notice,
     NoticeCode,
     ResyncAddresses,
-    VerificationReportMessage,
-    WarmupWitness,
     Welcome,
-    Withdraw,
-    WitnessSubmit,
     encode,
 )
 from coordinator_tcp.server_options import ServerOptions, ServerStats
@@ -73,8 +80,9 @@ from psyche_common.tcp.framing import encode_frame
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CoordinatorServer", "ServerOptions", "ServerStats", "apply_client_event",
-           "needed_addresses", "pending_clients", "waiting_notices"]
+__all__ = ["ClientEvent", "CoordinatorServer", "ServerOptions", "ServerStats",
+           "apply_client_event", "client_event", "needed_addresses", "pending_clients",
+           "waiting_notices"]
 
 
 class CoordinatorServer:
@@ -379,15 +387,20 @@ class CoordinatorServer:
         return peer
 
     def event(self, peer: Peer, message: object) -> None:
-        """Apply one client event now, answer a rejected one, broadcast at the end of
+        """Apply one client message now, answer a rejected one, broadcast at the end of
         this turn of the loop (`_publish_soon`). A checkpoint report waits for the check of
         its commit against the Hub (`report_checks`), refused like any other event."""
-        if (self.report_checks is not None and isinstance(message, CheckpointReport)
-                and not peer.observer):
-            self.report_checks.start(self.state, peer.identity, message, lambda refused: (
-                self._answer(peer, refused or self._apply(peer, message))))
+        if isinstance(message, ResyncAddresses):  # the connection's, not the run's
+            self._answer_resync(peer)
+            self._answer(peer, None)
             return
-        self._answer(peer, self._apply(peer, message))
+        event = client_event(message, peer.identity)
+        if (self.report_checks is not None and isinstance(event, CheckpointReport)
+                and not peer.observer):
+            self.report_checks.start(self.state, peer.identity, event, lambda refused: (
+                self._answer(peer, refused or self._apply(peer, event))))
+            return
+        self._answer(peer, self._apply(peer, event))
 
     def _answer(self, peer: Peer, rejected: Rejected | None) -> None:
         if rejected is not None:
@@ -396,19 +409,18 @@ class CoordinatorServer:
             peer.send(encode(ErrorReply(error=rejected.error.name, detail=str(rejected))))
         self._publish_soon()
 
-    def _apply(self, peer: Peer, message: object) -> Rejected | None:
+    def _apply(self, peer: Peer, event: ClientEvent | Rejected | None) -> Rejected | None:
         sender, now = peer.identity, self.now()
-        if isinstance(message, ResyncAddresses):
-            self._answer_resync(peer)
-            return None
         if peer.observer:
             return Rejected(CoordinatorError.WrongRunState,
                             "an observer connection is read-only: join without observe to act")
-        if isinstance(message, Withdraw):
+        if event is None or isinstance(event, Rejected):
+            return event
+        if isinstance(event, Withdrawal):
             self.peers.pop(sender, None)  # leaving for good: not a client to tick with
         started_ns = self.tracing.now_ns()
-        rejected = apply_client_event(self.coordinator, sender, message, now, self.seed_source)
-        self.tracing.witnessed(started_ns, sender.key.hex(), message, rejected, self.state)
+        rejected = apply_client_event(self.coordinator, sender, event, now, self.seed_source)
+        self.tracing.witnessed(started_ns, sender.key.hex(), event, rejected, self.state)
         return rejected
 
     def _peer_event(self, kind: str, peer: Peer, **more: object) -> None:
@@ -475,29 +487,60 @@ def needed_addresses(state: CoordinatorState, connected: Collection[NodeIdentity
             *(client.id.key.hex() for client in epoch.exited_clients)}
 
 
-def apply_client_event(coordinator: Coordinator, sender: NodeIdentity, message: object,
-                       now: int, seed_source: Callable[[], int]) -> Rejected | None:
-    """Apply `message` from `sender` at `now`; None when applied (or nothing to do)."""
-    if isinstance(message, WarmupWitness):
-        return coordinator.warmup_witness(sender, message.witness.to_witness(), now,
-                                          seed_source())
-    if isinstance(message, WitnessSubmit):
-        return coordinator.witness(sender, message.witness.to_witness(), now)
-    if isinstance(message, HealthCheck):
-        return coordinator.health_check(sender, [c.to_pair() for c in message.checks])
-    if isinstance(message, CheckpointReport):
+ClientEvent = (RoundWitness | WarmupWitness | HealthCheck | CheckpointReport
+               | VerificationReport | Withdrawal)
+"""What a joined client can ask of the run: the coordinator's domain messages."""
+
+
+def client_event(message: object, sender: NodeIdentity) -> ClientEvent | Rejected | None:
+    """The one seam between the TCP wire and the run: a joined client's decoded wire
+    message (`protocol.decode_client_message`) as the domain message it carries, the
+    same values the client's runtime gave its backend (client_image/backends/tcp.py
+    `wire_message` is the other direction). A message that carries none is refused
+    (`Rejected`); None for one that asks nothing of the run."""
+    if isinstance(message, wire.WitnessSubmit):
+        return RoundWitness(message.witness.to_witness(), domain_metadata(message.metadata))
+    if isinstance(message, wire.WarmupWitness):
+        return WarmupWitness(message.witness.to_witness())
+    if isinstance(message, wire.HealthCheck):
+        return HealthCheck(tuple(entry.to_pair() for entry in message.checks))
+    if isinstance(message, wire.CheckpointReport):
         repo = message.hub or message.gcs
         if repo is None:
             return Rejected(CoordinatorError.InvalidCheckpoint, "neither hub nor gcs given")
-        return coordinator.checkpoint(sender, message.index, repo)
-    if isinstance(message, VerificationReportMessage):
-        return coordinator.verification_report(sender, message.to_report(sender))
-    if isinstance(message, Withdraw):
-        index = coordinator.state.index_of(sender)
-        return None if index is None else coordinator.withdraw(index)
+        return CheckpointReport(message.index, repo)
+    if isinstance(message, wire.VerificationReportMessage):
+        # No reporter on the wire: a report is the key's that signed the connection's join.
+        return message.to_report(sender)
+    if isinstance(message, wire.Withdraw):
+        return Withdrawal()
     if isinstance(message, Join):
         return Rejected(CoordinatorError.WrongRunState, "already joined")
     return None
+
+
+def domain_metadata(metadata: wire.WitnessMetadata) -> WitnessMetadata:
+    return WitnessMetadata(
+        step=metadata.step, loss=metadata.loss, tokens_per_sec=metadata.tokens_per_sec,
+        bandwidth_per_sec=metadata.bandwidth_per_sec,
+        evals=tuple(EvalScore(name=e.name, value=e.value) for e in metadata.evals))
+
+
+def apply_client_event(coordinator: Coordinator, sender: NodeIdentity, event: ClientEvent,
+                       now: int, seed_source: Callable[[], int]) -> Rejected | None:
+    """Apply `event` from `sender` at `now`; None when applied (or nothing to do)."""
+    if isinstance(event, WarmupWitness):
+        return coordinator.warmup_witness(sender, event.witness, now, seed_source())
+    if isinstance(event, RoundWitness):
+        return coordinator.witness(sender, event.witness, now)
+    if isinstance(event, HealthCheck):
+        return coordinator.health_check(sender, list(event.checks))
+    if isinstance(event, CheckpointReport):
+        return coordinator.checkpoint(sender, event.index, event.repo)
+    if isinstance(event, VerificationReport):
+        return coordinator.verification_report(sender, event)
+    index = coordinator.state.index_of(sender)  # a Withdrawal
+    return None if index is None else coordinator.withdraw(index)
 
 
 _TRAINING = (RunState.Warmup, RunState.RoundTrain, RunState.RoundWitness, RunState.Cooldown)
