@@ -2,7 +2,7 @@
 grows with the number of parameter tensors; and its time over forward+backward.
 
     .venv/bin/python -m bench.distro_step_cost [--ops-only] [--size 125m|tiny]
-        [--batch 4] [--seq-len 512] [--peers 16] [--repeats 1]
+        [--batch 4] [--seq-len 512] [--peers 16] [--repeats 1] [--profile TABLE]
 
 Kernel count (`distro_ops_per_step`): torch.profiler over one client step of the bundled
 tiny model (DistroTrainer.apply of the peers' results of step s-2, then DistroTrainer.train
@@ -18,6 +18,10 @@ Timings) of one step of a generated Llama (bench/train_step.py's shapes, random 
 this machine's CPU: compress + encode + decode of `--peers` peers' results + apply + the
 lookahead, over forward+backward of a batch of `--batch` x `--seq-len` tokens; the best
 of `--repeats` steps after one warm-up step.
+
+`--profile TABLE`: one more step after the timed ones, under torch.profiler, its operators
+by self CPU time (the forward/backward's included, marked as the range
+bench.forward_backward) written to TABLE.
 
 Prints its figures, then ONE JSON line: distro_ops_per_step, distro_ops_growth,
 distro_ops_per_step_2x_layers and, unless --ops-only, distro_step_over_fwd_bwd_<size>,
@@ -161,7 +165,8 @@ def ops_growth(directory: Path) -> dict[str, float | int]:
 
 
 def step_over_fwd_bwd(model_dir: Path, *, peers: int, batch: int, seq_len: int,
-                      repeats: int, vocab: int) -> tuple[float, float]:
+                      repeats: int, vocab: int, profile_to: Path | None = None
+                      ) -> tuple[float, float]:
     """(DisTrO's step seconds, forward+backward seconds): the best of `repeats` steps."""
     tokens = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     trainer, payloads = peers_and_trainer(model_dir, peers, batch, vocab)
@@ -179,6 +184,15 @@ def step_over_fwd_bwd(model_dir: Path, *, peers: int, batch: int, seq_len: int,
               f"and apply {t.decompress_s:.3f}, lookahead/decay {t.apply_s:.3f}), forward+"
               f"backward {figures[1]:.3f} s{'' if repeat else ' (warm-up)'}", flush=True)
     assert best is not None
+    if profile_to is not None:
+        step = 4 + repeats
+        with model_work_marked(trainer), profile(activities=[ProfilerActivity.CPU]) as prof:
+            trainer.apply_payloads(step, [_restamped(p, step - 2) for p in payloads])
+            trainer.train(step, tokens, batch_id=(step, step))
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40,
+                                          max_name_column_width=60)
+        profile_to.write_text(table)
+        print(f"profile of step {step} written to {profile_to}", flush=True)
     return best
 
 
@@ -200,7 +214,7 @@ def measure(args: argparse.Namespace) -> dict[str, float | int]:
             vocab = 4096 if size == "tiny" else int(GENERATED[size]["vocab_size"])
             step_s, fwd_bwd_s = step_over_fwd_bwd(
                 model_dir, peers=args.peers, batch=args.batch, seq_len=args.seq_len,
-                repeats=args.repeats, vocab=vocab)
+                repeats=args.repeats, vocab=vocab, profile_to=args.profile)
             figures[f"distro_step_over_fwd_bwd_{size}"] = round(step_s / fwd_bwd_s, 4)
             figures[f"distro_step_s_{size}"] = round(step_s, 3)
             figures[f"fwd_bwd_s_{size}"] = round(fwd_bwd_s, 3)
@@ -218,6 +232,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--peers", type=int, default=16)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--profile", type=Path, default=None, metavar="TABLE",
+                   help="write a torch.profiler table of one more step to TABLE")
     return p
 
 

@@ -328,7 +328,8 @@ def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int,
         # An empty slot's coefficient may have no sender at all: 0 / 1, never 0 / 0.
         weight = val / torch.gather(dense, 1, idx).clamp_min(1)
         if not sparse:
-            dense.zero_()
+            # Only the counted places are nonzero: zero them, not the whole buffer again.
+            dense.scatter_(1, idx, 0.0)
     if sparse:
         return sparse_idct_blocks(idx, weight, a, b, mix_rows)
     assert dense is not None

@@ -32,7 +32,9 @@ trainer's view (sharded.py) gathers a DTensor's full value for compress and keep
 rank's part of a decoded update. Elementwise work runs on what the process holds.
 
 No host synchronization in the step: nothing reads a device value back, except the one
-copy of the payload's slots (payload_slots) that the wire encoding needs.
+copy of the payload's slots that the wire encoding needs (start_payload_copy: from pinned
+memory, on a side stream, waited for only when the bytes are encoded, so that the work
+queued after it, the next forward, overlaps it).
 """
 
 from __future__ import annotations
@@ -277,11 +279,11 @@ class DistroStep:
         computed into sign's own buffer and the parameters are pointed at it (param.data);
         the returned originals, never touched, undo it exactly (restore_swapped). The same
         numbers as save_weights + lookahead: -lr * sign(delta) is exact (sign is -1, 0 or 1)
-        and one rounded addition either way; three passes over the weights' size instead of
-        five, and one fresh buffer instead of two. Only where can_swap_lookahead()."""
-        looked = torch._foreach_sign(self.delta)
-        torch._foreach_mul_(looked, -lr)
-        torch._foreach_add_(looked, self.params)
+        and one rounded addition either way; two passes over the weights' size instead of
+        four (the sign, the add). Only where can_swap_lookahead()."""
+        # theta + (-lr) * sign(delta) in one pass over the sign: the product is exact, so
+        # add's alpha (a fused multiply-add or not) rounds once, as mul_ then add_ did.
+        looked = torch._foreach_add(self.params, torch._foreach_sign(self.delta), alpha=-lr)
         originals = [p.data for p in self.params]
         for param, value in zip(self.params, looked, strict=True):
             param.data = value
@@ -331,12 +333,39 @@ class DistroStep:
             self.view.add_blocks(self.params[chunk.first:chunk.stop], stacks, chunk, alpha=-lr)
 
 
-def payload_slots(compressed: Sequence[CompressedChunk], chunks: Sequence[StepChunk],
-                  one_bit: bool) -> list[np.ndarray]:
-    """Each parameter's slots as they go out, on the host, from ONE device-to-host copy:
-    an int32 array (3, n_blocks, k) of [index, sent, value bits] (wire.encode_slots), where
-    value bits are the sign bit (one_bit) or the bfloat16 bits, and sent is 0 for a slot
-    whose value is zero as sent (empty, or a float32 that rounds to a bfloat16 zero)."""
+class PendingSlots:
+    """The payload's slots on their way to the host (start_payload_copy); wait() gives
+    them as payload_slots does.
+
+    On CUDA the one device-to-host copy runs on a side stream into pinned memory, so the
+    host is free and the work queued after it (the next forward) overlaps the copy on the
+    device; wait() blocks on that copy alone. Elsewhere the slots are already on the host
+    (the copy is a no-op) and wait() only cuts them per parameter."""
+
+    def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None,
+                 compressed: Sequence[CompressedChunk], chunks: Sequence[StepChunk]) -> None:
+        self.host = host
+        self.done = done
+        # Only the shapes are read at wait(); the group tensors stay referenced so that
+        # their memory is not reused while the copy may still read `flat` (record_stream
+        # covers flat itself).
+        self.compressed = list(compressed)
+        self.chunks = list(chunks)
+
+    def ready(self) -> bool:
+        """Whether wait() would return without blocking."""
+        return self.done is None or bool(self.done.query())
+
+    def wait(self) -> list[np.ndarray]:
+        if self.done is not None:
+            self.done.synchronize()
+        return _cut_slots(self.host.numpy(), self.compressed, self.chunks)
+
+
+def start_payload_copy(compressed: Sequence[CompressedChunk], chunks: Sequence[StepChunk],
+                       one_bit: bool) -> PendingSlots:
+    """Build every parameter's slots (one int32 tensor for the whole payload) and start
+    its one copy to the host without blocking (PendingSlots)."""
     per_group = []
     for part in compressed:
         for idx, val in zip(part.idx, part.val, strict=True):
@@ -345,13 +374,33 @@ def payload_slots(compressed: Sequence[CompressedChunk], chunks: Sequence[StepCh
             per_group.append(torch.stack([idx.to(torch.int32), (wire_val != 0).to(torch.int32),
                                           bits.to(torch.int32)]).flatten())
     flat = torch.cat(per_group)
-    if flat.device.type == "cuda":
-        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    if flat.device.type != "cuda":
+        return PendingSlots(flat.cpu(), None, compressed, chunks)
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    producer = torch.cuda.current_stream(flat.device)
+    side = torch.cuda.Stream(flat.device)
+    side.wait_stream(producer)  # the copy starts once the slots are computed
+    with torch.cuda.stream(side):
         host.copy_(flat, non_blocking=True)
-        torch.cuda.current_stream(flat.device).synchronize()
-    else:
-        host = flat.cpu()
-    array = host.numpy()
+        done = torch.cuda.Event()
+        done.record(side)
+    flat.record_stream(side)  # its memory is not reused before the copy has read it
+    return PendingSlots(host, done, compressed, chunks)
+
+
+def payload_slots(compressed: Sequence[CompressedChunk], chunks: Sequence[StepChunk],
+                  one_bit: bool) -> list[np.ndarray]:
+    """Each parameter's slots as they go out, on the host, from ONE device-to-host copy:
+    an int32 array (3, n_blocks, k) of [index, sent, value bits] (wire.encode_slots), where
+    value bits are the sign bit (one_bit) or the bfloat16 bits, and sent is 0 for a slot
+    whose value is zero as sent (empty, or a float32 that rounds to a bfloat16 zero).
+    start_payload_copy(...).wait(): the copy waited for at once."""
+    return start_payload_copy(compressed, chunks, one_bit).wait()
+
+
+def _cut_slots(array: np.ndarray, compressed: Sequence[CompressedChunk],
+               chunks: Sequence[StepChunk]) -> list[np.ndarray]:
+    """The flat slots of start_payload_copy cut per parameter (views, no copy)."""
     out: list[np.ndarray] = []
     offset = 0
     for part, chunk in zip(compressed, chunks, strict=True):

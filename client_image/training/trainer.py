@@ -46,9 +46,10 @@ from client_image.training.distro import plan_model
 from client_image.training.distro_step import (
     DistroStep,
     ParameterView,
+    PendingSlots,
     ResultSource,
     WholeParameters,
-    payload_slots,
+    start_payload_copy,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
 from client_image.training.objective import LossFn, causal_lm_loss
@@ -89,6 +90,39 @@ class TrainStepOutput:
     grad_norm: float  # the gradient's total L2 norm before clipping
     ranks: int = 1  # processes that trained it (D x T, training/sharded.py)
     learning_rate: float = 0.0  # the schedule's at this step (cold-start factor included)
+
+
+class PendingTrainStep:
+    """A trained step whose payload is still being copied to the host
+    (DistroTrainer.train_async): result() waits for the copy, encodes the wire bytes and
+    gives the step's TrainStepOutput, the same bytes as train() gives. Work queued on the
+    device before result() (the next step's apply and forward) overlaps the copy."""
+
+    def __init__(self, trainer: DistroTrainer, output: TrainStepOutput, slots: PendingSlots,
+                 nonce: int, batch_id: tuple[int, int]) -> None:
+        self.trainer = trainer
+        self.output = output
+        self.slots = slots
+        self.nonce = nonce
+        self.batch_id = batch_id
+        self.payload: bytes | None = None
+
+    def ready(self) -> bool:
+        """Whether result() would not wait for the copy."""
+        return self.payload is not None or self.slots.ready()
+
+    def result(self) -> TrainStepOutput:
+        if self.payload is None:
+            started = time.perf_counter()
+            one_bit = self.trainer.config.quantize_1bit
+            self.payload = encode_slots(
+                self.slots.wait(), self.trainer.plans, step=self.output.step,
+                trainer_nonce=self.nonce, batch_start=self.batch_id[0],
+                batch_end=self.batch_id[1], one_bit=one_bit,
+            )
+            self.trainer.timings.compress_s += time.perf_counter() - started
+            self.output.payload = self.payload
+        return self.output
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -265,6 +299,21 @@ class DistroTrainer:
         produce this step's payload.
         `decay_weights=False` leaves the weights exactly as they were (a verifier's shadow
         trainer, verification/replay.py)."""
+        return self.train_async(step, batch, batch_id=batch_id, cold_start=cold_start,
+                                decay_weights=decay_weights).result()
+
+    def train_async(
+        self,
+        step: int,
+        batch: torch.Tensor,
+        *,
+        batch_id: tuple[int, int] = (0, 0),
+        cold_start: bool = False,
+        decay_weights: bool = True,
+    ) -> PendingTrainStep:
+        """train() with the payload's copy to the host started, not waited for: call
+        result() for the output (and its bytes) after queuing the next work (the next
+        step's apply and forward), which then overlaps the copy on a GPU."""
         lr_now = self.learning_rate(step)
         lr_prev = self.learning_rate(max(step - 1, 0))
         distro = self.distro
@@ -306,15 +355,13 @@ class DistroTrainer:
             self.timings.decompress_s += decompressed_at - applied_at
             distro.momentum([p.grad for p in self.params], lr_now, self.config.compression_decay)
             one_bit = self.config.quantize_1bit
-            slots = payload_slots(distro.compress(), distro.chunks, one_bit)
-            payload = encode_slots(
-                slots, self.plans, step=step, trainer_nonce=self.trainer_nonce,
-                batch_start=batch_id[0], batch_end=batch_id[1], one_bit=one_bit,
-            )
+            slots = start_payload_copy(distro.compress(), distro.chunks, one_bit)
             self.timings.compress_s += time.perf_counter() - decompressed_at
+        nonce = self.trainer_nonce
         self.trainer_nonce += 1
-        return TrainStepOutput(step, loss, payload, grad_norm, ranks=self._ranks(),
-                               learning_rate=lr_now)
+        output = TrainStepOutput(step, loss, None, grad_norm, ranks=self._ranks(),
+                                 learning_rate=lr_now)
+        return PendingTrainStep(self, output, slots, nonce, batch_id)
 
     def _forward_backward(self, batch: torch.Tensor) -> tuple[float, float]:
         """(mean loss, gradient norm before clipping), the gradients clipped in place."""
