@@ -14,20 +14,18 @@ The keys psyche-py uses are RunManagerSettings' fields and the client's
 
 from __future__ import annotations
 
-_WANDB = "Weights & Biases logging"
 _EVENTS = "the client's event files"
 
 # Accepted and not used: the run-manager names each in a warning.
 IGNORED: dict[str, str] = {
     "HUB_MAX_CONCURRENT_DOWNLOADS": "parallel Hub downloads",
-    "WANDB_PROJECT": _WANDB, "WANDB_RUN": _WANDB, "WANDB_GROUP": _WANDB,
-    "WANDB_ENTITY": _WANDB, "WANDB_API_KEY": _WANDB,
     "WRITE_LOG": "a log file", "WRITE_RUST_LOG": "a log file",
     "OPTIM_STATS_STEPS": "optimizer statistics",
     "GRAD_ACCUM_IN_FP32": "fp32 gradient accumulation",
     "MAX_CONCURRENT_DOWNLOADS": "a download limit (unused by Psyche too)",
     "SIDECAR_PORT": "multi-node Python sidecars",
-    "EVENTS_DIR": _EVENTS, "KEEP_EVENT_FILES": _EVENTS, "CONFIG_HASH": _EVENTS,
+    "KEEP_EVENT_FILES": "retention of the event files (psyche-py keeps them all)",
+    "CONFIG_HASH": _EVENTS,
     "BLOBS_GC_INTERVAL_MILLIS": "the blob store's GC period",
     "ALLOW_FAIL_MMAP": "a local-data mmap fallback",
     "WALLET_FILE": "a wallet path for Psyche's docker scripts (set WALLET_PRIVATE_KEY_PATH)",

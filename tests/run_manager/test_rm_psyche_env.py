@@ -104,9 +104,11 @@ def test_psyches_keys_we_do_not_use_are_named_in_warnings_never_dropped_silently
                  "RAW_WALLET_PRIVATE_KEY": "x", "SCRATCH_DIR": "/tmp", "AUTHORIZER": "a"}
     warnings = env_file_warnings(variables)
     named = sorted(line.split(" ")[0] for line in warnings)
+    # RPC_3 is used (the third RPC endpoint); WANDB_API_KEY is read by wandb in the client
     assert named == ["BLOBS_GC_INTERVAL_MILLIS", "MICRO_BATCH", "OPTIM_STATS_STEPS",
-                     "WALLET_FILE", "WANDB_API_KEY"]  # RPC_3 is used: the third RPC endpoint
-    assert "WANDB_API_KEY is read by Psyche (Weights & Biases logging), not by psyche-py: ignored" in warnings
+                     "WALLET_FILE"]
+    assert ("OPTIM_STATS_STEPS is read by Psyche (optimizer statistics), not by psyche-py: "
+            "ignored") in warnings
     assert "MICRO_BATCH is read by neither the run-manager nor the client (a typo?)" in warnings
 
 
@@ -119,13 +121,14 @@ def test_the_cli_names_each_ignored_key_then_goes_on(tmp_path: Path,
 
     monkeypatch.setattr(engine, "connect", no_engine)  # stop right after the settings
     env = tmp_path / "run.env"
-    env.write_text("RUN_ID=r\nCOORDINATOR_ADDRESS=127.0.0.1:1\nWANDB_PROJECT=p\n"
-                   "HUB_MAX_CONCURRENT_DOWNLOADS=4\nGCS_BUCKET=b\n")
+    env.write_text("RUN_ID=r\nCOORDINATOR_ADDRESS=127.0.0.1:1\nOPTIM_STATS_STEPS=10\n"
+                   "HUB_MAX_CONCURRENT_DOWNLOADS=4\nGCS_BUCKET=b\nWANDB_PROJECT=p\n")
     result = runner.invoke(app, ["--env-file", str(env), "--no-tui", "--client-version", "1"])
     assert result.exit_code == 1 and "no engine in this test" in result.output
-    for key in ("WANDB_PROJECT", "HUB_MAX_CONCURRENT_DOWNLOADS"):
+    for key in ("OPTIM_STATS_STEPS", "HUB_MAX_CONCURRENT_DOWNLOADS"):
         assert f"run-manager: warning: {env}: {key} is read by Psyche (" in result.output
     assert "GCS_BUCKET" not in result.output  # the client's --gcs-bucket reads it
+    assert "WANDB_PROJECT" not in result.output  # the client's --wandb-project reads it
     assert "Traceback" not in result.output
 
     env.write_text("RUN_ID=r\nCOORDINATOR_ADDRESS=127.0.0.1:1\nDATA_PARALLELISM=0\n")

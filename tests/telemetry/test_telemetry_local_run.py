@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def write_config(directory: Path, data_port: int) -> tuple[Path, Path]:
     state = (TESTNET / "state.toml").read_text()
     state = state.replace("127.0.0.1:20001", f"127.0.0.1:{data_port}")
     state = state.replace("init_min_clients = 3", "init_min_clients = 1")
-    state = state.replace("total_steps = 30", f"total_steps = {TOTAL_STEPS}")
+    state, replaced = re.subn(r"(?m)^total_steps = \d+$", f"total_steps = {TOTAL_STEPS}", state)
+    assert replaced, "the testnet config no longer sets total_steps"
     (directory / "state.toml").write_text(state)
     data = (TESTNET / "data.toml").read_text().replace(
         "../../assets/data/train", str(REPO / "assets" / "data" / "train"))
