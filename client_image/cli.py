@@ -115,7 +115,8 @@ def train(
         typer.echo("error: give exactly one of --server-addr (TCP run) and --rpc (Solana run)",
                    err=True)
         raise typer.Exit(code=2)
-    for url, flag in ((connection.ws_rpc, "--ws-rpc"), (connection.ws_rpc_2, "--ws-rpc-2")):
+    for url, flag in ((connection.ws_rpc, "--ws-rpc"), (connection.ws_rpc_2, "--ws-rpc-2"),
+                      (connection.ws_rpc_3, "--ws-rpc-3")):
         if url is not None and not url.startswith(("ws://", "wss://")):
             typer.echo(f"error: {flag} must be a ws:// or wss:// URL, got {url!r}", err=True)
             raise typer.Exit(code=2)

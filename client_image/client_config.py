@@ -53,6 +53,9 @@ class ConnectionConfig:
              "ws://, port + 1].")] = None
     ws_rpc_2: Annotated[str | None, Option(
         env="WS_RPC_2", help="Fallback WebSocket URL [default: from --rpc-2].")] = None
+    rpc_3: Annotated[str | None, Option(env="RPC_3", help="Second fallback JSON-RPC URL.")] = None
+    ws_rpc_3: Annotated[str | None, Option(
+        env="WS_RPC_3", help="Second fallback WebSocket URL [default: from --rpc-3].")] = None
     authorizer: Annotated[str | None, Option(
         env="AUTHORIZER",
         help="Solana run: join as a delegate of this authorization grantee.")] = None

@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SolanaBackendOptions:
-    rpc: Sequence[str | None]          # RPC, then the fallback RPC_2
+    rpc: Sequence[str | None]          # RPC, then the fallbacks RPC_2 and RPC_3
     wallet: Keypair                    # signs; its public key is the client's identity
     run_id: str
     p2p_address: str

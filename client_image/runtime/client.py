@@ -209,8 +209,9 @@ class PsycheClient:
             from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
 
             return SolanaBackend(SolanaBackendOptions(
-                rpc=[connection.rpc, connection.rpc_2],
-                ws_rpc=[connection.ws_rpc, connection.ws_rpc_2], run_id=connection.run_id,
+                rpc=[connection.rpc, connection.rpc_2, connection.rpc_3],
+                ws_rpc=[connection.ws_rpc, connection.ws_rpc_2, connection.ws_rpc_3],
+                run_id=connection.run_id,
                 wallet=Keypair.from_seed(options.identity.secret_key), p2p_address=p2p_address,
                 client_version=options.client_version or "",
                 authorizer=Pubkey.from_string(connection.authorizer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -310,6 +311,15 @@ def test_the_clients_ws_rpc_must_be_a_websocket_url():
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip() == \
         "error: --ws-rpc must be a ws:// or wss:// URL, got 'http://127.0.0.1:2'"
+    # the third endpoint (RPC_3 / WS_RPC_3, as the run-manager's) is read and checked alike
+    refused = subprocess.run([sys.executable, "-m", "client_image.cli", "train", "--run-id", "x",
+                              "--rpc", "http://127.0.0.1:1"],
+                             env={**os.environ, "RPC_3": "http://127.0.0.1:3",
+                                  "WS_RPC_3": "http://127.0.0.1:4"},
+                             check=False, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == \
+        "error: --ws-rpc-3 must be a ws:// or wss:// URL, got 'http://127.0.0.1:4'"
 
 
 async def test_the_subscription_polls_while_the_websocket_is_down_and_reconnects(net):
