@@ -24,7 +24,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from coordinator import CoordinatorError, CoordinatorState, NodeIdentity, Rejected
 from coordinator.checkpoint_reports import describe_location, report_problem
@@ -59,7 +59,7 @@ def in_daemon_thread(work: Callable[[], T]) -> asyncio.Future[T]:
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(result)  # type: ignore[arg-type]
+            future.set_result(cast(T, result))  # T whenever no error was raised
 
     def target() -> None:
         try:

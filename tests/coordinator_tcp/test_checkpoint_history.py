@@ -72,7 +72,9 @@ def test_emulator_answers_huggingface_hub(hub: HubEmulator, tmp_path: Path) -> N
 async def test_hub_history_tells_main_from_a_pull_request(hub: HubEmulator) -> None:
     pr = hub.commit(REPO, {"model.safetensors": b"mine"}, ref="refs/pr/1")
     history = HubHistory(hub.endpoint, timeout_s=10)
-    first = hub.repos[REPO].history(hub.repos[REPO].resolve("main"))[-1].id  # type: ignore[arg-type]
+    main = hub.repos[REPO].resolve("main")
+    assert main is not None
+    first = hub.repos[REPO].history(main)[-1].id
     assert await history.on_main(REPO, main_head(hub)) is None
     assert not any("/commits/" in r for r in hub.requests)  # main's head: one model_info
     assert await history.on_main(REPO, first) is None  # an older commit of main
