@@ -237,7 +237,7 @@ WireMessage = (wire.WitnessSubmit | wire.WarmupWitness | wire.HealthCheck | wire
 
 def wire_message(message: DomainMessage) -> WireMessage:
     """The TCP protocol's message for a domain message (the server decodes it back to the
-    same values: `coordinator_tcp.server.apply_client_event`)."""
+    same values: `coordinator_tcp.server.client_event`)."""
     if isinstance(message, RoundWitness):
         return wire.WitnessSubmit(witness=wire.WitnessModel.of(message.witness),
                                   metadata=wire_metadata(message.metadata))
