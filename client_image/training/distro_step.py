@@ -39,8 +39,9 @@ queued after it, the next forward, overlaps it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Protocol
 
 import numpy as np
@@ -166,11 +167,27 @@ class CompressedChunk:
     val: list[torch.Tensor]
 
 
-def compress_chunk(tensors: Sequence[torch.Tensor], chunk: StepChunk) -> CompressedChunk:
+TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@cache
+def compiled_topk() -> TopK:
+    """distro.topk_blocks through torch.compile (DistroStep(compile_kernels=True)): off by
+    default until a GPU measurement shows it helps. Only the selection is compiled, whose
+    operations are exact (abs, top-k, gather, sort), so it gives the eager bytes
+    (tests/training/test_distro_compile.py); the DCT's matmuls stay eager, since inductor
+    turns a product with a dimension of 1 (a vector's (64, 1) blocks) into a reduction of
+    another summation order (measured: values 1 ulp apart)."""
+    compiled: TopK = torch.compile(topk_blocks, dynamic=True)
+    return compiled
+
+
+def compress_chunk(tensors: Sequence[torch.Tensor], chunk: StepChunk,
+                   topk: TopK = topk_blocks) -> CompressedChunk:
     """C(delta) of one chunk's whole tensors: E = F_a^T X F_b per block, then per block the
-    k nonzero coefficients of largest |E| (distro.topk_blocks)."""
+    k nonzero coefficients of largest |E| (`topk`: distro.topk_blocks or its compiled copy)."""
     layout = chunk.layout
-    picked = [topk_blocks(dct_blocks(stack, mix_rows), k) for stack, k, mix_rows in zip(
+    picked = [topk(dct_blocks(stack, mix_rows), k) for stack, k, mix_rows in zip(
         stack_blocks(tensors, chunk), layout.group_topk, layout.group_mix_rows, strict=True)]
     return CompressedChunk([idx for idx, _ in picked], [val for _, val in picked])
 
@@ -238,8 +255,12 @@ class DistroStep:
 
     def __init__(self, params: Sequence[torch.Tensor], plans: Sequence[BlockPlan],
                  view: ParameterView, *, buffer_dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None,
+                 compile_kernels: bool = False) -> None:
         self.params = list(params)
+        # torch.compile of the top-k selection per group: off by default, until measured
+        # on a GPU.
+        self.topk: TopK = compiled_topk() if compile_kernels else topk_blocks
         self.plans = list(plans)
         self.view = view
         self.chunks = plan_chunks(self.plans, STEP_CHUNK_ELEMENTS)
@@ -320,8 +341,8 @@ class DistroStep:
 
     def compress(self) -> list[CompressedChunk]:
         """C(delta), kept as the next error feedback's own result."""
-        self.sent = [compress_chunk(self.view.full(self.delta[c.first:c.stop]), c)
-                     for c in self.chunks]
+        self.sent = [compress_chunk(self.view.full(self.delta[c.first:c.stop]), c,
+                                    self.topk) for c in self.chunks]
         return self.sent
 
     def apply(self, sources: Sequence[ResultSource], lr: float) -> None:

@@ -173,6 +173,7 @@ class DistroTrainer:
         loss_fn: LossFn = causal_lm_loss,
         view: ParameterView | None = None,
         device: torch.device | str | None = None,
+        compile_kernels: bool = False,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -192,7 +193,8 @@ class DistroTrainer:
         # The update itself (distro_step.py); delta is fp32 whatever the parameters' dtype
         # (precision.py, "DisTrO buffers"; bf16 only to measure why not).
         self.distro = DistroStep(self.params, self.plans, view or WholeParameters(),
-                                 buffer_dtype=buffer_dtype, device=device)
+                                 buffer_dtype=buffer_dtype, device=device,
+                                 compile_kernels=compile_kernels)
         self.trainer_nonce = 0  # train() calls since this process started
         self.timings = Timings()
 
