@@ -50,7 +50,7 @@ from client_image.verification.checks import (
     fingerprint,
     screen_payloads,
 )
-from client_image.verification.followers import Checked, Followers
+from client_image.verification.followers import THRESHOLDS, Checked, Followers
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -350,7 +350,7 @@ class TrainingWorker:
                                  micro_batch_size=trainer.micro_batch_size,
                                  cold_start_warmup_steps=trainer.cold_start_warmup_steps,
                                  start_step=start_step, compute=trainer.compute)
-        followers = Followers(shadow)
+        followers = Followers(shadow, thresholds=THRESHOLDS[trainer.compute])
         await self._run(followers.follow, list(trainers), start_step)
         self.followers = followers
         return True
