@@ -136,7 +136,10 @@ class Run:
         deadline = time.monotonic() + START_WITHIN_S
         while time.monotonic() < deadline:
             assert self.client is not None and self.client.poll() is None, self.output()
-            state = await next_state(observer)
+            try:
+                state = await next_state(observer)
+            except TimeoutError:  # a quiet phase: a 30 s warm-up while 2 ranks load
+                continue
             if state.run_state in (RunState.RoundTrain, RunState.RoundWitness) and \
                     self.healthy(state) and '"event": "trained"' in self.output():
                 return
