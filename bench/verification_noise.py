@@ -165,10 +165,15 @@ def follow_run(one_bit: bool, seed: int, compute: ComputeDType, steps: int,
     run = FollowRun()
     previous: dict[int, DistroResult] = {}
     applied: dict[int, list[DistroResult]] = {}
+    honest_results: dict[int, dict[int, DistroResult]] = {}
     for step in range(steps):
         if step >= 2:
             for trainer in trainers:
                 trainer.apply(step, applied[step - 2])
+            # As the runtime does (followers.py): a result is verified, and its honest
+            # result adopted by the shadows, at its apply, after the next step's replay.
+            for (name, c), shadow in shadows.items():
+                shadow.adopt(step - 2, honest_results[step - 2][c])
         rows = {c: batch_rows(seed, step, c, peers) for c in range(peers)}
         expected: dict[tuple[str, int], DistroResult] = {}
         for (name, c), shadow in shadows.items():
@@ -190,6 +195,7 @@ def follow_run(one_bit: bool, seed: int, compute: ComputeDType, steps: int,
                 out = trainer.train(step, data.get_samples(*rows[c]), batch_id=rows[c])
             assert out.payload is not None
             results[c] = trainer.decode(out.payload)
+        honest_results[step] = results
         for (name, c), exp in expected.items():
             run.honest.setdefault(name, []).append(shadows[(name, c)].distances(results[c], exp))
         view = StepView(step, trainers[0].learning_rate(step), rows, results, previous,

@@ -354,6 +354,57 @@ class DistroStep:
             self.view.add_blocks(self.params[chunk.first:chunk.stop], stacks, chunk, alpha=-lr)
 
 
+@dataclass
+class SentRecord:
+    """One step's compression as a verifier's shadow keeps it (DistroStep.record): delta as
+    it was compressed (whole tensors) and what the shadow itself kept of it."""
+
+    delta: list[torch.Tensor]
+    sent: list[CompressedChunk]
+
+
+def coefficients_at(step: DistroStep, tensors: Sequence[torch.Tensor],
+                    results: Sequence[SparseResult]) -> list[CompressedChunk]:
+    """C(tensors) kept at `results`' indices instead of at its own top-k: what a client whose
+    delta is `tensors` sent when it published `results` (another machine's choice of the
+    kept coefficients; the values unquantized, which the wire does not carry). Empty slots
+    (val == 0) stay empty."""
+    out = []
+    for chunk in step.chunks:
+        layout = chunk.layout
+        idx_groups, val_groups = [], []
+        for group, stack in enumerate(stack_blocks(tensors[chunk.first:chunk.stop], chunk)):
+            n, k = stack.shape[0], layout.group_topk[group]
+            idx = torch.zeros(n, k, dtype=torch.int64, device=stack.device)
+            keep = torch.zeros(n, k, dtype=torch.bool, device=stack.device)
+            for i in chunk.members(group):
+                rows = slice(layout.slots[i][1], layout.slots[i][1] + layout.plans[i].n_blocks)
+                result = results[chunk.first + i]
+                idx[rows] = result.idx.to(stack.device)
+                keep[rows] = result.val.to(stack.device) != 0
+            coefficients = dct_blocks(stack, layout.group_mix_rows[group]).reshape(n, -1)
+            idx_groups.append(idx)
+            val_groups.append(torch.where(keep, coefficients.gather(1, idx), 0))
+        out.append(CompressedChunk(idx_groups, val_groups))
+    return out
+
+
+def add_decoded_difference(step: DistroStep, plus: Sequence[CompressedChunk],
+                           minus: Sequence[CompressedChunk],
+                           targets: Sequence[tuple[Sequence[torch.Tensor], float]]) -> None:
+    """target += alpha * (D(plus) - D(minus)) for each (target, alpha) (whole
+    parameter-shaped tensors). The difference is taken first, so where the two agree it is
+    exactly zero and the targets do not move at all."""
+    sources = [_OwnResult(plus, step.chunks)], [_OwnResult(minus, step.chunks)]
+    dtype = step.delta[0].dtype
+    for chunk in step.chunks:
+        stacks = torch._foreach_sub(decode_chunk(sources[0], chunk, step.device, dtype),
+                                    decode_chunk(sources[1], chunk, step.device, dtype))
+        for target, alpha in targets:
+            step.view.add_blocks(list(target[chunk.first:chunk.stop]), stacks, chunk,
+                                 alpha=alpha)
+
+
 class PendingSlots:
     """The payload's slots on their way to the host (start_payload_copy); wait() gives
     them as payload_slots does.

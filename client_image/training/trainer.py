@@ -48,7 +48,10 @@ from client_image.training.distro_step import (
     ParameterView,
     PendingSlots,
     ResultSource,
+    SentRecord,
     WholeParameters,
+    add_decoded_difference,
+    coefficients_at,
     start_payload_copy,
 )
 from client_image.training.lr import cold_start_factor, scheduled_lr
@@ -206,6 +209,45 @@ class DistroTrainer:
     def delta_tensors(self) -> list[torch.Tensor]:
         """The momentum buffer as whole parameter-shaped copies (for inspection and tests)."""
         return [t.clone() for t in self.distro.view.full(self.distro.delta)]
+
+    def sent_record(self) -> SentRecord:
+        """After a train(): delta as it was compressed and what this trainer kept of it. A
+        verifier's shadow keeps it until the followed trainer's result of the step arrives
+        (adopt_published)."""
+        assert self.distro.sent is not None, "sent_record() before any train()"
+        return SentRecord(self.delta_tensors(), self.distro.sent)
+
+    @torch.no_grad()
+    def adopt_published(self, record: SentRecord, published: DistroResult, trained_since: int,
+                        later: Sequence[tuple[SentRecord, int]] = ()) -> None:
+        """A verifier's shadow only (the trainer's own path never calls it): make what the
+        followed trainer published for `record`'s step the part that leaves delta at error
+        feedback, instead of the shadow's own top-k, so the shadow's momentum stays in step
+        with the trainer's and one differing kept coefficient does not carry into every
+        later step (docs/verification.md). The kept set is the trainer's, its values are
+        `record.delta`'s own coefficients there (the wire carries them quantized or as
+        signs). `trained_since`: train()s since that step; the first subtracted the shadow's
+        own result and each decayed it once, so the difference is added with
+        compression_decay ** trained_since (exact: delta is linear in what was subtracted).
+        `later`: the kept records of those steps, each with the train()s up to it, corrected
+        the same way."""
+        distro = self.distro
+        sent = coefficients_at(distro, record.delta, published.tensors)
+        if trained_since == 0:
+            distro.sent = sent  # not subtracted yet: the next train() subtracts it
+            return
+        decay = self.config.compression_decay
+        targets = [(distro.delta, decay ** trained_since)]
+        targets += [(kept.delta, decay ** trains) for kept, trains in later]
+        add_decoded_difference(distro, record.sent, sent, targets)
+        # The shadow's own result of its last step, not yet subtracted, was picked from
+        # delta before this correction; picked again from the corrected delta, it is the
+        # best guess of what the trainer sent. (Left as it was, the difference just
+        # corrected would be subtracted from delta once more with the next step's guess,
+        # and every later correction would come a step too late: it never dies out.)
+        guess = distro.compress()
+        if later and later[-1][1] == trained_since:
+            later[-1][0].sent = guess
 
     def learning_rate(self, step: int) -> float:
         """lr(s) = schedule(s) x cold-start factor."""

@@ -101,4 +101,7 @@ class Followers:
             worst = Distances(jaccard=1.0, hamming=1.0, manhattan=1.0)
             return Checked(Verdict(False, worst, f"undecodable: {exc}"), digest, expected_hash)
         distances = shadow.distances(result, shadow.shadow.decode(expected))
-        return Checked(judge(distances, self.thresholds), digest, expected_hash)
+        verdict = judge(distances, self.thresholds)
+        if verdict.ok:  # the shadow's momentum follows what the trainer sent (replay.py)
+            shadow.adopt(step, result)
+        return Checked(verdict, digest, expected_hash)

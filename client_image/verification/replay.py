@@ -8,8 +8,15 @@ DistroTrainer on the verifier's model, fed the trainer's batches, whose results 
 an honest trainer publishes. Verification takes it through the ShadowTrainer port below
 (the runtime builds it: runtime/worker.py), so it depends on the result format
 (client_image/formats/) and not on training. The shadow never changes the verifier's weights (its
-lookahead is undone exactly and it skips weight decay, `decay_weights=False`), and it
-continues from its own honest results, so one deviation does not mask the next.
+lookahead is undone exactly and it skips weight decay, `decay_weights=False`).
+
+Error feedback follows the trainer: once the trainer's result of a step has arrived and
+passed (`adopt`), the coefficients the trainer kept, not the shadow's own top-k, are what
+leaves the shadow's momentum (their values the shadow's own). Otherwise one kept
+coefficient that differs by rounding stays in one momentum and not the other and carries
+into every later step, and honest distances grow over an epoch (docs/verification.md). A
+result that fails is not adopted: the shadow continues from its own, so one deviation
+does not mask the next.
 
 An honest trainer's result differs from the shadow's only by numerics (thread counts,
 bf16, another device); `Thresholds.from_honest` sets the limits from measured honest
@@ -21,13 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from client_image.formats.blocks import BlockPlan
 from client_image.formats.distro_wire import DistroResult
 from client_image.verification.similarity import Distances, similarity
+
+KEPT_RECORDS = 4  # replayed steps whose record waits for the trainer's result
 
 
 class Published(Protocol):
@@ -50,6 +59,12 @@ class ShadowTrainer(Protocol):
 
     def train(self, step: int, batch: torch.Tensor, *, batch_id: tuple[int, int],
               cold_start: bool, decay_weights: bool) -> Published: ...
+
+    # A record is the trainer's own (training's SentRecord): verification only keeps it.
+    def sent_record(self) -> Any: ...
+
+    def adopt_published(self, record: Any, published: DistroResult, trained_since: int,
+                        later: Sequence[tuple[Any, int]] = ()) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,10 @@ class ReplayVerifier:
         from a zero delta at the step the following starts."""
         self.shadow = shadow
         self.block_numels = [plan.block_numel for plan in self.shadow.plans]
+        # Replayed steps since the last cold start, and their records until adopted (a
+        # result arrives two rounds after its replay, so a few at most).
+        self.trained: list[int] = []
+        self.records: dict[int, Any] = {}
 
     def expected(self, step: int, batch: torch.Tensor, batch_id: tuple[int, int],
                  cold_start: bool = False) -> DistroResult:
@@ -108,7 +127,27 @@ class ReplayVerifier:
         out = self.shadow.train(step, batch, batch_id=batch_id, cold_start=cold_start,
                                 decay_weights=False)
         assert out.payload is not None
+        if cold_start:
+            self.trained.clear()
+            self.records.clear()
+        self.trained.append(step)
+        self.records[step] = self.shadow.sent_record()
+        for old in [s for s in self.records if s < step - KEPT_RECORDS]:
+            del self.records[old]
+        del self.trained[:-KEPT_RECORDS - 1]
         return out.payload
+
+    def adopt(self, step: int, published: DistroResult) -> None:
+        """The trainer's result of `step` (replayed here, judged honest) becomes what left
+        the shadow's momentum at that step (see the module docstring); a step not replayed
+        here, or too old, is ignored."""
+        record = self.records.pop(step, None)
+        if record is None:
+            return
+        since = [s for s in self.trained if s > step]
+        later = [(self.records[s], len([t for t in since if t <= s]))
+                 for s in since if s in self.records]
+        self.shadow.adopt_published(record, published, len(since), later)
 
     def distances(self, published: DistroResult, expected: DistroResult) -> Distances:
         return similarity(published.tensors, expected.tensors, self.block_numels).overall
