@@ -64,8 +64,7 @@ def test_honest_noise_stays_flat_when_the_shadow_adopts_the_published_result(one
     # Before: the shadow's own kept set carried into every later step (measured 0.31 and
     # 0.27 at the last step).
     assert max(drifting[-3:]) > 0.2, drifting
-    # After: what is left is bf16 gradient noise in the momentum (measured 0.12 and 0.11;
-    # adopting each result before the next replay, with no lag, gives 0.08).
+    # After: what is left is bf16 gradient noise in the momentum (measured 0.12 and 0.11).
     assert max(adopted[-3:]) <= 0.15, adopted
     assert max(adopted[-3:]) < 0.6 * max(drifting[-3:]), (adopted, drifting)
 
