@@ -172,7 +172,7 @@ def follow_run(one_bit: bool, seed: int, compute: ComputeDType, steps: int,
                 trainer.apply(step, applied[step - 2])
             # As the runtime does (followers.py): a result is verified, and its honest
             # result adopted by the shadows, at its apply, after the next step's replay.
-            for (name, c), shadow in shadows.items():
+            for (_name, c), shadow in shadows.items():
                 shadow.adopt(step - 2, honest_results[step - 2][c])
         rows = {c: batch_rows(seed, step, c, peers) for c in range(peers)}
         expected: dict[tuple[str, int], DistroResult] = {}
