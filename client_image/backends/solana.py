@@ -16,11 +16,16 @@ What it does:
 - ticks: every `check_interval_s` (and at each state change) it runs the coordinator's
   `tick` locally on a copy of the state, without any RPC call. When that would change the
   phase or step, the tick is due, and who sends it is a pure function of the state
-  (`tick_order`): the run's keys ordered by SHA-256(nonce, key); the first sends at once,
-  the r-th only after r * `tick_grace_s` and only if the state has not advanced meanwhile
-  (an earlier one's tick landed), at most one per `min_tick_interval_s`. Each duplicate
-  costs its sender a fee, and a random backoff let several send on a loaded machine; with
-  the order, a second tick needs the first in line to be gone or slower than the grace.
+  (`tick_order`): the run's keys ordered by SHA-256(phase, key), where the phase is
+  (run state, step, epoch, the phase's start time); the first sends at once, the r-th only
+  after r * `tick_grace_s` and only if the phase has not moved meanwhile (an earlier one's
+  tick landed), at most one per `min_tick_interval_s`. Within one phase a key's moment is
+  never brought forward: a join or a witness changes the account but not the phase, and
+  when the order was drawn per account change, a join landing while the first one's tick
+  was in flight put another key first, which sent at once (8 ticks for 7 moves under
+  load). Each duplicate costs its sender a fee, and a random backoff let several send on
+  a loaded machine; with the order, a second tick needs the first in line to be gone or
+  slower than the grace.
 The typed port (`base.py`) maps each domain message of `coordinator.messages` to its
 instruction: a warm-up witness, a round witness, a health check (one transaction per
 trainer), a checkpoint report, a verification report (signed by this key, the reporter);
@@ -37,6 +42,7 @@ import copy
 import dataclasses
 import hashlib
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,21 +100,41 @@ class SolanaBackendOptions:
     find_run_timeout_s: float = 120.0
 
 
+def tick_phase(account: CoordinatorAccount) -> bytes:
+    """What a due tick moves on from: (run state u8, step u32, epoch u16, the phase's start
+    u64), little-endian; before the run has a state, the account's nonce (u64)."""
+    state = account.state
+    if state is None:
+        return account.nonce.to_bytes(8, "little")
+    return struct.pack("<BIHQ", int(state.run_state), state.progress.step,
+                       state.progress.epoch, state.run_state_start_unix_timestamp or 0)
+
+
 def tick_order(account: CoordinatorAccount) -> list[bytes]:
     """Who sends a due tick first, second, ...: the keys of the epoch's clients and of the
-    pending joiners, ordered by SHA-256(nonce as 8 bytes LE, key). A pure function of the
-    account, so every client computes the same order, and a new one at every change."""
+    pending joiners, ordered by SHA-256(tick_phase, key). A pure function of the account,
+    so every client computes the same order, and a new one at every phase."""
     keys = {bytes(key) for key in account.pending}
     if account.state is not None:
         keys.update(client.id.key for client in account.state.epoch_state.clients)
-    nonce = account.nonce.to_bytes(8, "little")
-    return sorted(keys, key=lambda key: hashlib.sha256(nonce + key).digest())
+    phase = tick_phase(account)
+    return sorted(keys, key=lambda key: hashlib.sha256(phase + key).digest())
 
 
 def tick_place(account: CoordinatorAccount, key: bytes) -> int:
     """`key`'s place in `tick_order`; a key outside it (an observer) comes after all."""
     order = tick_order(account)
     return order.index(key) if key in order else len(order)
+
+
+@dataclasses.dataclass
+class DueTick:
+    """A tick due in `phase` (tick_phase): first seen due at `seen`, ours to send at
+    `moment` (monotonic seconds)."""
+
+    phase: bytes
+    seen: float
+    moment: float
 
 
 class SolanaBackend:
@@ -126,8 +152,7 @@ class SolanaBackend:
         self._last_tick = 0.0
         self.subscription: AccountSubscription | None = None
         self._state_changed = asyncio.Event()
-        # (nonce of the state the tick is due in, monotonic time to send it at)
-        self._tick_due: tuple[int, float] | None = None
+        self._tick_due: DueTick | None = None
         self.ticks_sent = 0
 
     # ---------------------------------------------------------------- setup
@@ -214,7 +239,7 @@ class SolanaBackend:
         """Until the next check: a state change, the due tick's moment, or check_interval_s."""
         timeout = self.options.check_interval_s
         if self._tick_due is not None:
-            timeout = max(0.0, min(timeout, self._tick_due[1] - time.monotonic()))
+            timeout = max(0.0, min(timeout, self._tick_due.moment - time.monotonic()))
         waits = [asyncio.ensure_future(stop.wait()),
                  asyncio.ensure_future(self._state_changed.wait())]
         try:
@@ -275,7 +300,7 @@ class SolanaBackend:
 
     async def _maybe_tick(self) -> None:
         """Send the due tick after our place in `tick_order` times the grace, unless the
-        state advanced meanwhile: then an earlier key's tick landed, and the new state is
+        phase moved meanwhile: then an earlier key's tick landed, and the new phase is
         judged afresh."""
         account = self.account
         if account is None or self.address is None:
@@ -284,16 +309,21 @@ class SolanaBackend:
             self._tick_due = None
             return
         now = time.monotonic()
-        if self._tick_due is None or self._tick_due[0] != account.nonce:
-            place = tick_place(account, bytes(self.options.wallet.pubkey()))
-            self._tick_due = (account.nonce, now + place * self.options.tick_grace_s)
+        phase = tick_phase(account)
+        place = tick_place(account, bytes(self.options.wallet.pubkey()))
+        if self._tick_due is None or self._tick_due.phase != phase:
+            self._tick_due = DueTick(phase, now, now + place * self.options.tick_grace_s)
             return
-        if now < self._tick_due[1] or now - self._last_tick < self.options.min_tick_interval_s:
+        # A key that joined ahead of ours in this phase's order makes our moment later;
+        # nothing makes it earlier, as the key first before may have its tick in flight.
+        due = self._tick_due
+        due.moment = max(due.moment, due.seen + place * self.options.tick_grace_s)
+        if now < due.moment or now - self._last_tick < self.options.min_tick_interval_s:
             return
         self._last_tick = now
-        # Not again at this nonce before a grace: the tick's landing can take longer than
+        # Not again in this phase before a grace: the tick's landing can take longer than
         # min_tick_interval_s to be seen (a loaded machine), and a resend is a duplicate.
-        self._tick_due = (account.nonce, now + self.options.tick_grace_s)
+        due.moment = now + self.options.tick_grace_s
         self.ticks_sent += 1
         await self._transact([ix.tick(self.address)])
 

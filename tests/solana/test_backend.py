@@ -23,7 +23,9 @@ from client_image.backends.solana import (
 )
 from coordinator import load_state_file
 from coordinator.config import HubCheckpoint
+from coordinator.limits import RunState
 from coordinator.messages import CheckpointReport
+from coordinator.state import CoordinatorState, Progress
 from psyche_solana import instructions as ix
 from psyche_solana.accounts import CoordinatorAccount
 from psyche_solana.localnet import Localnet
@@ -163,6 +165,25 @@ def test_who_sends_a_due_tick_is_one_order_every_client_computes_anew_at_each_ch
     assert {tuple(tick_order(account(n))) for n in range(8)} != {tuple(first)}
     assert [tick_place(account(7), key) for key in first] == [0, 1, 2, 3, 4]
     assert tick_place(account(7), bytes(32)) == 5  # not in the run: after every member
+
+
+def test_the_tick_order_holds_through_a_phase_and_is_drawn_anew_at_the_next():
+    keys = [Pubkey(bytes([i]) * 32) for i in range(1, 6)]
+
+    def account(nonce: int, step: int) -> CoordinatorAccount:
+        state = CoordinatorState(run_id="r", run_state=RunState.RoundTrain, model=STATE.model,
+                                 config=STATE.config, progress=Progress(step=step),
+                                 run_state_start_unix_timestamp=1_800_000_000)
+        return CoordinatorAccount(
+            version=1, nonce=nonce, main_authority=keys[0], join_authority=keys[0],
+            run_id="r", client_version="", config_set=True, model_set=True, next_active=1,
+            registry=[(key, 1) for key in keys], state=state)
+
+    # a join or a witness changes the nonce, not the phase: the same order, so the key
+    # first in line keeps its place while its tick is in flight
+    first = tick_order(account(7, 1))
+    assert all(tick_order(account(n, 1)) == first for n in range(8, 20))
+    assert {tuple(tick_order(account(7, step))) for step in range(1, 9)} != {tuple(first)}
 
 
 def test_bench_smoke():

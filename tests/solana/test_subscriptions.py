@@ -275,13 +275,17 @@ async def test_of_several_clients_about_one_sends_each_due_tick(net):
         rpc=[net.url], ws_rpc=[net.ws_url], wallet=w, run_id="tick-run", p2p_address="x"))
         for w in wallets]
     phases: list[tuple[str, int, int]] = []
+    seen_nonce = -1
     async with SolanaRpc([net.url]) as rpc:
         watcher = AccountSubscription(rpc, [net.ws_url], run)
 
         async def watch() -> None:
+            nonlocal seen_nonce
             async for data in watcher.changes():
-                state = decode_coordinator(data).state
+                account = decode_coordinator(data)
+                state = account.state
                 assert state is not None
+                seen_nonce = account.nonce
                 phase = (state.run_state.name, state.progress.step, state.progress.epoch)
                 if not phases or phases[-1] != phase:
                     phases.append(phase)
@@ -293,8 +297,19 @@ async def test_of_several_clients_about_one_sends_each_due_tick(net):
         finally:
             stop.set()
             await asyncio.gather(*[asyncio.wait_for(t, 10) for t in tasks])
+            # A tick sent just before the stop has landed, but its notification may still
+            # be on its way: the watcher must see the final account before it is cancelled,
+            # or that tick is counted without its move (8 ticks for 7 moves once in CI).
+            final = await rpc.account_data(run)
+            assert final is not None
+            final_nonce = decode_coordinator(final).nonce
+            for _ in range(250):
+                if seen_nonce >= final_nonce:
+                    break
+                await asyncio.sleep(0.02)
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
+    assert seen_nonce >= final_nonce, (seen_nonce, final_nonce)
     ticks = sum(b.ticks_sent for b in backends)
     moves = len(phases) - 1
     assert moves >= 3, phases  # the run did move: WaitingForMembers -> Warmup -> ...
