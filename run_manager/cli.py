@@ -64,7 +64,7 @@ def run(
         Path | None, typer.Option("--env-file", help="KEY=VALUE settings of the run.")
     ] = None,
     tui: Annotated[bool, typer.Option("--tui/--no-tui",
-                                      help="The TUI, or log lines instead.")] = True,
+                                      help="The TUI, or log lines instead (its panels and alarms, e.g. COORDINATOR SILENT).")] = True,
     client_version: Annotated[
         str | None,
         typer.Option("--client-version", help="Run this client version instead of asking the coordinator."),

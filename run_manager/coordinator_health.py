@@ -10,6 +10,8 @@ limit). No Textual here, as in run_manager.view.
 
 from __future__ import annotations
 
+import re
+
 from psyche_common.run_view import RunSnapshot
 from psyche_common.ui.view import format_duration
 from run_manager.sources.coordinator import Heard
@@ -53,3 +55,10 @@ def describe_coordinator_health(run: RunSnapshot | None, heard: Heard | None,
                      f"{format_duration(run.phase_timeout_s)}; the coordinator has not moved "
                      "the run on")
     return lines
+
+
+def alarm_key(lines: list[str]) -> list[str]:
+    """The alarms without their running counts (seconds silent, the phase's timer), so
+    that `--no-tui` prints an alarm once when it starts or its reason changes, not on
+    every poll as its seconds go up."""
+    return [re.sub(r"\d", "", line) for line in lines]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from psyche_common.stopping import StopSignals, say
 from psyche_common.ui.view import describe_run, describe_training, describe_witnesses
+from run_manager.coordinator_health import alarm_key, describe_coordinator_health
 from run_manager.docker_supervisor import (
     ContainerStarted,
     LogLine,
@@ -179,6 +181,7 @@ class LogLinePrinter:
             # The phase timer ticks every poll: print when anything but the timer changes.
             untimed = None if d.run is None else d.run.model_copy(update={"phase_elapsed_s": 0.0})
             self._show("run", describe_run(d.run), key=describe_run(untimed))
+            self._show_coordinator_health()
             self._show("witnesses", describe_witnesses(d.run))
         if part in ("run", "training"):  # the run's end is the training's too
             self._show("training", describe_training(d.metrics, d.metrics_error, d.run))
@@ -186,6 +189,25 @@ class LogLinePrinter:
             self._show("wallet", describe_wallet(d.wallet))
         if part in ("run", "training"):
             self._show("verification", describe_verification(d.run, d.metrics))
+
+    def _show_coordinator_health(self) -> None:
+        """The TUI's red line over the Run panel (COORDINATOR SILENT, PHASE OVERDUE, ...):
+        printed once when it starts or its reason changes, and said when it clears."""
+        d = self.dashboard
+        lines = describe_coordinator_health(d.run, d.coordinator_heard, d.coordinator_error,
+                                            time.monotonic())
+        had_alarms = bool(self._last.get("run-alert"))
+        if not lines and had_alarms:
+            self._last["run-alert"] = []
+            self._print("run", "coordinator heard again and keeping to its phases: "
+                        "the alarms above are over")
+            return
+        before = self._last.get("run-alert", [])
+        key = alarm_key(lines)
+        self._last["run-alert"] = key
+        for line, kind in zip(lines, key, strict=True):
+            if kind not in before:  # an alarm that goes on is not said again
+                self._print("run", line)
 
     def _show(self, panel: str, lines: list[str], key: list[str] | None = None) -> None:
         key = lines if key is None else key
