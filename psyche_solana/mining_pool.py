@@ -28,7 +28,7 @@ from psyche_solana.ids import (
 )
 from psyche_solana.instructions import associated_token_address
 
-METADATA_MAX = 400
+METADATA_MAX = program_errors.MINING_POOL_METADATA_MAX
 POOL_SPACE = 560    # 8 + Rust's size_of::<Pool>() (549 bytes used, padded as Anchor sizes it)
 LENDER_SPACE = 32   # 8 + size_of::<Lender>() (25 used)
 POOL_DISCRIMINATOR = hashlib.sha256(b"account:Pool").digest()[:8]
@@ -36,50 +36,20 @@ LENDER_DISCRIMINATOR = hashlib.sha256(b"account:Lender").digest()[:8]
 _POOL = struct.Struct("<8sBQ32s32sQQQ?32sQ?H400s")
 _LENDER = struct.Struct("<8sBQQ")
 
-# Psyche's Anchor error codes (6000 on), then the checks Anchor's account constraints
-# make, named (6100 on).
-ERRORS = {
-    6000: "ParamsCollateralAmountIsTooLarge", 6001: "ParamsRedeemableAmountIsTooLarge",
-    6002: "ParamsMetadataLengthIsTooLarge", 6003: "PoolClaimingEnabledIsTrue",
-    6004: "PoolClaimingEnabledIsFalse", 6005: "PoolFreezeIsTrue",
-    6006: "PoolTotalDepositedCollateralAmountIsZero",
-    6100: "NotPoolAuthority", 6101: "WrongLender", 6102: "WrongPoolVault",
-    6103: "WrongTokenAccount", 6104: "WrongRedeemableMint", 6105: "WrongPoolAddress",
-}
+# The program's error names live in the shared table (psyche_solana.errors), so that a
+# refusal names its error whichever path reports it; these are its views of them.
+ERRORS = program_errors.MINING_POOL_ERRORS
 CODES = {name: code for code, name in ERRORS.items()}
-_EXPLAIN = {
-    "ParamsCollateralAmountIsTooLarge":
-        "the deposit would pass the pool's maximum (see pool-show; the authority raises it "
-        "with pool-update --max-deposit)",
-    "ParamsRedeemableAmountIsTooLarge":
-        "more than this lender's unclaimed share of the rewards (already claimed?)",
-    "ParamsMetadataLengthIsTooLarge": f"metadata is at most {METADATA_MAX} bytes",
-    "PoolClaimingEnabledIsTrue": "claims are already enabled for this pool (and it takes no "
-                                 "more deposits)",
-    "PoolClaimingEnabledIsFalse": "the pool's authority has not enabled claims yet (pool-claimable)",
-    "PoolFreezeIsTrue": "the pool is frozen (its authority unfreezes it with pool-update --unfreeze)",
-    "PoolTotalDepositedCollateralAmountIsZero": "nobody deposited into this pool",
-    "NotPoolAuthority": "only the pool's authority may do this (sign with its wallet)",
-    "WrongLender": "the lender account is not this wallet's in this pool (pool-deposit creates it)",
-    "WrongPoolVault": "the vault is not the pool's associated token account of the mint",
-    "WrongTokenAccount": "the token account is not the signer's, of the pool's mint, without "
-                         "a delegate",
-    "WrongRedeemableMint": "the reward mint is not the pool's",
-    "WrongPoolAddress": "the pool account is not the PDA of this index",
-}
 
 
 def error_name(code: int) -> str:
-    """The mining pool's name for a custom error code (the shared ones from errors.py)."""
-    return ERRORS.get(code) or program_errors.error_name(code)
+    """The mining pool's name for a custom error code (the shared ones included)."""
+    return program_errors.error_name(code)
 
 
 def describe(code: int) -> str:
     """`Name: explanation` for an error of the mining pool program."""
-    name = ERRORS.get(code)
-    if name is None:
-        return program_errors.describe(code)
-    return f"{name}: {_EXPLAIN[name]}"
+    return program_errors.describe(code)
 
 
 def pool_address(index: int) -> Pubkey:
