@@ -273,3 +273,27 @@ async def withdraw(rpc: SolanaRpc, authority: Keypair, airdrop_id: int, amount: 
         airdrop_withdraw(authority.pubkey(), airdrop_id, mint,
                          associated_token_address(authority.pubkey(), mint), amount)], authority)
     return amount
+
+
+async def update(rpc: SolanaRpc, authority: Keypair, airdrop_id: int,
+                 claim_freeze: bool | None = None, merkle_root: bytes | None = None,
+                 metadata: bytes | None = None, allocated_total: int | None = None,
+                 decimals: int = 0) -> int:
+    """Change what the authority may change of an airdrop (Psyche's airdrop_update: the
+    claim freeze, the Merkle root, the metadata; None leaves each as it is). With
+    `allocated_total` (the new allocations' total), then top the vault up to what they
+    still owe (that total less what has been claimed so far) from the authority's
+    associated token account. The base units moved into the vault (0 when it held enough)."""
+    await rpc.send_instructions([airdrop_update(authority.pubkey(), airdrop_id, claim_freeze,
+                                                merkle_root, metadata)], authority)
+    if allocated_total is None:
+        return 0
+    airdrop = await load_airdrop(rpc, airdrop_id)
+    owed = max(0, allocated_total - airdrop.total_claimed_collateral_amount)
+    top_up = max(0, owed - await vault_balance(rpc, airdrop))
+    if top_up:
+        mint = airdrop.collateral_mint
+        await rpc.send_instructions([token_transfer_checked(
+            associated_token_address(authority.pubkey(), mint), mint,
+            vault_address(airdrop_id, mint), authority.pubkey(), top_up, decimals)], authority)
+    return top_up

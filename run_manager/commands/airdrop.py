@@ -4,6 +4,9 @@
     airdrop-create   --allocations FILE --collateral-mint MINT   (CSV or JSON; writes the
                      proofs file, prints the root; funds the vault unless --no-fund)
     airdrop-claim    --proofs FILE                               (redeems what has vested)
+    airdrop-update   --airdrop-id N [--allocations FILE] [--freeze | --unfreeze]
+                     [--metadata TEXT]                           (the authority; new
+                     allocations get a new root and proofs file, the vault topped up)
     airdrop-withdraw --airdrop-id N                              (the authority claws back)
     airdrop-show     --airdrop-id N [--proofs FILE]              (JSON)
 
@@ -285,6 +288,66 @@ def airdrop_claim(
     typer.echo(f"claimed {sent} base units from airdrop {airdrop_id}")
 
 
+def airdrop_update(
+        airdrop_id: AirdropId,
+        allocations: Annotated[Path | None, typer.Option(
+            "--allocations", help="New allocations (as airdrop-create's): a new Merkle root "
+                                  "and proofs file.")] = None,
+        proofs_out: Annotated[Path | None, typer.Option(
+            help="Where to write the new proofs (default airdrop-<id>-proofs.json).")] = None,
+        fund: Annotated[bool, typer.Option(
+            help="With --allocations: top the vault up to what they still owe (their total "
+                 "less what was claimed) from your token account.")] = True,
+        freeze: Annotated[bool | None, typer.Option(
+            "--freeze/--unfreeze", help="Stop or allow claims.")] = None,
+        metadata: Annotated[str | None, typer.Option(help="Up to 300 bytes kept on chain.")] = None,
+        wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: Rpc2 = None) -> None:
+    """Change an airdrop's allocations, claim freeze or metadata (its authority only)."""
+    from psyche_solana import distributor as dist
+    from psyche_solana.merkle import MerkleTree
+    from psyche_solana.runs import mint_decimals
+
+    if allocations is None and freeze is None and metadata is None:
+        raise fail("airdrop-update: nothing to change (give --allocations, --freeze or "
+                   "--unfreeze, or --metadata)", EXIT_BAD_ARGUMENT)
+    if metadata is not None and len(metadata.encode()) > dist.METADATA_SIZE:
+        raise fail(f"--metadata is {len(metadata.encode())} bytes, at most 300", EXIT_BAD_ARGUMENT)
+    authority = signing_keypair(wallet)
+
+    async def airdrop_mint(client: Any) -> tuple[Any, int]:
+        airdrop = await dist.load_airdrop(client, airdrop_id)
+        return airdrop.collateral_mint, await mint_decimals(client, airdrop.collateral_mint)
+
+    mint, decimals = run_rpc(rpc, rpc_2, None, airdrop_mint)
+    lines, root, total = None, None, None
+    if allocations is not None:
+        try:
+            lines = read_allocations(allocations, decimals)
+        except BadInput as error:
+            raise _bad_input(error) from None
+        root = MerkleTree([a.leaf() for a in lines]).root
+        total = sum(a.vesting.end_collateral_amount for a in lines)
+
+    async def work(client: Any) -> int:
+        return await dist.update(client, authority, airdrop_id, freeze, root,
+                                 None if metadata is None else metadata.encode(),
+                                 total if fund else None, decimals)
+
+    topped_up = run_rpc(rpc, rpc_2, None, _program_errors(work))
+    changed = []
+    if lines is not None and root is not None:
+        out = proofs_out or Path(f"airdrop-{airdrop_id}-proofs.json")
+        out.write_text(json.dumps(proofs_json(airdrop_id, mint, decimals, lines), indent=1) + "\n")
+        typer.echo(f"merkle root {root.hex()}")
+        changed.append(f"{len(lines)} allocations of {total} base units, proofs in {out}"
+                       + (f", vault topped up by {topped_up}" if fund else ""))
+    if freeze is not None:
+        changed.append("claims frozen" if freeze else "claims allowed")
+    if metadata is not None:
+        changed.append("metadata set")
+    typer.echo(f"airdrop {airdrop_id} updated: {'; '.join(changed)}")
+
+
 def airdrop_withdraw(
         airdrop_id: AirdropId,
         amount: Annotated[str | None, typer.Option(
@@ -350,8 +413,10 @@ def airdrop_show(airdrop_id: AirdropId,
     typer.echo(json.dumps(run_rpc(rpc, rpc_2, None, work), indent=2))
 
 
-COMMANDS: dict[str, Callable[..., None]] = {"airdrop-create": airdrop_create, "airdrop-claim": airdrop_claim,
-            "airdrop-withdraw": airdrop_withdraw, "airdrop-show": airdrop_show}
+COMMANDS: dict[str, Callable[..., None]] = {
+    "airdrop-create": airdrop_create, "airdrop-claim": airdrop_claim,
+    "airdrop-update": airdrop_update, "airdrop-withdraw": airdrop_withdraw,
+    "airdrop-show": airdrop_show}
 
 
 def register(app: typer.Typer) -> None:
