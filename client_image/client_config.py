@@ -171,6 +171,10 @@ class ObservabilityConfig:
         env="EVENTS_DIR",
         help="write every event here as event files (docs/events.md; `psyche-testnet "
              "replay` shows them)")] = None
+    keep_event_files: Annotated[int, Option(
+        env="KEEP_EVENT_FILES", min=0,
+        help="keep this client's newest N event files in --events-dir, removing the oldest "
+             "when a new one opens (each start, each 16 MiB); 0 keeps them all")] = 5
     # W&B (client_image/telemetry/wandb_logging.py): no --wandb-project, no wandb import.
     wandb_project: Annotated[str | None, Option(
         env="WANDB_PROJECT",

@@ -19,7 +19,9 @@ know), `time` unix seconds, `seq` the record's number in this process's files. E
 process start opens a new file (the next `n` of its source), and a file past `max_bytes`
 is closed and the next one opened: a file is never appended to by two processes, and a
 killed writer leaves at most one torn line, the last of its file. Readers report that
-line (`BadLine`, torn=True) instead of failing on it.
+line (`BadLine`, torn=True) instead of failing on it. With `keep_files=N` (Psyche's
+`--keep-event-files`) a writer keeps its source's newest N files, removing the oldest
+whenever it opens one; 0 keeps them all.
 
     writer = EventFileWriter(Path("events"), "coordinator")
     writer.write("joined", {"identity": "ab12…"})
@@ -42,6 +44,7 @@ from typing import Any
 FORMAT_VERSION = 1
 SUFFIX = ".events.jsonl"
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # a file's size before the next one is opened
+KEEP_ALL_FILES = 0  # keep_files: no retention
 _NAME = re.compile(r"^(?P<source>[A-Za-z0-9_-]+)\.(?P<n>\d{6,})" + re.escape(SUFFIX) + "$")
 
 
@@ -133,13 +136,19 @@ def parse_record(text: str) -> EventRecord:
 
 class EventFileWriter:
     """Appends one process's records under `directory`, a new file per start and per
-    `max_bytes`. Each record is one write of a whole line: a kill tears at most the last."""
+    `max_bytes`. Each record is one write of a whole line: a kill tears at most the last.
+    `keep_files` > 0 bounds the source's files on disk: the oldest go first."""
 
     def __init__(self, directory: Path, source: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 keep_files: int = KEEP_ALL_FILES,
                  clock: Callable[[], float] = time.time) -> None:
+        if keep_files < 0:
+            raise ValueError(f"keep_files {keep_files} is below 0 (0 keeps every file)")
         self.directory = directory
         self.source = source_name(source)
         self.max_bytes = max_bytes
+        self.keep_files = keep_files
+        self.removed: list[Path] = []
         self.clock = clock
         self.seq = 0
         self.files: list[Path] = []
@@ -152,14 +161,17 @@ class EventFileWriter:
     def path(self) -> Path:
         return self.files[-1]
 
+    def _numbered_files(self) -> list[tuple[int, Path]]:
+        """This source's files in the directory, by number."""
+        return sorted((parsed[1], path) for path in self.directory.iterdir()
+                      if (parsed := parse_file_name(path)) is not None
+                      and parsed[0] == self.source)
+
     def _open_next(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        taken = [n for path in self.directory.iterdir()
-                 if (parsed := parse_file_name(path)) is not None and parsed[0] == self.source
-                 for n in [parsed[1]]]
-        n = max(taken, default=0) + 1
+        n = max((number for number, _ in self._numbered_files()), default=0) + 1
         while True:  # O_EXCL: two processes of one source never share a file
             path = self.directory / f"{self.source}.{n:06d}{SUFFIX}"
             try:
@@ -170,6 +182,18 @@ class EventFileWriter:
                 n += 1
         self.files.append(path)
         self._size = 0
+        if self.keep_files:
+            self._remove_oldest()
+
+    def _remove_oldest(self) -> None:
+        """Down to `keep_files` files of this source, the one just opened among them."""
+        numbered = self._numbered_files()
+        for _, old in numbered[:max(0, len(numbered) - self.keep_files)]:
+            try:
+                old.unlink()
+            except FileNotFoundError:  # another process of this source removed it first
+                continue
+            self.removed.append(old)
 
     def write(self, kind: str, payload: dict[str, Any]) -> EventRecord:
         record = EventRecord(self.clock(), self.source, kind, payload, self.seq)

@@ -24,7 +24,6 @@ IGNORED: dict[str, str] = {
     "GRAD_ACCUM_IN_FP32": "fp32 gradient accumulation",
     "MAX_CONCURRENT_DOWNLOADS": "a download limit (unused by Psyche too)",
     "SIDECAR_PORT": "multi-node Python sidecars",
-    "KEEP_EVENT_FILES": "retention of the event files (psyche-py keeps them all)",
     "CONFIG_HASH": _EVENTS,
     "BLOBS_GC_INTERVAL_MILLIS": "the blob store's GC period",
     "ALLOW_FAIL_MMAP": "a local-data mmap fallback",

@@ -124,7 +124,8 @@ class PsycheClient:
         self.removals = RemovalWatch(self.me, events)  # tells why it was taken out
         events_dir = options.config.observability.events_dir
         self.event_files = None if events_dir is None else ClientEventRecorder(
-            events_dir, self.me.key.hex(), options.config.connection.run_id, events)
+            events_dir, self.me.key.hex(), options.config.connection.run_id, events,
+            keep_files=options.config.observability.keep_event_files)
         self.state: CoordinatorState | None = None
         self.last_server_state: tuple[ServerState, float] | None = None  # (state, received at)
         self.addresses: dict[str, str] = {}

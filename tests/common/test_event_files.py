@@ -60,6 +60,34 @@ def test_rotation_by_size_and_a_new_file_per_start(tmp_path: Path) -> None:
     assert event_files(tmp_path)[-1] == again.path
 
 
+def test_keep_files_removes_the_oldest_of_its_own_source_only(tmp_path: Path) -> None:
+    """Psyche's --keep-event-files: at each start and each rotation a writer keeps its
+    source's newest N files; other sources' files and any other file stay."""
+    other = EventFileWriter(tmp_path, "coordinator")
+    other.write("state", {"step": 0})
+    other.close()
+    (tmp_path / "notes.txt").write_text("not an event file")
+    for start in range(3):  # three starts of one client, nothing removed (keep all)
+        first = EventFileWriter(tmp_path, "client-aa")
+        first.write("opened", {"start": start})
+        first.close()
+    writer = EventFileWriter(tmp_path, "client-aa", max_bytes=200, keep_files=2)
+    assert [p.name for p in writer.removed] == ["client-aa.000001.events.jsonl",
+                                                "client-aa.000002.events.jsonl"]
+    for step in range(6):  # about 100 bytes each: rotations remove as they open
+        writer.write("trained", {"step": step, "pad": "x" * 40})
+    writer.close()
+    kept = [p for p in event_files(tmp_path) if p.name.startswith("client-aa.")]
+    assert kept == writer.files[-2:]
+    assert len(writer.removed) == len(writer.files) + 1  # every older file, no more
+    assert (tmp_path / "coordinator.000001.events.jsonl").exists()
+    assert (tmp_path / "notes.txt").exists()
+    steps = [r.payload["step"] for r in read_events(tmp_path).records if r.kind == "trained"]
+    assert steps == sorted(steps) and steps[-1] == 5 and 0 not in steps  # the newest kept
+    with pytest.raises(ValueError, match="keep_files -1 is below 0"):
+        EventFileWriter(tmp_path, "client-aa", keep_files=-1)
+
+
 def test_torn_last_line_of_a_killed_writer_is_reported_not_raised(tmp_path: Path) -> None:
     # A real writer process killed (SIGKILL) right after a record and half of another.
     script = (
