@@ -71,10 +71,11 @@ def train(
         raise typer.BadParameter("use tui, console, json or none", param_hint="--logs")
     if config.p2p.iroh_discovery not in ("local", "n0"):
         raise typer.BadParameter("use local or n0", param_hint="--iroh-discovery")
-    cap = config.p2p.max_model_download_mbps
-    if cap is not None and not 0 < cap < float("inf"):  # nan fails too
-        raise typer.BadParameter(f"{cap:g} is not a rate: give megabits per second above 0",
-                                 param_hint="--max-model-download-mbps")
+    for cap, flag in ((config.p2p.max_model_download_mbps, "--max-model-download-mbps"),
+                      (config.p2p.max_upload_mbps, "--max-upload-mbps")):
+        if cap is not None and not 0 < cap < float("inf"):  # nan fails too
+            raise typer.BadParameter(f"{cap:g} is not a rate: give megabits per second above 0",
+                                     param_hint=flag)
     relay_mode, relay_urls = train_support.relay_choice(config.p2p.iroh_relay)
     from client_image.verification.adversary import LIVE_ATTACKS
     test_adversary = config.verification.test_adversary

@@ -94,6 +94,11 @@ class P2PConfig:
         env="MAX_MODEL_DOWNLOAD_MBPS",
         help="cap on how fast a P2P run's model comes from peers at warm-up, in megabits "
              "per second (default: no cap)")] = None
+    max_upload_mbps: Annotated[float | None, Option(
+        env="MAX_UPLOAD_MBPS",
+        help="cap on how fast this client serves peers over P2P (the model to joiners, its "
+             "results each round; all together), in megabits per second (default: no cap)"
+    )] = None
 
 
 @dataclass(frozen=True)

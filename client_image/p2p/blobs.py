@@ -11,6 +11,11 @@ holder. Response: ``status (u8: 0 ok, 1 not found, 2 bad request, 3 redirect,
 redirect, a holder count and that many 32-byte node ids (see ``holders.py``
 for when a server redirects); then the stream is finished.
 
+Serving may be capped (``upload_bytes_per_second``, the client's ``--max-upload-mbps``):
+one token bucket for everything this node serves (model parameters to joiners, round
+results to peers), written in ``CAPPED_SERVE_CHUNK`` pieces so the rate holds within a
+transfer and not only across them.
+
 A download hashes the bytes as they arrive (BLAKE3), never accepts more than
 the announced size, and on a failed or stalled provider resumes at the same
 offset from the next one after a jittered, growing pause. A hash mismatch at
@@ -46,6 +51,7 @@ FLAG_MAY_REDIRECT = 0x01
 MAX_REDIRECT_HOLDERS = 16
 MAX_REQUEST_EXTRA = 16  # bytes after the fixed request that a server reads (flags and future)
 SERVE_CHUNK = 1 << 20
+CAPPED_SERVE_CHUNK = 64 << 10  # under an upload cap: small writes, a smooth rate
 
 
 class BlobDownloadError(RuntimeError):
@@ -142,11 +148,19 @@ class BlobService:
     """Serves ``store`` to peers and downloads blobs from them."""
 
     def __init__(
-        self, transport: Transport, store: BlobStore, config: DownloadConfig | None = None
+        self,
+        transport: Transport,
+        store: BlobStore,
+        config: DownloadConfig | None = None,
+        upload_bytes_per_second: float | None = None,
     ) -> None:
         self.transport = transport
         self.store = store
         self.config = config or DownloadConfig()
+        # One bucket for every blob served, whoever asks: the cap is the node's upload.
+        self.upload_limiter = (None if upload_bytes_per_second is None
+                               else RateLimiter(upload_bytes_per_second))
+        self.bytes_served = 0
         self.stats = DownloadStats()
         self.holders = HolderBook()
         self.slots = asyncio.Semaphore(self.config.max_concurrent_downloads)
@@ -187,10 +201,16 @@ class BlobService:
                 await send.write_all(RESPONSE_HEADER.pack(STATUS_REDIRECT, len(ids)) + b"".join(ids))
             else:
                 end = len(data) if length == 0 else min(len(data), offset + length)
+                limiter = self.upload_limiter
+                chunk = SERVE_CHUNK if limiter is None else CAPPED_SERVE_CHUNK
                 with self.holders.uploading(digest):
                     await send.write_all(RESPONSE_HEADER.pack(STATUS_OK, len(data)))
-                    for start in range(offset, end, SERVE_CHUNK):
-                        await send.write_all(data[start : min(end, start + SERVE_CHUNK)])
+                    for start in range(offset, end, chunk):
+                        piece = data[start : min(end, start + chunk)]
+                        if limiter is not None:
+                            await limiter.consume(len(piece))
+                        await send.write_all(piece)
+                        self.bytes_served += len(piece)
                     await send.finish()
                 self.holders.served(digest, requester, end - offset, now_holds=may_redirect)
                 return

@@ -29,12 +29,14 @@ class P2PNode:
         config: NodeConfig | None = None,
         gossip_config: GossipConfig | None = None,
         download_config: DownloadConfig | None = None,
+        upload_bytes_per_second: float | None = None,
     ) -> None:
         self.identity = identity or Identity.generate()
         self.transport = Transport(self.identity, config)
         self.gossip = Gossip(self.transport, gossip_config)
         self.blob_store = BlobStore()
-        self.blobs = BlobService(self.transport, self.blob_store, download_config)
+        self.blobs = BlobService(self.transport, self.blob_store, download_config,
+                                 upload_bytes_per_second)
         self.model_sharing = ModelSharing(self.transport, self.blobs)
 
     async def start(self) -> P2PNode:

@@ -31,6 +31,7 @@ from client_image.p2p import (
     P2PNode,
     decode_broadcast,
 )
+from client_image.p2p.model_sharing import MEGABIT_BYTES
 from client_image.runtime.evaluating import EvalOptions, IdleEvals
 from client_image.runtime.event_recording import ClientEventRecorder
 from client_image.runtime.events import (
@@ -109,7 +110,10 @@ class PsycheClient:
         self.options = options
         self.events = events
         self.me = NodeIdentity(options.identity.public_key)
-        self.node = P2PNode(options.identity, options.node_config)
+        upload_mbps = options.config.p2p.max_upload_mbps
+        self.node = P2PNode(options.identity, options.node_config,
+                            upload_bytes_per_second=None if upload_mbps is None
+                            else upload_mbps * MEGABIT_BYTES)
         training = options.config.training
         self.worker = TrainingWorker(device=training.device,
                                      micro_batch_size=training.micro_batch_size,
