@@ -1,7 +1,7 @@
 """This wallet's mining pools and airdrops, for the TUI's "Pools & airdrops" panel and its
 claim action (psyche_solana.mining_pool, psyche_solana.distributor).
 
-    funds = WalletFunds([RPC, RPC_2], keypair, proofs=Path("airdrop-5-proofs.json"))
+    funds = WalletFunds([RPC, RPC_2], keypair, proofs="airdrop-5-proofs.json,drops/")
     status = await funds.status()               # FundsStatus: pools, airdrops, notes
     sent = await funds.claim(stake, amount)     # exactly `amount` base units; the balance after
     await funds.close()
@@ -12,9 +12,12 @@ mining pool program is listed (getProgramAccounts, filtered by size and discrimi
 and this wallet's Lender PDA of each (["Lender", pool, user]) is read in one
 getMultipleAccounts: the pools listed are those where it exists.
 
-Airdrops: an allocation is known only from the proofs file `airdrop-create` wrote (the
-chain keeps the Merkle root alone); the setting AIRDROP_PROOFS names it. Without one the
-panel says so. Every figure is read afresh at each call, in base units of the mint.
+Airdrops: an allocation is known only from the proofs file `airdrop-create` (or
+`airdrop-update`) wrote (the chain keeps the Merkle root alone); the setting AIRDROP_PROOFS
+names them: one file, several separated by commas, or directories (their *.json files
+that are proofs files). Each allocation of this wallet is listed once, by (airdrop,
+nonce): a stale proofs file of an updated airdrop gives way to the one matching its
+root. Without any the panel says so. Every figure is read afresh at each call, in base units of the mint.
 Every failure is `FundsUnavailable`, one line naming the program and what went wrong.
 """
 
@@ -141,6 +144,43 @@ def _refusal(error: ProgramError) -> str:
     return _first_line(error)
 
 
+def proofs_paths(setting: str | Path | None) -> list[Path]:
+    """The paths AIRDROP_PROOFS names, in its order: one, or several separated by commas
+    (blank entries ignored)."""
+    if setting is None:
+        return []
+    return [Path(part.strip()) for part in str(setting).split(",") if part.strip()]
+
+
+def read_proofs_files(setting: str | Path | None
+                      ) -> tuple[list[tuple[Path, int, list[ProvenAllocation]]], list[str]]:
+    """([(file, airdrop id, its proven allocations)], one-line notes) of the files and
+    directories AIRDROP_PROOFS names. A named file that is missing or not a proofs file is
+    a note; in a directory, the *.json files that are not proofs files (allocation files,
+    say) are passed over in one note."""
+    found: list[tuple[Path, int, list[ProvenAllocation]]] = []
+    notes: list[str] = []
+    for path in proofs_paths(setting):
+        if not path.is_dir():
+            try:
+                found.append((path, *read_proofs_file(path)))
+            except ValueError as error:
+                notes.append(str(error))
+            continue
+        passed_over, before = [], len(found)
+        for candidate in sorted(path.glob("*.json")):
+            try:
+                found.append((candidate, *read_proofs_file(candidate)))
+            except ValueError:
+                passed_over.append(candidate.name)
+        if len(found) == before and not passed_over:
+            notes.append(f"{PROOFS_SETTING}: {path} holds no *.json proofs file")
+        elif passed_over:
+            notes.append(f"{PROOFS_SETTING}: {path}: not proofs files, passed over: "
+                         f"{', '.join(passed_over)}")
+    return found, notes
+
+
 def read_proofs_file(path: Path) -> tuple[int, list[ProvenAllocation]]:
     """(airdrop id, its proven allocations) of a proofs file; ValueError in one line."""
     from run_manager.commands.airdrop import BadInput, read_proofs
@@ -155,7 +195,8 @@ def read_proofs_file(path: Path) -> tuple[int, list[ProvenAllocation]]:
 
 class WalletFunds:
     def __init__(self, rpc_urls: Sequence[str | None], wallet: Keypair,
-                 proofs: Path | None = None) -> None:
+                 proofs: str | Path | None = None) -> None:
+        """`proofs`: AIRDROP_PROOFS (a file, several separated by commas, directories)."""
         self.wallet = wallet
         self.proofs = proofs
         self._rpc_urls = list(rpc_urls)
@@ -221,38 +262,46 @@ class WalletFunds:
         return stakes
 
     async def _airdrops(self, rpc: SolanaRpc, status: FundsStatus) -> None:
-        if self.proofs is None:
+        if not proofs_paths(self.proofs):
             status.notes.append(f"airdrops: no proofs file set ({PROOFS_SETTING}=the file "
                                 "airdrop-create wrote)")
             return
-        try:
-            airdrop_id, lines = read_proofs_file(self.proofs)
-        except ValueError as error:
-            status.notes.append(f"airdrops: {error}")
+        files, notes = read_proofs_files(self.proofs)
+        status.notes.extend(f"airdrops: {note}" for note in notes)
+        me = self.wallet.pubkey()
+        mine = [(path, airdrop_id, line) for path, airdrop_id, lines in files
+                for line in lines if line.claimer == me]
+        if files and not mine:
+            status.notes.append("airdrops: this wallet has no allocation in "
+                                f"{', '.join(path.name for path, _, _ in files)}")
             return
-        mine = [line for line in lines if line.claimer == self.wallet.pubkey()]
-        if not mine:
-            status.notes.append(f"airdrops: this wallet has no allocation in {self.proofs.name}")
-            return
-        data = await rpc.account_data(dist.airdrop_address(airdrop_id))
-        if data is None:
-            status.notes.append(f"airdrops: airdrop {airdrop_id} of {self.proofs.name} is not "
-                                "on this cluster")
-            return
-        airdrop = dist.decode_airdrop(data)
-        now = await dist.cluster_time(rpc)
-        decimals = await self._mint_decimals(rpc, airdrop.collateral_mint)
-        for line in mine:
+        airdrops: dict[int, dist.Airdrop | None] = {}
+        listed: set[tuple[int, int]] = set()
+        mismatched: dict[tuple[int, int], str] = {}
+        now = await dist.cluster_time(rpc) if mine else 0
+        for path, airdrop_id, line in mine:
+            if airdrop_id not in airdrops:
+                data = await rpc.account_data(dist.airdrop_address(airdrop_id))
+                airdrops[airdrop_id] = None if data is None else dist.decode_airdrop(data)
+                if data is None:
+                    status.notes.append(f"airdrops: airdrop {airdrop_id} of {path.name} is not "
+                                        "on this cluster")
+            airdrop, nonce = airdrops[airdrop_id], line.allocation.nonce
+            if airdrop is None or (airdrop_id, nonce) in listed:
+                continue  # an older or a copied proofs file of the same allocation
             if not verify(airdrop.merkle_root, line.allocation.leaf(), line.proof):
-                status.notes.append(f"airdrops: the proof of nonce {line.allocation.nonce} in "
-                                    f"{self.proofs.name} does not match airdrop {airdrop_id}'s "
-                                    "Merkle root")
+                mismatched.setdefault((airdrop_id, nonce), path.name)
                 continue
-            claimed = await dist.claimed_amount(rpc, airdrop_id, self.wallet.pubkey(),
-                                                line.allocation.nonce)
+            listed.add((airdrop_id, nonce))
+            claimed = await dist.claimed_amount(rpc, airdrop_id, me, nonce)
             status.airdrops.append(AirdropStake(
-                airdrop_id, line, airdrop.collateral_mint, decimals,
+                airdrop_id, line, airdrop.collateral_mint,
+                await self._mint_decimals(rpc, airdrop.collateral_mint),
                 line.allocation.vesting.vested(now), claimed or 0, airdrop.claim_freeze))
+        for (airdrop_id, nonce), name in mismatched.items():
+            if (airdrop_id, nonce) not in listed:  # no other file had its current proof
+                status.notes.append(f"airdrops: the proof of nonce {nonce} in {name} does not "
+                                    f"match airdrop {airdrop_id}'s Merkle root")
 
     # ------------------------------------------------------------------ claiming
     async def claim(self, stake: Stake, amount: int) -> int:

@@ -104,9 +104,10 @@ class RunManagerSettings(BaseSettings):
     SCRATCH_DIR: Path | None = None
     COORDINATOR_WAIT_S: float = Field(default=30.0, gt=0, le=3600)
     """How long to wait for the coordinator's state before giving up with an error."""
-    AIRDROP_PROOFS: Path | None = None
-    """The proofs file `airdrop-create` wrote: the TUI's Pools & airdrops panel shows this
-    wallet's allocations in that airdrop (the chain keeps only the Merkle root)."""
+    AIRDROP_PROOFS: str | None = None
+    """The proofs files `airdrop-create` (or `airdrop-update`) wrote: one, several separated
+    by commas, or directories of them; the TUI's Pools & airdrops panel shows this wallet's
+    allocations in those airdrops (the chain keeps only the Merkle root)."""
 
     @field_validator("RUN_ID")
     @classmethod

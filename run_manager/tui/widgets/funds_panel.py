@@ -1,5 +1,5 @@
 """Pools & airdrops: the mining pools this wallet lent to (deposited, its share of the
-rewards, claimed, claimable) and its allocations in the airdrop of the proofs file
+rewards, claimed, claimable) and its allocations in the airdrops of the proofs files
 AIRDROP_PROOFS names (allocated, vested, claimed, claimable), read from the chain by
 run_manager.funds on mount and at every wallet refresh; a line says when no proofs file
 is set. Key a (or enter on a row) claims the highlighted row's claimable amount after a
