@@ -50,19 +50,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.server_load import coordinator_server, cpu_seconds, status_mb
 from coordinator_tcp.client import JoinRefused, ProtocolConnection
 from psyche_common.identity import Identity
 from psyche_common.tcp.admission import raise_fd_limit
@@ -111,49 +110,37 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.server_fd_limit is not None:  # its soft and hard limit, set by the shell
             command = ["/bin/sh", "-c", f'ulimit -n {args.server_fd_limit} && exec "$0" "$@"',
                        *command]
-        server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                  stderr=server_log.open("wb"))
-        try:
-            for _ in range(200):  # the server's port opens
-                with contextlib.suppress(OSError):
-                    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.close()
-                    break
-                await asyncio.sleep(0.1)
-            attacker.start()
-            began = time.monotonic()
-            await attacker.wait_opened(300)
-            opened_s = time.monotonic() - began
-            # The hold is in place once the server has taken in what its pool holds (the
-            # rest wait in its accept queue): its Challenge reached that many.
-            pool = await _pool_from_log(server_log)
-            while attacker.challenged_now < 0.99 * min(args.idle, pool):
-                if time.monotonic() - began > 300:
-                    raise RuntimeError(f"the server took in {attacker.challenged_now} idle "
-                                       f"connections in 300 s (pool {pool})")
-                await asyncio.sleep(0.1)
-            held_s = time.monotonic() - began
-            closed_before = attacker.closed_by_server
-            cpu_before = _cpu_seconds(server.pid)
-            samples: list[int] = []
-            joins = []
-            for i in range(args.joins):
-                joins.append(asyncio.create_task(honest_join(i, port)))
-                for _ in range(max(1, round(args.join_every / 0.1))):
-                    samples.append(attacker.open_now)
-                    await asyncio.sleep(min(0.1, args.join_every))
-            results = await asyncio.gather(*joins)
-            cpu = _cpu_seconds(server.pid) - cpu_before
-            rss, peak = _status_mb(server.pid, "VmRSS"), _status_mb(server.pid, "VmHWM")
-            closed = attacker.closed_by_server - closed_before
-            failures = attacker.connect_failures
-        finally:
-            attacker.stop()
-            server.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                server.wait(10)
-            if server.poll() is None:
-                server.kill()
+        async with coordinator_server(command, server_log, port, open_wait_s=20) as server:
+            try:
+                attacker.start()
+                began = time.monotonic()
+                await attacker.wait_opened(300)
+                opened_s = time.monotonic() - began
+                # The hold is in place once the server has taken in what its pool holds (the
+                # rest wait in its accept queue): its Challenge reached that many.
+                pool = await _pool_from_log(server_log)
+                while attacker.challenged_now < 0.99 * min(args.idle, pool):
+                    if time.monotonic() - began > 300:
+                        raise RuntimeError(f"the server took in {attacker.challenged_now} idle "
+                                           f"connections in 300 s (pool {pool})")
+                    await asyncio.sleep(0.1)
+                held_s = time.monotonic() - began
+                closed_before = attacker.closed_by_server
+                cpu_before = cpu_seconds(server.pid)
+                samples: list[int] = []
+                joins = []
+                for i in range(args.joins):
+                    joins.append(asyncio.create_task(honest_join(i, port)))
+                    for _ in range(max(1, round(args.join_every / 0.1))):
+                        samples.append(attacker.open_now)
+                        await asyncio.sleep(min(0.1, args.join_every))
+                results = await asyncio.gather(*joins)
+                cpu = cpu_seconds(server.pid) - cpu_before
+                rss, peak = status_mb(server.pid, "VmRSS"), status_mb(server.pid, "VmHWM")
+                closed = attacker.closed_by_server - closed_before
+                failures = attacker.connect_failures
+            finally:
+                attacker.stop()
     times = sorted(seconds for seconds, _error in results if seconds is not None)
     errors = sorted({error for seconds, error in results if seconds is None})
     return {
@@ -183,20 +170,6 @@ async def _pool_from_log(log: Path) -> int:
             return int(found.group(1))
         await asyncio.sleep(0.1)
     raise RuntimeError(f"the server logged no admission line: {log.read_text()[-500:]}")
-
-
-def _status_mb(pid: int, field: str) -> float:
-    """A memory figure of /proc/PID/status (VmRSS, VmHWM) in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

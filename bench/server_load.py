@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -93,16 +94,44 @@ def bench_state_toml(clients: int, witnesses: int, path: Path) -> None:
     path.write_text(state_file_from_dict(data).to_toml())
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (/proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mb(pid: int) -> float:
+def status_mb(pid: int, field: str) -> float:
+    """A memory figure of /proc/PID/status (VmRSS, VmHWM) in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+@contextlib.asynccontextmanager
+async def coordinator_server(command: list[str], log: Path, port: int,
+                             open_wait_s: float) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """The coordinator server `command` (a `coordinator_tcp run` on `port`) in a process
+    of its own, its stderr to `log`, entered once its port opens (or `open_wait_s` has
+    passed: the caller's own waits then say what went wrong); terminated on leaving,
+    killed if it has not ended 10 s later."""
+    with log.open("wb") as log_file:
+        server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=log_file)
+        try:
+            for _ in range(round(open_wait_s / 0.1)):
+                with contextlib.suppress(OSError):
+                    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                await asyncio.sleep(0.1)
+            yield server
+        finally:
+            server.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(10)
+            if server.poll() is None:
+                server.kill()
 
 
 async def measure_count(clients: int, duration_s: float, witnesses: int,
@@ -118,56 +147,46 @@ async def measure_count(clients: int, duration_s: float, witnesses: int,
         state_path = Path(tmp) / "state.toml"
         bench_state_toml(clients, witnesses, state_path)
         server_log = Path(tmp) / "server.log"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state_path),
-             "--server-port", str(port), "--bind-host", "127.0.0.1", "--tick-interval", "0.1"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=server_log.open("wb"))
+        command = [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state_path),
+                   "--server-port", str(port), "--bind-host", "127.0.0.1",
+                   "--tick-interval", "0.1"]
         rows: list[dict[str, Any]] = []
-        try:
-            for _ in range(100):  # the server's port opens
-                with contextlib.suppress(OSError):
-                    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.close()
-                    break
-                await asyncio.sleep(0.1)
-            began = time.monotonic()
-            for worker in workers:
-                worker.start()
-            deadline = began + 180
-            join_s = None
-            while time.monotonic() < deadline:
-                if join_s is None and shared.joined.value == clients:
-                    join_s = time.monotonic() - began
-                if join_s is not None and shared.active.value:
-                    break
-                if any(not worker.is_alive() for worker in workers) or not shared.results.empty():
-                    raise RuntimeError(f"a client process ended early: {_first_error(shared)}")
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError(f"{clients} clients: the run never started "
-                                   f"({shared.joined.value} joined)")
-            cpu_before = _cpu_seconds(server.pid)
-            shared.measuring.set()
-            await asyncio.sleep(duration_s)
-            shared.measuring.clear()
-            cpu = _cpu_seconds(server.pid) - cpu_before
-            rss = _rss_mb(server.pid)
-            shared.done.set()  # every client leaves at once
-            cpu_at_done = _cpu_seconds(server.pid)
-            rows = [await asyncio.to_thread(shared.results.get, True, 60) for _ in workers]
-            await asyncio.sleep(2.0)  # the server sees every connection close
-            leave_cpu = _cpu_seconds(server.pid) - cpu_at_done
-        finally:
-            shared.done.set()
-            for worker in workers:
-                worker.join(10)
-                if worker.is_alive():
-                    worker.kill()
-            server.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                server.wait(10)
-            if server.poll() is None:
-                server.kill()
+        async with coordinator_server(command, server_log, port, open_wait_s=10) as server:
+            try:
+                began = time.monotonic()
+                for worker in workers:
+                    worker.start()
+                deadline = began + 180
+                join_s = None
+                while time.monotonic() < deadline:
+                    if join_s is None and shared.joined.value == clients:
+                        join_s = time.monotonic() - began
+                    if join_s is not None and shared.active.value:
+                        break
+                    if (any(not worker.is_alive() for worker in workers)
+                            or not shared.results.empty()):
+                        raise RuntimeError(f"a client process ended early: {_first_error(shared)}")
+                    await asyncio.sleep(0.1)
+                else:
+                    raise RuntimeError(f"{clients} clients: the run never started "
+                                       f"({shared.joined.value} joined)")
+                cpu_before = cpu_seconds(server.pid)
+                shared.measuring.set()
+                await asyncio.sleep(duration_s)
+                shared.measuring.clear()
+                cpu = cpu_seconds(server.pid) - cpu_before
+                rss = status_mb(server.pid, "VmRSS")
+                shared.done.set()  # every client leaves at once
+                cpu_at_done = cpu_seconds(server.pid)
+                rows = [await asyncio.to_thread(shared.results.get, True, 60) for _ in workers]
+                await asyncio.sleep(2.0)  # the server sees every connection close
+                leave_cpu = cpu_seconds(server.pid) - cpu_at_done
+            finally:
+                shared.done.set()
+                for worker in workers:
+                    worker.join(10)
+                    if worker.is_alive():
+                        worker.kill()
         broadcast_ms = _server_broadcast_ms(server_log.read_text(errors="replace"))
     errors = [row["error"] for row in rows if row["error"]]
     if errors:
