@@ -3,8 +3,11 @@
 Version 1, all integers little-endian:
 
     header   "PSDR" | version u8 = 1
-             | flags u8 (bit 0: one-bit values; bit 1: short blocks; others 0)
+             | flags u8 (bit 0: one-bit values; bit 1: short blocks; bit 2: replay
+               settings; others 0)
              | step u32 | trainer_nonce u32 | batch_start u64 | batch_end u64
+             | replay settings: only when flag bit 2 is set (formats/replay_settings.py:
+               what the trainer trained in, for its followers to replay in)
              | n_tensors varint
     tensor   n_blocks varint | block_numel varint | k varint
              | short blocks: only when flag bit 1 is set:
@@ -16,7 +19,9 @@ Version 1, all integers little-endian:
              | values: one-bit: sum(c) sign bits (1 = negative), LSB-first, zero-padded;
                        otherwise sum(c) bfloat16
 
-Without flag bit 1 every block carries c = k coefficients.
+Without flag bit 1 every block carries c = k coefficients. Without flag bit 2 the result
+declares no settings (as before the flag existed: the same bytes); a decoder that predates
+it refuses such a result with "unknown flags", never misreads it.
 
 A zero coefficient is never sent: it has no sign to put in a bit, and sending it as +1 (as
 Psyche's signbit quantization does) would move weights with no gradient behind them, or,
@@ -51,11 +56,18 @@ import numpy as np
 import torch
 
 from client_image.formats.blocks import BlockPlan, SparseResult
+from client_image.formats.replay_settings import (
+    MAX_SECTION_BYTES,
+    ReplaySettings,
+    decode_settings_body,
+    encode_settings,
+)
 
 MAGIC = b"PSDR"
 WIRE_VERSION = 1
 FLAG_ONE_BIT = 0x01
 FLAG_SHORT_BLOCKS = 0x02
+FLAG_REPLAY_SETTINGS = 0x04
 _FIXED = struct.Struct("<4sBBIIQQ")  # magic, version, flags, step, nonce, batch start, end
 _MAX_VARINT_BYTES = 10
 
@@ -74,6 +86,7 @@ class DistroResult:
     batch_end: int
     one_bit: bool
     tensors: list[SparseResult]  # val is +-1 (float32) when one_bit, else bfloat16; 0 = empty
+    settings: ReplaySettings | None = None  # what the trainer declared to replay it in
 
     def tensor(self, i: int) -> SparseResult:
         """Parameter i's coefficients (as ResultStream.tensor: apply takes either)."""
@@ -99,6 +112,7 @@ def encode_result(
     batch_start: int,
     batch_end: int,
     one_bit: bool,
+    settings: ReplaySettings | None = None,
 ) -> bytes:
     """Serialize a result; `tensors` hold the unquantized values (quantized here if one_bit).
 
@@ -109,7 +123,8 @@ def encode_result(
         raise ValueError(f"{len(tensors)} tensors for {len(plans)} parameters")
     slots = [tensor_slots(t, plan, one_bit) for t, plan in zip(tensors, plans, strict=True)]
     return encode_slots(slots, plans, step=step, trainer_nonce=trainer_nonce,
-                        batch_start=batch_start, batch_end=batch_end, one_bit=one_bit)
+                        batch_start=batch_start, batch_end=batch_end, one_bit=one_bit,
+                        settings=settings)
 
 
 def tensor_slots(sparse: SparseResult, plan: BlockPlan, one_bit: bool) -> np.ndarray:
@@ -139,16 +154,20 @@ def encode_slots(
     batch_start: int,
     batch_end: int,
     one_bit: bool,
+    settings: ReplaySettings | None = None,
 ) -> bytes:
     """Serialize a result given as each tensor's slots (tensor_slots)."""
     if len(slots) != len(plans):
         raise ValueError(f"{len(slots)} tensors for {len(plans)} parameters")
     encoded = [_encode_tensor(s, plan, one_bit) for s, plan in zip(slots, plans, strict=True)]
     n_short = [int((c < plan.topk).sum()) for (c, _), plan in zip(encoded, plans, strict=True)]
-    flags = (FLAG_ONE_BIT if one_bit else 0) | (FLAG_SHORT_BLOCKS if any(n_short) else 0)
+    flags = ((FLAG_ONE_BIT if one_bit else 0) | (FLAG_SHORT_BLOCKS if any(n_short) else 0)
+             | (FLAG_REPLAY_SETTINGS if settings is not None else 0))
     out = bytearray(
         _FIXED.pack(MAGIC, WIRE_VERSION, flags, step, trainer_nonce, batch_start, batch_end)
     )
+    if settings is not None:
+        out += encode_settings(settings)
     out += encode_varint(len(plans))
     for (counts, body), plan, short in zip(encoded, plans, n_short, strict=True):
         out += encode_varint(plan.n_blocks) + encode_varint(plan.block_numel) + encode_varint(plan.topk)
@@ -179,13 +198,23 @@ def _encode_tensor(slots: np.ndarray, plan: BlockPlan, one_bit: bool) -> tuple[n
 def decode_result(payload: bytes, plans: Sequence[BlockPlan]) -> DistroResult:
     """Parse and validate a peer's payload against the model's BlockPlans."""
     reader = Reader(payload)
-    step, nonce, start, end, one_bit, short_blocks = _read_header(reader, plans)
+    step, nonce, start, end, one_bit, short_blocks, settings = _read_header(reader, plans)
     decoded = [_decode_tensor(reader, plan, one_bit, short_blocks) for plan in plans]
     if reader.remaining:
         raise ResultDecodeError(f"{reader.remaining} trailing bytes after the last tensor")
     if short_blocks and not any(short for _, short in decoded):
         raise ResultDecodeError("short-blocks flag set but every block carries k coefficients")
-    return DistroResult(step, nonce, start, end, one_bit, [tensor for tensor, _ in decoded])
+    return DistroResult(step, nonce, start, end, one_bit, [tensor for tensor, _ in decoded],
+                        settings)
+
+
+def declared_settings(payload: bytes, plans: Sequence[BlockPlan]) -> ReplaySettings | None:
+    """The replay settings a payload's header declares (None: none, or a header that does
+    not parse: decode_result says why); reads the header only."""
+    try:
+        return ResultStream(payload, plans).settings
+    except ResultDecodeError:
+        return None
 
 
 class ResultStream:
@@ -199,7 +228,7 @@ class ResultStream:
         self.plans = plans
         self._reader = Reader(payload)
         (self.step, self.trainer_nonce, self.batch_start, self.batch_end, self.one_bit,
-         self._short_blocks) = _read_header(self._reader, plans)
+         self._short_blocks, self.settings) = _read_header(self._reader, plans)
         self._starts = [self._reader.position]  # byte offset of tensor i, as far as read
 
     def tensor(self, i: int) -> SparseResult:
@@ -214,23 +243,38 @@ class ResultStream:
 
 
 def _read_header(reader: Reader, plans: Sequence[BlockPlan]
-                 ) -> tuple[int, int, int, int, bool, bool]:
-    """(step, nonce, batch start, batch end, one_bit, short_blocks), validated."""
+                 ) -> tuple[int, int, int, int, bool, bool, ReplaySettings | None]:
+    """(step, nonce, batch start, batch end, one_bit, short_blocks, declared settings),
+    validated."""
     magic, version, flags, step, nonce, start, end = _FIXED.unpack(reader.take(_FIXED.size, "header"))
     if magic != MAGIC:
         raise ResultDecodeError(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != WIRE_VERSION:
         raise ResultDecodeError(f"unsupported wire version {version}, expected {WIRE_VERSION}")
-    if flags & ~(FLAG_ONE_BIT | FLAG_SHORT_BLOCKS):
+    if flags & ~(FLAG_ONE_BIT | FLAG_SHORT_BLOCKS | FLAG_REPLAY_SETTINGS):
         raise ResultDecodeError(f"unknown flags 0x{flags:02x}")
     if start > end:
         raise ResultDecodeError(f"batch id start {start} > end {end}")
     one_bit = bool(flags & FLAG_ONE_BIT)
     short_blocks = bool(flags & FLAG_SHORT_BLOCKS)
+    settings = read_settings(reader) if flags & FLAG_REPLAY_SETTINGS else None
     n_tensors = reader.varint("tensor count")
     if n_tensors != len(plans):
         raise ResultDecodeError(f"{n_tensors} tensors, the model has {len(plans)} parameters")
-    return step, nonce, start, end, one_bit, short_blocks
+    return step, nonce, start, end, one_bit, short_blocks, settings
+
+
+def read_settings(reader: Reader) -> ReplaySettings:
+    """The replay-settings section (formats/replay_settings.py), bounded by its length."""
+    length = reader.varint("replay settings length")
+    if length > MAX_SECTION_BYTES:
+        raise ResultDecodeError(f"replay settings of {length} bytes, at most "
+                                f"{MAX_SECTION_BYTES}")
+    body = reader.take(length, "replay settings")
+    try:
+        return decode_settings_body(body)
+    except ValueError as exc:
+        raise ResultDecodeError(str(exc)) from None
 
 
 def _decode_tensor(

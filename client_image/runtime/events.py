@@ -166,6 +166,8 @@ class ResultVerified(RuntimeEvent):
     hamming: float
     manhattan: float
     reason: str
+    # "declared": replayed in the trainer's declared settings (tight limits); else why not
+    replayed: str = ""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from client_image.training import DistroTrainer
 from client_image.training.dummy_trainer import DummyTrainer
 from client_image.training.precision import ComputeDType, enable_activation_checkpointing
 from client_image.training.sparseloco_trainer import SparseLoCoTrainer
+from client_image.verification.settings import capture
 from coordinator.config import DistroOptimizer, DummyOptimizer, LLMConfig, SparseLoCoOptimizer
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,10 @@ def local_trainer(model: torch.nn.Module, llm: LLMConfig, start_step: int,
         return None
     if settings.activation_checkpointing:
         enable_activation_checkpointing(model)
+    # Declared in every result's header, for followers to replay in (verification/).
+    device = next(model.parameters()).device
     return DistroTrainer(
         model, optimizer, llm.lr_schedule, micro_batch_size=settings.micro_batch_size,
         cold_start_warmup_steps=llm.cold_start_warmup_steps, start_step=start_step,
-        compute=settings.compute)
+        compute=settings.compute,
+        declared=capture(settings.compute, settings.micro_batch_size, device))

@@ -89,7 +89,8 @@ class VerificationDuty:
             self.events.emit(ResultVerified(
                 of_step=of_step, trainer=sender.hex(), ok=verdict.ok,
                 jaccard=round(distances.jaccard, 6), hamming=round(distances.hamming, 6),
-                manhattan=round(distances.manhattan, 6), reason=verdict.reason))
+                manhattan=round(distances.manhattan, 6), reason=verdict.reason,
+                replayed=checked.replayed))
             if verdict.ok:
                 self.counters.verifications_passed += 1
                 continue

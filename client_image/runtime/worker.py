@@ -16,6 +16,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+from client_image.formats.distro_wire import declared_settings
+from client_image.formats.replay_settings import ReplaySettings
 from client_image.runtime.model_loading import (
     TOKENIZER_FILE,
     TRANSFORMERS_LOADING,
@@ -50,7 +52,8 @@ from client_image.verification.checks import (
     fingerprint,
     screen_payloads,
 )
-from client_image.verification.followers import THRESHOLDS, Checked, Followers
+from client_image.verification.followers import Checked, Followers
+from client_image.verification.settings import capture
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -88,6 +91,9 @@ class TrainingWorker:
         self.model: torch.nn.Module | None = None
         self.trainer: LocalTrainer | None = None
         self.followers: Followers | None = None  # shadows of followed trainers, this epoch
+        # Each sender's last declared replay settings, from the results screened here: the
+        # next epoch's shadows replay in them (verification/followers.py).
+        self.declared_by: dict[bytes, ReplaySettings] = {}
         self._fingerprints = FingerprintCache()  # what the checks need of each download
         self.model_dir: Path | None = None  # where config/tokenizer files live
         # Also removes the scratch directories SIGKILLed clients left (model_scratch.py).
@@ -313,6 +319,10 @@ class TrainingWorker:
         def run() -> dict[int, tuple[str, str]]:
             left_out = screen_payloads(results, previous, self._fingerprint_of, trainer.plans,
                                        trainer.learning_rate(of_step))
+            for sender, payload in results:
+                settings = declared_settings(payload, trainer.plans)
+                if settings is not None:
+                    self.declared_by[sender] = settings
             # The next screens compare with these results and with later steps' only.
             self._fingerprints.forget_before(
                 of_step, [p for _, p in results] + list(previous.values()))
@@ -345,12 +355,16 @@ class TrainingWorker:
             return not trainers
         model = self.model
 
-        def shadow(start_step: int) -> DistroTrainer:
+        def shadow(start_step: int, settings: ReplaySettings) -> DistroTrainer:
             return DistroTrainer(model, trainer.config, trainer.lr_schedule,
-                                 micro_batch_size=trainer.micro_batch_size,
+                                 micro_batch_size=settings.micro_batch,
                                  cold_start_warmup_steps=trainer.cold_start_warmup_steps,
-                                 start_step=start_step, compute=trainer.compute)
-        followers = Followers(shadow, thresholds=THRESHOLDS[trainer.compute])
+                                 start_step=start_step,
+                                 compute=resolve_compute_dtype(settings.compute, self.device),
+                                 declared=settings)
+        own = trainer.declared or capture(trainer.compute, trainer.micro_batch_size,
+                                          self.device)
+        followers = Followers(shadow, own, known=self.declared_by)
         await self._run(followers.follow, list(trainers), start_step)
         self.followers = followers
         return True

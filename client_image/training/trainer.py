@@ -42,6 +42,7 @@ from client_image.formats.distro_wire import (
     decode_result,
     encode_slots,
 )
+from client_image.formats.replay_settings import ReplaySettings
 from client_image.training.distro import plan_model
 from client_image.training.distro_step import (
     DistroStep,
@@ -121,7 +122,7 @@ class PendingTrainStep:
             self.payload = encode_slots(
                 self.slots.wait(), self.trainer.plans, step=self.output.step,
                 trainer_nonce=self.nonce, batch_start=self.batch_id[0],
-                batch_end=self.batch_id[1], one_bit=one_bit,
+                batch_end=self.batch_id[1], one_bit=one_bit, settings=self.trainer.declared,
             )
             self.trainer.timings.compress_s += time.perf_counter() - started
             self.output.payload = self.payload
@@ -177,9 +178,18 @@ class DistroTrainer:
         view: ParameterView | None = None,
         device: torch.device | str | None = None,
         compile_kernels: bool = False,
+        declared: ReplaySettings | None = None,
     ) -> None:
+        """`declared`: the settings this trainer trains in, written into every result's
+        header for its followers to replay in (formats/replay_settings.py); None declares
+        nothing (followers then judge with the loose limits)."""
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if declared is not None and (declared.micro_batch != micro_batch_size
+                                     or declared.compute != compute):
+            raise ValueError(f"declared {declared.describe()} but the trainer runs "
+                             f"{compute} micro-batch {micro_batch_size}")
+        self.declared = declared
         self.model = model
         self.compute = compute
         self.config = optimizer

@@ -71,4 +71,5 @@ class Adversary:
         self.previous = result
         return encode_result(tensors, trainer.plans, step=result.step,
                              trainer_nonce=result.trainer_nonce, batch_start=result.batch_start,
-                             batch_end=result.batch_end, one_bit=result.one_bit)
+                             batch_end=result.batch_end, one_bit=result.one_bit,
+                             settings=result.settings)  # as declared: the tight limits

@@ -9,6 +9,16 @@ elects who follows whom; replay.py is the shadow itself).
     verify(trainer, step, published)  when the step's consensus result is applied: the
                                       distances and the verdict
 
+Declared settings (formats/replay_settings.py): a trainer writes the settings it trains in
+(dtype, micro-batch size, attention kernel, threads, oneDNN, device, torch build) into
+every result's header. At `follow`, each shadow replays in the settings its trainer last
+declared (`known`, from any of its earlier results this client saw) when this machine can
+reproduce them, else in this follower's own settings. A result is judged with the tight
+DECLARED_THRESHOLDS only when its declaration is exactly what its shadow replayed in all
+epoch; otherwise (nothing declared, a declaration this machine cannot reproduce, or one
+that changed since the shadow started) with the loose THRESHOLDS, and the verdict says
+which and why (`Checked.replayed`).
+
 Thresholds (THRESHOLDS, by the compute dtype the follower replays in, the trainer's):
 honest replays are not exact on another machine. Another thread count, micro-batch split
 or SDPA kernel moves a result's top-k indices. The shadow's error feedback subtracts what
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from client_image.formats.distro_wire import ResultDecodeError
+from client_image.formats.replay_settings import ReplaySettings
 from client_image.verification.replay import (
     ReplayVerifier,
     ShadowTrainer,
@@ -38,6 +49,7 @@ from client_image.verification.replay import (
     Verdict,
     judge,
 )
+from client_image.verification.settings import active, cannot_reproduce
 from client_image.verification.similarity import Distances
 
 # The thresholds a follower judges with, by the compute dtype it replays in (the trainer's:
@@ -54,6 +66,16 @@ THRESHOLDS = {
     "bf16": Thresholds(jaccard=2.1835, hamming=0.0177, manhattan=3.7406),
 }
 DEFAULT_THRESHOLDS = THRESHOLDS["bf16"]
+# The limits for a replay in the trainer's declared settings, by its dtype: the floors
+# (0.02 / 0.002 / 0.02), because no honest replay in declared settings moved any distance
+# off 0 (bench/verification.py `declared`, bench/results/verification_declared_2cores.txt;
+# docs/verification.md "Declared replay settings"). The floors are the room left for what a
+# declaration does not pin down and this bench could not vary: another CPU's vector width
+# (AVX2 / AVX-512 in ATen's own kernels), another GPU model.
+DECLARED_THRESHOLDS = {
+    "fp32": Thresholds(jaccard=0.02, hamming=0.002, manhattan=0.02),
+    "bf16": Thresholds(jaccard=0.02, hamming=0.002, manhattan=0.02),
+}
 KEPT_STEPS = 4  # expected results wait for their step's apply, two rounds later
 
 
@@ -64,30 +86,63 @@ class Checked:
     verdict: Verdict
     published_hash: bytes
     expected_hash: bytes
+    # "declared" (replayed in the trainer's declared settings, tight limits) or why not
+    # (loose limits): "undeclared", "cannot replay ...", "declared ... replayed in ..."
+    replayed: str = "declared"
 
 
 class Followers:
-    def __init__(self, make_shadow: Callable[[int], ShadowTrainer], *,
-                 thresholds: Thresholds = DEFAULT_THRESHOLDS):
-        """`make_shadow(start_step)`: a fresh shadow trainer (replay.py) from a zero delta
-        at `start_step`, on this client's model with the run's optimizer and schedule."""
+    def __init__(self, make_shadow: Callable[[int, ReplaySettings], ShadowTrainer],
+                 own: ReplaySettings, *, known: dict[bytes, ReplaySettings] | None = None,
+                 thresholds: dict[str, Thresholds] | None = None,
+                 declared_thresholds: dict[str, Thresholds] | None = None):
+        """`make_shadow(start_step, settings)`: a fresh shadow trainer (replay.py) from a
+        zero delta at `start_step`, on this client's model with the run's optimizer and
+        schedule, training in `settings`' dtype and micro-batch size. `own`: this
+        follower's settings (its device, and what it replays in when a trainer's are not
+        known or not reproducible here). `known`: each trainer's last declaration seen
+        (kept across epochs by the caller; `note_declared` adds to it)."""
         self.make_shadow = make_shadow
-        self.thresholds = thresholds
+        self.own = own
+        self.known: dict[bytes, ReplaySettings] = {} if known is None else known
+        self.thresholds = THRESHOLDS if thresholds is None else thresholds
+        self.declared_thresholds = (DECLARED_THRESHOLDS if declared_thresholds is None
+                                    else declared_thresholds)
         self.shadows: dict[bytes, ReplayVerifier] = {}
+        self.replay_in: dict[bytes, ReplaySettings] = {}
+        self.unreproducible: dict[bytes, str] = {}  # trainer -> why its declaration is not
         self.expected: dict[tuple[bytes, int], bytes] = {}
 
+    def note_declared(self, trainer: bytes, settings: ReplaySettings | None) -> None:
+        """A result of `trainer` declared `settings` (the next `follow` replays in them)."""
+        if settings is not None:
+            self.known[trainer] = settings
+
     def follow(self, trainers: Sequence[bytes], start_step: int) -> None:
-        """Shadows for exactly `trainers`, all starting from a zero delta."""
+        """Shadows for exactly `trainers`, all starting from a zero delta, each replaying in
+        its trainer's last declared settings where this machine can (module docstring)."""
         self.expected.clear()
-        self.shadows = {key: ReplayVerifier(self.make_shadow(start_step)) for key in trainers}
+        self.replay_in, self.unreproducible, self.shadows = {}, {}, {}
+        for key in trainers:
+            settings = self.own
+            declared = self.known.get(key)
+            if declared is not None:
+                why = cannot_reproduce(declared, self.own.device)
+                if why is None:
+                    settings = declared
+                else:
+                    self.unreproducible[key] = why
+            self.replay_in[key] = settings
+            self.shadows[key] = ReplayVerifier(self.make_shadow(start_step, settings))
 
     def replay(self, trainer: bytes, step: int, batch: torch.Tensor,
                batch_id: tuple[int, int], cold_start: bool) -> None:
         shadow = self.shadows.get(trainer)
         if shadow is None:
             return
-        self.expected[(trainer, step)] = shadow.expected_payload(step, batch, batch_id,
-                                                                 cold_start)
+        with active(self.replay_in[trainer]):
+            self.expected[(trainer, step)] = shadow.expected_payload(step, batch, batch_id,
+                                                                     cold_start)
         for key in [k for k in self.expected if k[1] <= step - KEPT_STEPS]:
             del self.expected[key]
 
@@ -104,8 +159,25 @@ class Followers:
         except ResultDecodeError as exc:  # verified on download: never expected here
             worst = Distances(jaccard=1.0, hamming=1.0, manhattan=1.0)
             return Checked(Verdict(False, worst, f"undecodable: {exc}"), digest, expected_hash)
+        self.note_declared(trainer, result.settings)
+        replayed = self.how_replayed(trainer, result.settings)
+        limits = (self.declared_thresholds if replayed == "declared"
+                  else self.thresholds)[self.replay_in[trainer].compute]
         distances = shadow.distances(result, shadow.shadow.decode(expected))
-        verdict = judge(distances, self.thresholds)
+        verdict = judge(distances, limits)
         if verdict.ok:  # the shadow's momentum follows what the trainer sent (replay.py)
             shadow.adopt(step, result)
-        return Checked(verdict, digest, expected_hash)
+        return Checked(verdict, digest, expected_hash, replayed)
+
+    def how_replayed(self, trainer: bytes, declared: ReplaySettings | None) -> str:
+        """"declared" when the shadow replayed in exactly `declared`, else why not."""
+        if declared is None:
+            return "undeclared"
+        why = cannot_reproduce(declared, self.own.device)
+        if why is not None:
+            return f"cannot replay the declared settings: {why}"
+        replayed_in = self.replay_in[trainer]
+        if declared != replayed_in:
+            return ("not replayed in the declared settings (learned late, or changed): "
+                    + "; ".join(replayed_in.differences(declared)))
+        return "declared"

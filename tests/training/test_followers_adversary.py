@@ -12,6 +12,7 @@ from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
 from client_image.verification.adversary import LIVE_ATTACKS, Adversary
 from client_image.verification.followers import Followers
+from client_image.verification.settings import capture
 from client_image.verification.similarity import Distances
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
@@ -28,12 +29,14 @@ def verdicts(kind: str | None, one_bit: bool = False, steps: int = 3
              ) -> list[tuple[bool, Distances]]:
     opt = optimizer(one_bit)
     data = LocalDataProvider(TRAIN_DATA, 32)
+    declared = capture("fp32", 2, "cpu")
     trainer = DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), opt, SCHEDULE,
-                            micro_batch_size=2)
+                            micro_batch_size=2, declared=declared)
     follower_model = load_causal_lm(TINY_MODEL, device="cpu")
     own = DistroTrainer(follower_model, opt, SCHEDULE, micro_batch_size=2)
-    followers = Followers(lambda start: DistroTrainer(follower_model, opt, SCHEDULE,
-                                                      micro_batch_size=2, start_step=start))
+    followers = Followers(lambda start, settings: DistroTrainer(
+        follower_model, opt, SCHEDULE, micro_batch_size=settings.micro_batch,
+        start_step=start, declared=settings), declared)
     followers.follow([TRAINER], start_step=1)
     adversary = Adversary(kind) if kind else None
     out = []
