@@ -6,10 +6,11 @@
 #    x86_64 build carries CUDA and pulls the nvidia-* wheels; several GB, needs the network);
 #    the image's pip trusts the host's PIP_CERT when set and uses PIP_INDEX_URL when set.
 #    The run-manager runs it on hosts with GPUs. Never built by the tests or CI.
-# 1. A wheelhouse on the host (build/wheelhouse): the dependencies once (cached; refreshed when
-#    pyproject.toml's dependencies change), the project wheel every time. torch comes from the
-#    pinned CPU wheel pip already finds (PIP_FIND_LINKS), never an unpinned CUDA download
-#    (--cuda leaves that wheel out of the context and installs the pinned version's CUDA build).
+# 1. A wheelhouse on the host (build/wheelhouse): the dependencies and the wandb extra's once
+#    (cached; refreshed when pyproject.toml's dependencies or that extra change), the project
+#    wheel every time. torch comes from the pinned CPU wheel pip already finds
+#    (PIP_FIND_LINKS), never an unpinned CUDA download (--cuda leaves that wheel out of the
+#    context and installs the pinned version's CUDA build).
 # 2. `docker build` on a context holding that wheelhouse and assets/ (the tiny model and token
 #    files the local testnet's client loads); `pip install --no-index` inside.
 # Idempotent: skips the build when an image with this tag was built from the same project
@@ -42,11 +43,12 @@ PROJECT="$WHEELHOUSE/project"
 CONTEXT=build/client-image-context
 mkdir -p "$DEPS" "$PROJECT"
 
-# Dependencies: rebuilt only when the dependency list changes.
-DEPS_STAMP=$("$PY" -c 'import hashlib,json,tomllib; p=tomllib.load(open("pyproject.toml","rb"))["project"]; print(hashlib.sha256(json.dumps(p["dependencies"]).encode()).hexdigest())')
+# Dependencies: rebuilt only when the dependency list changes. The image installs
+# psyche-py[wandb] (W&B logging from the container), so the wandb extra's are in it too.
+DEPS_STAMP=$("$PY" -c 'import hashlib,json,tomllib; p=tomllib.load(open("pyproject.toml","rb"))["project"]; print(hashlib.sha256(json.dumps([p["dependencies"], p["optional-dependencies"]["wandb"]]).encode()).hexdigest())')
 if [ "$(cat "$DEPS/.stamp" 2>/dev/null)" != "$DEPS_STAMP" ]; then
     echo "build_client_image: building the dependency wheelhouse (once)"
-    "$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))' >"$DEPS/requirements.txt"
+    "$PY" -c 'import tomllib; p = tomllib.load(open("pyproject.toml","rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["wandb"]))' >"$DEPS/requirements.txt"
     # pip's warnings about absent extra-index folders are noise here; real errors still show.
     "$PY" -m pip wheel --quiet --wheel-dir "$DEPS" --find-links "$DEPS" -r "$DEPS/requirements.txt" \
         2>"$DEPS/pip.log" || { grep -v "is ignored: it is neither" "$DEPS/pip.log" >&2; exit 1; }
