@@ -159,7 +159,9 @@ def trainer_of(method: str, seed: int, args: argparse.Namespace, setting: Settin
         config.sparseloco = SPARSELOCO.model_copy(update={
             "inner_steps": args.inner_steps, "inner_lr": args.inner_lr,
             "topk_density": args.topk_density, "quant_bits": args.quant_bits,
-            "error_decay": args.error_decay, "outer_lr": setting["outer_lr"]})
+            "chunk": args.chunk,
+            "error_decay": args.error_decay, "outer_lr": setting["outer_lr"],
+            "outer_momentum": args.outer_momentum, "dense_max_numel": args.dense_max_numel})
     config.lr_schedule = default_schedule(optimizer, args.steps, lr)
     if method == "distro_tuned":  # its warm-up is part of the tuning
         config.lr_schedule = warmup_cosine(lr, args.steps, args.distro_tuned_warmup)
@@ -298,8 +300,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     parser.add_argument("--inner-lr", type=float, default=SPARSELOCO.inner_lr)
     parser.add_argument("--topk-density", type=float, default=SPARSELOCO.topk_density)
     parser.add_argument("--quant-bits", type=int, default=SPARSELOCO.quant_bits)
+    parser.add_argument("--chunk", type=int, default=SPARSELOCO.chunk,
+                        help="SparseLoCo's top-k block side (c x c of a matrix)")
     parser.add_argument("--error-decay", type=float, default=SPARSELOCO.error_decay)
     parser.add_argument("--outer-lr", type=float, default=SPARSELOCO.outer_lr)
+    parser.add_argument("--outer-momentum", type=float, default=SPARSELOCO.outer_momentum,
+                        help="SparseLoCo's Nesterov outer momentum (0: none)")
+    parser.add_argument("--dense-max-numel", type=int, default=SPARSELOCO.dense_max_numel,
+                        help="SparseLoCo sends tensors of at most this many elements whole")
     parser.add_argument("--val-samples", type=int, default=128,
                         help="validation sequences to tune on, and as many others reported")
     parser.add_argument("--threads", type=int, default=1,

@@ -135,6 +135,13 @@ def explanations(state_file: StateFile) -> list[str]:
     block = o.chunk * o.chunk
     k = max(1, min(block, math.ceil(o.topk_density * block - 1e-9)))
     per_client = cfg.global_batch_size_start // max(1, cfg.init_min_clients)
+    extensions = []  # shown only when set: off, they are the paper's algorithm
+    if o.outer_momentum:
+        extensions.append(f"  outer_momentum = {o.outer_momentum}: Nesterov momentum on the "
+                          "peers' mean update")
+    if o.dense_max_numel:
+        extensions.append(f"  dense_max_numel = {o.dense_max_numel}: tensors this small (the "
+                          "norms) send every coefficient")
     return [
         f"optimizer SparseLoCo: each round a client runs inner_steps = {o.inner_steps} AdamW "
         f"steps on its share of the round's {cfg.global_batch_size_start} sequences "
@@ -149,6 +156,7 @@ def explanations(state_file: StateFile) -> list[str]:
         f"  error_decay = {o.error_decay}: what was not sent decays by this each round "
         "(it stands in for the outer momentum)",
         f"  outer_lr = {o.outer_lr}: the step taken along the peers' mean update",
+        *extensions,
     ]
 
 

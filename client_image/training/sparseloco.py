@@ -49,12 +49,15 @@ def block_topk(block_numel: int, density: float) -> int:
 
 
 def plan_model(named_shapes: Sequence[tuple[str, Sequence[int]]], chunk: int,
-               density: float) -> list[BlockPlan]:
-    """DisTrO's block plans with k from the density (it depends only on the block size)."""
+               density: float, dense_max_numel: int = 0) -> list[BlockPlan]:
+    """DisTrO's block plans with k from the density (it depends only on the block size);
+    a tensor of at most `dense_max_numel` elements keeps every coefficient (density 1)."""
     plans = []
     for name, shape in named_shapes:
         block = plan_parameter(name, shape, chunk, 1)
-        plans.append(plan_parameter(name, shape, chunk, block_topk(block.block_numel, density)))
+        dense = math.prod(shape) <= dense_max_numel
+        k = block.block_numel if dense else block_topk(block.block_numel, density)
+        plans.append(plan_parameter(name, shape, chunk, k))
     return plans
 
 

@@ -89,11 +89,16 @@ class SparseLoCoTrainer:
         self.names = [name for name, _ in named]
         self.params: list[torch.Tensor] = [p for _, p in named]
         self.plans: list[BlockPlan] = plan_model(
-            [(name, p.shape) for name, p in named], optimizer.chunk, optimizer.topk_density)
+            [(name, p.shape) for name, p in named], optimizer.chunk, optimizer.topk_density,
+            optimizer.dense_max_numel)
         self.layout = BlockLayout(self.plans)
         self.error = self.layout.zeros(torch.float32, self.params[0].device)
         self.inner = torch.optim.AdamW(self.params, lr=0.0, betas=optimizer.inner_betas,
                                        weight_decay=optimizer.inner_weight_decay, eps=1e-8)
+        # Nesterov outer momentum on the applied mean update (only with outer_momentum > 0):
+        # every client applies the same G, so every client holds the same buffer.
+        self.outer_velocity = ([torch.zeros_like(p) for p in self.params]
+                               if optimizer.outer_momentum else [])
         self.trainer_nonce = 0
         self.timings = Timings()
         # This client's last result and its round: the look-ahead uses it only when it is
@@ -152,9 +157,14 @@ class SparseLoCoTrainer:
             logger.warning("step %d: no results to apply, weights unchanged", step)
             return False
         started = time.perf_counter()
+        mu = self.config.outer_momentum
         for i, (param, plan) in enumerate(zip(self.params, self.plans, strict=True)):
             update = mean_update([source.tensor(i) for source in sources], plan,
                                  param.dtype, param.device)
+            if mu:  # v = mu v + G; theta -= lr (G + mu v)
+                velocity = self.outer_velocity[i]
+                velocity.mul_(mu).add_(update)
+                update.add_(velocity, alpha=mu)
             param.sub_(update, alpha=self.config.outer_lr)
         self.timings.apply_s += time.perf_counter() - started
         return True
@@ -163,6 +173,8 @@ class SparseLoCoTrainer:
         """Forget the error feedback and the lookahead (an epoch's fresh start)."""
         with torch.no_grad():
             torch._foreach_zero_(self.error)
+            if self.outer_velocity:
+                torch._foreach_zero_(self.outer_velocity)
         self._own_last = None
 
     def idle(self, step: int) -> None:
