@@ -31,6 +31,7 @@
  */
 #include "errors.h"
 #include "ids.h"
+#include "prelude.h"
 #include "system.h"
 
 /* Psyche's error codes (Anchor numbers custom errors from 6000), then ours. */
@@ -64,9 +65,6 @@ static const u8 LENDER_DISCRIMINATOR[8] = {107, 30, 175, 31, 232, 82, 180, 124};
 static const Pubkey ASSOCIATED_TOKEN_PROGRAM_ID = {{
     140, 151, 37, 143, 78, 36, 137, 241, 187, 61, 16, 41, 20, 142, 13, 131,
     11, 90, 19, 153, 218, 255, 16, 132, 4, 142, 123, 216, 219, 233, 248, 89}};
-
-/* The first `n` accounts must be present. */
-static bool have(u64 n) { return n <= CTX->num_accounts; }
 
 static u64 load_pool(AccountInfo *a, PoolAccount **out) {
   if (!key_eq(a->owner, CTX->program_id)) return E_WrongAccountOwner;
@@ -161,26 +159,20 @@ static u64 mul_div_floor(u64 a, u64 b, u64 c) {
 }
 
 static u64 pool_create(const u8 *data, u64 len) {
-  if (!have(8)) return E_MissingAccount;
+  if (!have_accounts(8)) return E_MissingAccount;
   AccountInfo *payer = account(0), *authority = account(1), *pool = account(2),
               *collateral = account(3), *mint = account(4);
   if (!payer->is_signer || !authority->is_signer) return E_MissingSignature;
   if (len != 8 + 2 + METADATA_BYTES) return E_InvalidInstruction;
   if (rd_u16(data + 8) > METADATA_BYTES) return E_ParamsMetadataLengthIsTooLarge;
   if (!key_eq(mint->owner, &TOKEN_PROGRAM_ID) || mint->data_len != 82) return E_WrongTokenAccount;
-  Bytes seeds[2] = {{(const u8 *)"Pool", 4}, {data, 8}};
-  Pubkey address;
-  u8 bump;
-  if (sol_try_find_program_address(seeds, 2, CTX->program_id, &address, &bump) ||
-      !key_eq(&address, pool->key))
-    return E_WrongPoolAddress;
-  Bytes signer_seeds[3] = {seeds[0], seeds[1], {&bump, 1}};
-  SignerSeeds signers = {signer_seeds, 3};
-  u64 problem = create_pda_account(payer, pool, POOL_SPACE, CTX->program_id, &signers);
+  Derived address = {{{(const u8 *)"Pool", 4}, {data, 8}}, 2, 0};
+  if (!find_derived(&address, pool)) return E_WrongPoolAddress;
+  u64 problem = create_derived(payer, pool, &address, POOL_SPACE);
   if (problem) return problem;
   PoolAccount *p = (PoolAccount *)pool->data;
   sol_memcpy_(p->discriminator, POOL_DISCRIMINATOR, 8);
-  p->bump = bump;
+  p->bump = address.bump;
   p->index = rd_u64(data);
   p->authority = *authority->key;
   p->collateral_mint = *mint->key;
@@ -199,7 +191,7 @@ static u64 pool_create(const u8 *data, u64 len) {
 }
 
 static u64 pool_extract(const u8 *data, u64 len) {
-  if (!have(5)) return E_MissingAccount;
+  if (!have_accounts(5)) return E_MissingAccount;
   AccountInfo *authority = account(0), *to = account(1), *pool = account(2), *vault = account(3);
   PoolAccount *p;
   u64 problem = load_admin(authority, pool, &p);
@@ -214,7 +206,7 @@ static u64 pool_extract(const u8 *data, u64 len) {
 }
 
 static u64 pool_update(const u8 *data, u64 len) {
-  if (!have(2)) return E_MissingAccount;
+  if (!have_accounts(2)) return E_MissingAccount;
   PoolAccount *p;
   u64 problem = load_admin(account(0), account(1), &p);
   if (problem) return problem;
@@ -240,7 +232,7 @@ static u64 pool_update(const u8 *data, u64 len) {
 }
 
 static u64 pool_claimable(u64 len) {
-  if (!have(3)) return E_MissingAccount;
+  if (!have_accounts(3)) return E_MissingAccount;
   AccountInfo *mint = account(2);
   PoolAccount *p;
   u64 problem = load_admin(account(0), account(1), &p);
@@ -256,39 +248,39 @@ static u64 pool_claimable(u64 len) {
 }
 
 static u64 lender_create(u64 len) {
-  if (!have(5)) return E_MissingAccount;
+  if (!have_accounts(5)) return E_MissingAccount;
   AccountInfo *payer = account(0), *user = account(1), *pool = account(2), *lender = account(3);
   PoolAccount *p;
   u64 problem = load_pool(pool, &p);
   if (problem) return problem;
   if (!payer->is_signer || !user->is_signer) return E_MissingSignature;
   if (len != 0) return E_InvalidInstruction;
-  Bytes seeds[3] = {{(const u8 *)"Lender", 6}, {pool->key->x, 32}, {user->key->x, 32}};
-  Pubkey address;
-  u8 bump;
-  if (sol_try_find_program_address(seeds, 3, CTX->program_id, &address, &bump) ||
-      !key_eq(&address, lender->key))
-    return E_WrongLender;
-  Bytes signer_seeds[4] = {seeds[0], seeds[1], seeds[2], {&bump, 1}};
-  SignerSeeds signers = {signer_seeds, 4};
-  if ((problem = create_pda_account(payer, lender, LENDER_SPACE, CTX->program_id, &signers)))
-    return problem;
+  Derived address = {{{(const u8 *)"Lender", 6}, {pool->key->x, 32}, {user->key->x, 32}}, 3, 0};
+  if (!find_derived(&address, lender)) return E_WrongLender;
+  if ((problem = create_derived(payer, lender, &address, LENDER_SPACE))) return problem;
   LenderAccount *l = (LenderAccount *)lender->data;
   sol_memcpy_(l->discriminator, LENDER_DISCRIMINATOR, 8);
-  l->bump = bump;
+  l->bump = address.bump;
   return SUCCESS;
 }
 
+/* What a lender's instruction checks first: its first `accounts` accounts are there, the
+ * pool (account 2) is one, the user (account 0) signed, and the payload is the amount. */
+static u64 load_lender_call(u64 accounts, const u8 *data, u64 len, PoolAccount **pool,
+                            u64 *amount) {
+  if (!have_accounts(accounts)) return E_MissingAccount;
+  u64 problem = load_pool(account(2), pool);
+  if (problem) return problem;
+  return user_amount(data, len, amount);
+}
+
 static u64 lender_deposit(const u8 *data, u64 len) {
-  if (!have(6)) return E_MissingAccount;
   AccountInfo *user = account(0), *from = account(1), *pool = account(2), *vault = account(3),
               *lender = account(4);
   PoolAccount *p;
   LenderAccount *l;
-  u64 problem = load_pool(pool, &p);
+  u64 amount, problem = load_lender_call(6, data, len, &p, &amount);
   if (problem) return problem;
-  if (!user->is_signer) return E_MissingSignature;
-  if (len != 8) return E_InvalidInstruction;
   if ((problem = check_token_account(from, &p->collateral_mint, user->key))) return problem;
   if ((problem = check_vault(vault, pool, &p->collateral_mint))) return problem;
   if ((problem = load_lender(lender, pool, user, &l))) return problem;
@@ -296,7 +288,7 @@ static u64 lender_deposit(const u8 *data, u64 len) {
   /* not in Psyche: a deposit once rewards are claimable would take a share of rewards
    * earned with the others' collateral */
   if (p->claiming_enabled) return E_PoolClaimingEnabledIsTrue;
-  u64 amount = rd_u64(data), total = p->total_deposited_collateral_amount + amount;
+  u64 total = p->total_deposited_collateral_amount + amount;
   if (total < amount || total > p->max_deposit_collateral_amount)
     return E_ParamsCollateralAmountIsTooLarge;
   if ((problem = token_transfer(from, vault, user, NULL, amount))) return problem;
@@ -306,15 +298,12 @@ static u64 lender_deposit(const u8 *data, u64 len) {
 }
 
 static u64 lender_claim(const u8 *data, u64 len) {
-  if (!have(7)) return E_MissingAccount;
   AccountInfo *user = account(0), *to = account(1), *pool = account(2), *vault = account(3),
               *mint = account(4), *lender = account(5);
   PoolAccount *p;
   LenderAccount *l;
-  u64 problem = load_pool(pool, &p);
+  u64 amount, problem = load_lender_call(7, data, len, &p, &amount);
   if (problem) return problem;
-  if (!user->is_signer) return E_MissingSignature;
-  if (len != 8) return E_InvalidInstruction;
   if (p->freeze) return E_PoolFreezeIsTrue;
   if (!p->claiming_enabled) return E_PoolClaimingEnabledIsFalse;
   if (p->total_deposited_collateral_amount == 0) return E_PoolTotalDepositedCollateralAmountIsZero;
@@ -325,7 +314,7 @@ static u64 lender_claim(const u8 *data, u64 len) {
   u64 repaid = sat_add(p->total_claimed_redeemable_amount, rd_u64(vault->data + 64));
   u64 share = mul_div_floor(repaid, l->deposited_collateral_amount,
                             p->total_deposited_collateral_amount);
-  u64 amount = rd_u64(data), claimed = l->claimed_redeemable_amount + amount;
+  u64 claimed = l->claimed_redeemable_amount + amount;
   if (claimed < amount || claimed > share) return E_ParamsRedeemableAmountIsTooLarge;
   l->claimed_redeemable_amount = claimed;
   p->total_claimed_redeemable_amount += amount;

@@ -30,6 +30,7 @@
 #include "coordinator_layout.h"
 #include "errors.h"
 #include "ids.h"
+#include "prelude.h"
 #include "system.h"
 
 typedef struct {
@@ -49,23 +50,16 @@ static const u8 PARTICIPANT_MAGIC[8] = {'P', 'S', 'Y', 'T', 'P', 'A', 'R', 'T'};
 static u64 run_create(const u8 *data, u64 len) {
   AccountInfo *payer = account(0), *run = account(1), *coordinator = account(2),
               *instance = account(3);
-  if (!payer || !run || !coordinator || !instance || !account(4) || !account(5))
-    return E_MissingAccount;
+  if (!have_accounts(6)) return E_MissingAccount;
   if (!payer->is_signer) return E_MissingSignature;
   if (len != 8 + 32 * 3 + 96 + 32) return E_InvalidInstruction;
-  Bytes seeds[2] = {{(const u8 *)"Run", 3}, {data, 8}};
-  Pubkey address;
-  u8 bump;
-  if (sol_try_find_program_address(seeds, 2, CTX->program_id, &address, &bump) ||
-      !key_eq(&address, run->key))
-    return E_WrongAccount;
-  Bytes signer_seeds[3] = {seeds[0], seeds[1], {&bump, 1}};
-  SignerSeeds signers = {signer_seeds, 3};
-  u64 problem = create_pda_account(payer, run, sizeof(RunAccount), CTX->program_id, &signers);
+  Derived address = {{{(const u8 *)"Run", 3}, {data, 8}}, 2, 0};
+  if (!find_derived(&address, run)) return E_WrongAccount;
+  u64 problem = create_derived(payer, run, &address, sizeof(RunAccount));
   if (problem) return problem;
   RunAccount *r = (RunAccount *)run->data;
   sol_memcpy_(r->magic, RUN_MAGIC, 8);
-  r->bump = bump;
+  r->bump = address.bump;
   r->index = rd_u64(data);
   sol_memcpy_(&r->main_authority, data + 40, 32);
   sol_memcpy_(&r->join_authority, data + 72, 32);
@@ -102,7 +96,7 @@ static u64 load_admin(u64 accounts, RunAccount **out) {
   AccountInfo *authority = account(0), *coordinator = account(2);
   u64 problem = load_run(account(1), out);
   if (problem) return problem;
-  if (accounts == 0 || !account(accounts - 1)) return E_MissingAccount;
+  if (accounts == 0 || !have_accounts(accounts)) return E_MissingAccount;
   if (!authority->is_signer) return E_MissingSignature;
   if (!key_eq(authority->key, &(*out)->main_authority)) return E_NotMainAuthority;
   if (!key_eq(coordinator->key, &(*out)->coordinator_account)) return E_WrongAccount;
@@ -170,12 +164,9 @@ static u64 participant_claim(const u8 *data, u64 len) {
   RunAccount *r;
   u64 problem = load_run(run, &r);
   if (problem) return problem;
-  if (!user || !coordinator || !participant || !vault || !user_token || !mint ||
-      !account(7) || !account(8))
-    return E_MissingAccount;
-  if (!user->is_signer) return E_MissingSignature;
-  if (len != 8) return E_InvalidInstruction;
-  u64 points = rd_u64(data);
+  if (!have_accounts(9)) return E_MissingAccount;
+  u64 points;
+  if ((problem = user_amount(data, len, &points))) return problem;
   if (!key_eq(coordinator->key, &r->coordinator_account) ||
       !key_eq(coordinator->owner, &COORDINATOR_ID) ||
       coordinator->data_len != sizeof(CoordinatorAccount))
@@ -186,21 +177,15 @@ static u64 participant_claim(const u8 *data, u64 len) {
       !bytes_eq(vault->data, &r->collateral_mint, 32) || !bytes_eq(vault->data + 32, run->key, 32) ||
       !key_eq(mint->key, &r->collateral_mint) || mint->data_len < 45)
     return E_WrongVault;
-  Bytes seeds[3] = {{(const u8 *)"Participant", 11}, {run->key->x, 32}, {user->key->x, 32}};
-  Pubkey address;
-  u8 bump;
-  if (sol_try_find_program_address(seeds, 3, CTX->program_id, &address, &bump) ||
-      !key_eq(&address, participant->key))
-    return E_WrongAccount;
+  Derived address = {
+      {{(const u8 *)"Participant", 11}, {run->key->x, 32}, {user->key->x, 32}}, 3, 0};
+  if (!find_derived(&address, participant)) return E_WrongAccount;
   if (!key_eq(participant->owner, CTX->program_id)) {
-    Bytes signer_seeds[4] = {seeds[0], seeds[1], seeds[2], {&bump, 1}};
-    SignerSeeds signers = {signer_seeds, 4};
-    problem = create_pda_account(user, participant, sizeof(ParticipantAccount),
-                                 CTX->program_id, &signers);
+    problem = create_derived(user, participant, &address, sizeof(ParticipantAccount));
     if (problem) return problem;
     ParticipantAccount *p = (ParticipantAccount *)participant->data;
     sol_memcpy_(p->magic, PARTICIPANT_MAGIC, 8);
-    p->bump = bump;
+    p->bump = address.bump;
   }
   if (!key_eq(participant->owner, CTX->program_id) ||
       participant->data_len != sizeof(ParticipantAccount))
