@@ -16,14 +16,18 @@ verification/followers.py, any other with the loose ones.
     micro_batch    sequences per forward/backward (>= 1)
     threads        torch intra-op threads (0 on a GPU, where they change nothing)
     torch_version  the torch build (a follower cannot switch it, only notice it differs)
+    hardware       what picks the kernels' code paths: on a CPU ATen's vector width and
+                   whether oneDNN has bf16 kernels there ("AVX512 onednn-bf16"), on a GPU
+                   its name (a follower cannot switch it either)
 
 Wire (the section after distro_wire's fixed header when its flag bit 2 is set):
 
     length varint (of the rest) | compute u8 | device u8 | attention u8 | onednn u8
-    | micro_batch varint | threads varint | torch_version: length u8, printable ASCII
+    | micro_batch varint | threads varint | torch_version | hardware
+      (each text: length u8, printable ASCII)
 
 Decoding accepts only what `encode_settings` writes: known codes, onednn 0 or 1,
-micro_batch >= 1, a printable version of 1 to 64 characters, and exactly `length` bytes.
+micro_batch >= 1, printable texts of 1 to 64 characters, and exactly `length` bytes.
 Anything else is a ValueError naming the problem (distro_wire turns it into its
 ResultDecodeError): a malformed section is refused, never half-read.
 """
@@ -36,7 +40,7 @@ COMPUTES = ("fp32", "bf16")
 DEVICES = ("cpu", "cuda")
 ATTENTIONS = ("auto", "math", "flash", "efficient", "cudnn")
 MAX_VERSION_CHARS = 64
-MAX_SECTION_BYTES = 4 + 2 * 10 + 1 + MAX_VERSION_CHARS
+MAX_SECTION_BYTES = 4 + 2 * 10 + 2 * (1 + MAX_VERSION_CHARS)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class ReplaySettings:
     micro_batch: int
     threads: int
     torch_version: str
+    hardware: str
 
     def __post_init__(self) -> None:
         for name, allowed in (("compute", COMPUTES), ("device", DEVICES),
@@ -59,17 +64,19 @@ class ReplaySettings:
             raise ValueError(f"replay settings: micro_batch {self.micro_batch} < 1")
         if self.threads < 0:
             raise ValueError(f"replay settings: threads {self.threads} < 0")
-        if not (0 < len(self.torch_version) <= MAX_VERSION_CHARS
-                and self.torch_version.isascii() and self.torch_version.isprintable()):
-            raise ValueError(f"replay settings: torch_version {self.torch_version!r} is not "
-                             f"1 to {MAX_VERSION_CHARS} printable ASCII characters")
+        for name in ("torch_version", "hardware"):
+            text = getattr(self, name)
+            if not (0 < len(text) <= MAX_VERSION_CHARS and text.isascii()
+                    and text.isprintable()):
+                raise ValueError(f"replay settings: {name} {text!r} is not 1 to "
+                                 f"{MAX_VERSION_CHARS} printable ASCII characters")
 
     def describe(self) -> str:
         """One line, for events and reports."""
         threads = f" {self.threads} threads" if self.device == "cpu" else ""
         return (f"{self.compute} {self.device}{threads} micro-batch {self.micro_batch} "
                 f"attention {self.attention} onednn {'on' if self.onednn else 'off'} "
-                f"torch {self.torch_version}")
+                f"torch {self.torch_version} on {self.hardware}")
 
     def differences(self, other: ReplaySettings) -> list[str]:
         """The fields where `other` differs, as `name self -> other`."""
@@ -90,19 +97,19 @@ def encode_varint(value: int) -> bytes:
 
 def encode_settings(settings: ReplaySettings) -> bytes:
     """The section, with its length prefix."""
-    version = settings.torch_version.encode("ascii")
+    texts = b"".join(bytes([len(text)]) + text.encode("ascii")
+                     for text in (settings.torch_version, settings.hardware))
     body = (bytes([COMPUTES.index(settings.compute), DEVICES.index(settings.device),
                    ATTENTIONS.index(settings.attention), int(settings.onednn)])
-            + encode_varint(settings.micro_batch) + encode_varint(settings.threads)
-            + bytes([len(version)]) + version)
+            + encode_varint(settings.micro_batch) + encode_varint(settings.threads) + texts)
     return encode_varint(len(body)) + body
 
 
 def decode_settings_body(body: bytes) -> ReplaySettings:
     """The section's bytes after its length prefix; ValueError for anything
     encode_settings does not write."""
-    if len(body) < 7:
-        raise ValueError(f"replay settings: {len(body)} bytes, at least 7 expected")
+    if len(body) < 8:
+        raise ValueError(f"replay settings: {len(body)} bytes, at least 8 expected")
     codes = body[:4]
     fields = []
     for (name, allowed), code in zip((("compute", COMPUTES), ("device", DEVICES),
@@ -117,23 +124,27 @@ def decode_settings_body(body: bytes) -> ReplaySettings:
     for name in ("micro_batch", "threads"):
         value, position = read_varint(body, position, name)
         numbers.append(value)
-    if position >= len(body):
-        raise ValueError("replay settings: truncated before the torch version")
-    length = body[position]
-    version = body[position + 1:position + 1 + length]
-    if len(version) != length:
-        raise ValueError(f"replay settings: torch version of {length} bytes, "
-                         f"{len(version)} left")
-    if position + 1 + length != len(body):
-        raise ValueError(f"replay settings: {len(body) - position - 1 - length} bytes after "
-                         "the torch version")
-    try:
-        text = version.decode("ascii")
-    except UnicodeDecodeError:
-        raise ValueError("replay settings: the torch version is not ASCII") from None
+    version, position = read_text(body, position, "torch version")
+    hardware, position = read_text(body, position, "hardware")
+    if position != len(body):
+        raise ValueError(f"replay settings: {len(body) - position} bytes after the hardware")
     return ReplaySettings(compute=fields[0], device=fields[1], attention=fields[2],
                           onednn=bool(codes[3]), micro_batch=numbers[0], threads=numbers[1],
-                          torch_version=text)
+                          torch_version=version, hardware=hardware)
+
+
+def read_text(data: bytes, position: int, what: str) -> tuple[str, int]:
+    """(an ASCII text of length u8 + bytes, position after it)."""
+    if position >= len(data):
+        raise ValueError(f"replay settings: truncated before the {what}")
+    length = data[position]
+    raw = data[position + 1:position + 1 + length]
+    if len(raw) != length:
+        raise ValueError(f"replay settings: {what} of {length} bytes, {len(raw)} left")
+    try:
+        return raw.decode("ascii"), position + 1 + length
+    except UnicodeDecodeError:
+        raise ValueError(f"replay settings: the {what} is not ASCII") from None
 
 
 def read_varint(data: bytes, position: int, what: str) -> tuple[int, int]:

@@ -22,6 +22,16 @@ def onednn_on() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
 
 
+def hardware(device: str | torch.device) -> str:
+    """What picks the kernels' code paths here (formats/replay_settings.py `hardware`)."""
+    place = torch.device(device)
+    if place.type == "cuda":
+        return torch.cuda.get_device_name(place)[:64]
+    bf16 = (torch.backends.mkldnn.is_available()
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+    return f"{torch.backends.cpu.get_cpu_capability()}{' onednn-bf16' if bf16 else ''}"
+
+
 def capture(compute: str, micro_batch: int, device: str | torch.device,
             attention: str = "auto", threads: int | None = None,
             onednn: bool | None = None) -> ReplaySettings:
@@ -34,7 +44,7 @@ def capture(compute: str, micro_batch: int, device: str | torch.device,
         compute=compute, device=kind, attention=attention,
         onednn=onednn_on() if onednn is None else onednn, micro_batch=micro_batch,
         threads=(torch.get_num_threads() if threads is None else threads) if kind == "cpu" else 0,
-        torch_version=torch.__version__)
+        torch_version=torch.__version__, hardware=hardware(device))
 
 
 def cannot_reproduce(declared: ReplaySettings, device: str | torch.device) -> str | None:
@@ -44,13 +54,12 @@ def cannot_reproduce(declared: ReplaySettings, device: str | torch.device) -> st
         return f"declared device {declared.device}, this follower's is {kind}"
     if declared.torch_version != torch.__version__:
         return f"declared torch {declared.torch_version}, this follower has {torch.__version__}"
+    if declared.hardware != hardware(device):
+        return f"declared hardware {declared.hardware}, this follower's is {hardware(device)}"
     if kind == "cpu" and declared.attention in CUDA_ONLY_KERNELS:
         return f"attention kernel {declared.attention} is CUDA-only"
     if declared.onednn and not torch.backends.mkldnn.is_available():
         return "declared oneDNN, this torch build has none"
-    if (declared.onednn and kind == "cpu" and declared.compute == "bf16"
-            and not bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())):
-        return "declared oneDNN bf16 kernels, this CPU has none"
     if kind == "cpu" and declared.threads < 1:
         return "declared 0 threads on a CPU"
     return None

@@ -33,7 +33,8 @@ SHAPES = [("embed", (256, 128)), ("norm", (128,))]
 PLANS = plan_model(SHAPES, 64, 8)
 HEADER = {"step": 7, "trainer_nonce": 3, "batch_start": 40, "batch_end": 47}
 DECLARED = ReplaySettings(compute="bf16", device="cpu", attention="math", onednn=True,
-                          micro_batch=2, threads=3, torch_version="2.13.0+cpu")
+                          micro_batch=2, threads=3, torch_version="2.13.0+cpu",
+                          hardware="AVX512 onednn-bf16")
 FIXED = 30  # distro_wire's fixed header: the settings section starts here
 
 
@@ -76,19 +77,19 @@ GOOD_BODY = encode_settings(DECLARED)[1:]
 
 
 @pytest.mark.parametrize(("data", "match"), [
-    (_with_section(b""), "0 bytes, at least 7"),
+    (_with_section(b""), "0 bytes, at least 8"),
     (_with_section(bytes([2]) + GOOD_BODY[1:]), "unknown compute code 2"),
     (_with_section(GOOD_BODY[:1] + bytes([9]) + GOOD_BODY[2:]), "unknown device code 9"),
     (_with_section(GOOD_BODY[:2] + bytes([5]) + GOOD_BODY[3:]), "unknown attention code 5"),
     (_with_section(GOOD_BODY[:3] + bytes([2]) + GOOD_BODY[4:]), "onednn byte 2"),
     (_with_section(GOOD_BODY[:4] + bytes([0]) + GOOD_BODY[5:]), "micro_batch 0 < 1"),
     (_with_section(GOOD_BODY[:4] + bytes([0x82, 0x00]) + GOOD_BODY[5:]), "over-long varint"),
-    (_with_section(GOOD_BODY + b"x"), "1 bytes after the torch version"),
+    (_with_section(GOOD_BODY + b"x"), "1 bytes after the hardware"),
     (_with_section(GOOD_BODY[:-1] + b"\xff"), "not ASCII"),
     (_with_section(GOOD_BODY[:-1] + b"\n"), "printable"),
     (_with_section(GOOD_BODY[:6] + bytes([40]) + GOOD_BODY[7:]), "torch version of 40 bytes"),
     (_with_section(GOOD_BODY, length=5000), "at most"),
-    (_with_section(GOOD_BODY, length=len(GOOD_BODY) + 3), "3 bytes after the torch version"),
+    (_with_section(GOOD_BODY, length=len(GOOD_BODY) + 3), "3 bytes after the hardware"),
     (_payload(None)[:5] + bytes([FLAG_REPLAY_SETTINGS | 1]) + _payload(None)[6:FIXED],
      "truncated: replay settings length"),
 ], ids=lambda value: value if isinstance(value, str) else None)
@@ -131,6 +132,7 @@ def test_a_follower_says_which_declarations_it_cannot_replay_in():
                                            "cpu")
     assert "torch 0.1" in cannot_reproduce(dataclasses.replace(here, torch_version="0.1"),
                                            "cpu")
+    assert "hardware AVX2" in cannot_reproduce(dataclasses.replace(here, hardware="AVX2"), "cpu")
     threads, onednn = torch.get_num_threads(), torch.backends.mkldnn.enabled
     with active(dataclasses.replace(here, threads=1, onednn=not onednn)):
         assert torch.get_num_threads() == 1
