@@ -4,6 +4,7 @@ catch and from what strength, and the loss an attacker costs before it is ejecte
 Prints its figures, then ONE JSON line.
 
     .venv/bin/python -m bench.verification [--steps 18] [--peers 3] [--seeds 3] [--smoke]
+        [--dtypes fp32,bf16] [--skip-loss]
 
 Honest noise (bench/verification_noise.py): swarms of honest clients (the tiny model,
 CPU, 1 thread, micro-batch = batch, math SDPA), each client's batch replayed at every step
@@ -14,6 +15,13 @@ values mode, each seed on other data; `dtype_mismatch` (an fp32 replay of a bf16
 trainer) is measured, but is no honest noise a verifier may accept (it replays in the
 trainer's declared dtype). Thresholds: Thresholds.from_honest over every honest
 verification (`--margin` x the largest distance, at least 0.02).
+
+Declared settings (formats/replay_settings.py): the `declared` shadow replays in exactly
+the trainer's setup, as a follower does when the trainer declares it in its results;
+`other_cpu` replays in it with oneDNN off (a CPU without oneDNN's bf16 kernels, which
+cannot reproduce such a declaration). The declared thresholds come from the `declared`
+replays alone, and every attack is judged a second time against the `declared` shadow
+with them (verification/followers.py DECLARED_THRESHOLDS is what the client uses).
 
 Attacks (bench/verification_attacks.py) are judged against the `mixed` shadow with the
 client's thresholds (verification/followers.py DEFAULT_THRESHOLDS) plus the cheap checks
@@ -26,8 +34,10 @@ detect_rate_<attack>[_<strength>] (flagged / forged results; scale: values mode 
 1-bit sends the honest bytes), min_detected_sign_flip_pct, min_detected_scale,
 min_detected_lazy_pct (the least share of its batch, in %, a lazy trainer may skip and
 still be detected: 10 = lazy_90), with detection >= 0.95 (null: none),
-copy_originals_left_out, loss_with_attacker_vs_clean (the worst attack), thresholds,
-client_thresholds.
+copy_originals_left_out, loss_with_attacker_vs_clean (the worst attack; null with
+--skip-loss), thresholds; for a replay in the declared settings:
+false_positive_rate_declared, honest_declared_verifications, detect_rate_declared_<attack>,
+min_detected_{sign_flip_pct,scale,lazy_pct}_declared, thresholds_declared.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import json
 import time
+from collections.abc import Sequence
 
 import torch
 import transformers
@@ -55,12 +66,14 @@ from bench.verification_delay import delay_run
 from bench.verification_noise import Judged, follow_run
 from client_image.training.precision import ComputeDType
 from client_image.verification import Thresholds
+from client_image.verification.followers import DECLARED_THRESHOLDS as CLIENT_DECLARED
 from client_image.verification.followers import THRESHOLDS as CLIENT_THRESHOLDS
 from client_image.verification.replay import judge
 from client_image.verification.similarity import Distances
 
 METRICS = ("jaccard", "hamming", "manhattan")
 EXCLUDED = "dtype_mismatch"
+DECLARED = "declared"  # the replay in the trainer's declared settings
 # (attack, 1-bit): the shipped configs are 1-bit; scale only changes values-mode bytes
 LOSS_ATTACKS = (*((a, True) for a in ("random_signs", "zeros", "stale", "partial_copy",
                                      "wrong_batch", "copy_pos0", "sign_flip_1", "lazy_90")),
@@ -99,6 +112,12 @@ def flagged(j: Judged, thresholds: Thresholds) -> bool:
     return j.cheap is not None or not judge(j.distances, thresholds).ok
 
 
+def flagged_declared(j: Judged, thresholds: Thresholds) -> bool:
+    """By the screen, or by a follower replaying in the trainer's declared settings."""
+    assert j.declared is not None
+    return j.cheap is not None or not judge(j.declared, thresholds).ok
+
+
 def derive(honest: list[Distances], margin: float) -> Thresholds:
     """margin x the largest honest distance, never under FLOORS."""
     return Thresholds(**{m: max(FLOORS[m], margin * max((getattr(d, m) for d in honest),
@@ -118,9 +137,17 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=3.0)
     parser.add_argument("--smoke", action="store_true",
                         help="seconds: 1 seed, 1-bit, bf16, few steps, one lazy trainer")
+    parser.add_argument("--dtypes", default="fp32,bf16",
+                        help="the swarms' compute dtypes, comma-separated (fp32, bf16)")
+    parser.add_argument("--skip-loss", action="store_true",
+                        help="no loss runs (bench/verification_delay.py): the detection only")
     args = parser.parse_args()
     modes: tuple[bool, ...] = (True, False)
-    computes: tuple[ComputeDType, ...] = ("fp32", "bf16")
+    chosen = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    if not chosen or any(d not in ("fp32", "bf16") for d in chosen):
+        parser.error(f"--dtypes {args.dtypes!r}: fp32, bf16 or both, comma-separated")
+    computes: tuple[ComputeDType, ...] = tuple(
+        d for d in ("fp32", "bf16") if d in chosen)  # type: ignore[misc]
     lazy_kinds, loss_attacks = LAZY, LOSS_ATTACKS
     if args.smoke:
         args.steps, args.peers, args.seeds, args.delay_steps, args.delay_peers = 4, 2, 1, 6, 2
@@ -170,6 +197,30 @@ def main() -> None:
         print(f"  {dtype}: measured {limits}; the client's (verification/followers.py "
               f"THRESHOLDS) {client}, {'the same' if client == limits else 'DIFFERENT'}")
 
+    declared_limits: dict[str, Thresholds] = {}
+    print(f"declared settings: replays in the trainer's declared settings ({DECLARED}) vs "
+          "every other honest source; thresholds from the declared replays alone:")
+    for compute in computes:
+        exact = [d for (source, c, _), ds in honest.items() if c == compute and source == DECLARED
+                 for d in ds]
+        other = [d for (source, c, _), ds in honest.items()
+                 if c == compute and source not in (DECLARED, EXCLUDED) for d in ds]
+        declared_limits[compute] = derive(exact, args.margin)
+        print(f"  {DECLARED:>14} {compute}   both n={len(exact):4d}  {spread(exact)}")
+        print(f"  {'undeclared':>14} {compute}   both n={len(other):4d}  {spread(other)}")
+        client = CLIENT_DECLARED[compute]
+        print(f"  {compute}: measured {declared_limits[compute]}; the client's "
+              f"(verification/followers.py DECLARED_THRESHOLDS) {client}, "
+              f"{'the same' if client == declared_limits[compute] else 'DIFFERENT'}")
+    declared_counted = [(d, c) for (source, c, _), ds in honest.items() if source == DECLARED
+                        for d in ds]
+    declared_flags = sum(not judge(d, declared_limits[c]).ok for d, c in declared_counted)
+    print(f"honest verifications in declared settings: {len(declared_counted)} replays, "
+          f"{declared_flags} over the declared thresholds; screen: {honest_screened} of "
+          f"{honest_results} honest results left out")
+    false_positive_rate_declared = ((declared_flags + honest_screened)
+                                    / max(1, len(declared_counted) + honest_results))
+
     counted = [(d, c) for (source, c, _), ds in honest.items() if source != EXCLUDED
                for d in ds]
     honest_flags = sum(not judge(d, measured[c]).ok for d, c in counted)
@@ -199,20 +250,41 @@ def main() -> None:
                       f"{len(js)}  {low_tail([j.distances for j in js])}")
     print(f"copy: {victims_out} of {victims} copied honest originals left out by the screen "
           "(with their copier)")
+    rates_declared: dict[str, float] = {}
+    print("attacks judged by a follower replaying in the trainer's declared settings "
+          "(declared thresholds), and by the screen; the distances' low tail:")
+    for name in sorted({n for n, _, _ in attacks}):
+        pooled = [(j, c) for (n, c, _), js in attacks.items() if n == name for j in js]
+        rate = sum(flagged_declared(j, declared_limits[c]) for j, c in pooled) / len(pooled)
+        rates_declared[name] = rate
+        report[f"detect_rate_declared_{name}"] = round(rate, 4)
+        print(f"  {name:>16}: detected {rate:.1%} of {len(pooled)}")
+        for (n, c, m), js in sorted(attacks.items()):
+            if n == name:
+                low = low_tail([j.declared for j in js if j.declared is not None])
+                print(f"  {'':>16}  {c} {m:>6}: "
+                      f"{sum(flagged_declared(j, declared_limits[c]) for j in js)}/{len(js)}"
+                      f"  {low}")
 
-    def least(names: list[tuple[float, str]]) -> float | None:
-        caught = [strength for strength, name in names if rates.get(name, 0.0) >= 0.95]
+    def least(names: Sequence[tuple[float, str]], by: dict[str, float] = rates) -> float | None:
+        caught = [strength for strength, name in names if by.get(name, 0.0) >= 0.95]
         return min(caught) if caught else None
 
-    min_flip = least([(p, f"sign_flip_{p:g}") for p in SIGN_FLIP_PCTS])
-    min_scale = least([(x, f"scale_{x:g}") for x in SCALES])
-    min_lazy = least([(100 - p, f"lazy_{p}") for p in LAZY_PCTS])
+    flips = [(p, f"sign_flip_{p:g}") for p in SIGN_FLIP_PCTS]
+    scales = [(x, f"scale_{x:g}") for x in SCALES]
+    lazies = [(100 - p, f"lazy_{p}") for p in LAZY_PCTS]
+    min_flip, min_scale, min_lazy = least(flips), least(scales), least(lazies)
+    minima_declared = {"min_detected_sign_flip_pct_declared": least(flips, rates_declared),
+                       "min_detected_scale_declared": least(scales, rates_declared),
+                       "min_detected_lazy_pct_declared": least(lazies, rates_declared)}
 
     gross = [*GROSS, *(n for n in rates if n.startswith("copy_pos"))]
     ratios: dict[str, float] = {}
     delay_compute: ComputeDType = computes[-1]
     print(f"loss runs: {args.delay_peers} honest clients + the attacker, {delay_compute}, "
           f"{args.delay_steps} steps, ejection {args.report_rounds} rounds after the verdict")
+    if args.skip_loss:
+        loss_attacks = ()
     cleans = {one_bit: delay_run(None, one_bit, 0, args.delay_steps, args.delay_peers,
                                  measured[delay_compute], args.report_rounds, delay_compute)
               for one_bit in {one_bit for _, one_bit in loss_attacks}}
@@ -226,7 +298,7 @@ def main() -> None:
               f"{lost.applied} forged results applied, {lost.screened} screened out, "
               f"final loss {lost.final_loss:.4f} vs clean {clean.final_loss:.4f} "
               f"({ratios[f'{attack}_{mode}']:.4f})", flush=True)
-    worst = max(ratios, key=lambda k: ratios[k])
+    worst = max(ratios, key=lambda k: ratios[k]) if ratios else None
     print(f"[{time.perf_counter() - started:.0f} s] done; the worst loss ratio: {worst}")
 
     p99 = {m: quantile([getattr(d, m) for d, _ in counted], 0.99) for m in METRICS}
@@ -241,9 +313,14 @@ def main() -> None:
         "min_detected_lazy_pct": min_lazy,
         "gross_min_detect_rate": round(min(rates[g] for g in gross if g in rates), 4),
         "copy_originals_left_out": victims_out,
-        "loss_with_attacker_vs_clean": round(ratios[worst], 4),
+        "loss_with_attacker_vs_clean": round(ratios[worst], 4) if worst else None,
         "thresholds": {c: {m: round(getattr(t, m), 4) for m in METRICS}
                        for c, t in measured.items()},
+        "false_positive_rate_declared": round(false_positive_rate_declared, 6),
+        "honest_declared_verifications": len(declared_counted),
+        **minima_declared,
+        "thresholds_declared": {c: {m: round(getattr(t, m), 4) for m in METRICS}
+                                for c, t in declared_limits.items()},
         "steps": args.steps, "peers": args.peers, "seeds": args.seeds,
         "delay_steps": args.delay_steps, "delay_peers": args.delay_peers,
         "report_rounds": args.report_rounds, "torch": torch.__version__,

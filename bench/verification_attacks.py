@@ -30,12 +30,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from client_image.formats.blocks import SparseResult
 from client_image.formats.distro_wire import DistroResult
+from client_image.formats.replay_settings import ReplaySettings
 from client_image.training.objective import causal_lm_loss
 from client_image.training.precision import ComputeDType
+from client_image.verification.settings import active as active_settings
+from client_image.verification.settings import capture
 
 SIGN_FLIP_PCTS = (0.5, 1.0, 2.0, 5.0)
 SCALES = (1.01, 1.05, 1.2)
@@ -47,28 +49,28 @@ POST_HOC = (tuple(f"sign_flip_{p:g}" for p in SIGN_FLIP_PCTS)
 LAZY = (*(f"lazy_{p}" for p in LAZY_PCTS), "lazy_microbatch", "wrong_batch")
 WRONG_BATCH_OFFSET = 9000  # rows away from any assigned batch of the bench
 
-KERNELS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION}
-
 
 @dataclass(frozen=True)
 class Setup:
-    """How one machine computes a step: its compute dtype, torch threads, micro-batch size
-    and attention kernel (CPU torch has math and flash SDPA; `efficient` is CUDA-only)."""
+    """How one machine computes a step: its compute dtype, torch threads, micro-batch size,
+    attention kernel (CPU torch has math and flash SDPA; `efficient` is CUDA-only) and
+    whether oneDNN takes its matmuls (off: as on a CPU without oneDNN's bf16 kernels)."""
 
     compute: ComputeDType
     threads: int
     micro: int
     kernel: str
+    onednn: bool = True
+
+    def declared(self) -> ReplaySettings:
+        """What a trainer in this setup declares in its results (formats/replay_settings)."""
+        return capture(self.compute, self.micro, "cpu", attention=self.kernel,
+                       threads=self.threads, onednn=self.onednn)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            with sdpa_kernel([KERNELS[self.kernel]]):
-                yield
-        finally:
-            torch.set_num_threads(threads)
+        with active_settings(self.declared()):
+            yield
 
 
 def trainer_setup(compute: ComputeDType, per_peer: int) -> Setup:
@@ -78,8 +80,14 @@ def trainer_setup(compute: ComputeDType, per_peer: int) -> Setup:
 def noise_sources(compute: ComputeDType, per_peer: int) -> dict[str, Setup]:
     """The verifier machines an honest trainer (trainer_setup) is replayed on, by source.
     `dtype_mismatch` (an fp32 replay of a bf16 trainer) is measured, never counted as
-    honest noise: a verifier must replay in the trainer's declared dtype."""
+    honest noise: a verifier must replay in the trainer's declared dtype. `declared` replays
+    in everything the trainer declares (formats/replay_settings.py); `other_cpu` too but
+    with oneDNN off (a CPU without its bf16 kernels, which cannot reproduce a declaration
+    of oneDNN: the loose limits judge it)."""
+    own = trainer_setup(compute, per_peer)
     sources = {
+        "declared": own,
+        "other_cpu": Setup(compute, own.threads, own.micro, own.kernel, onednn=False),
         "threads": Setup(compute, threads=2, micro=per_peer, kernel="math"),
         "microbatch": Setup(compute, threads=1, micro=1, kernel="math"),
     }
@@ -93,6 +101,8 @@ def noise_sources(compute: ComputeDType, per_peer: int) -> dict[str, Setup]:
 
 
 REFERENCE_SOURCE = "mixed"  # attacks are judged against the most different honest machine
+DECLARED_SOURCE = "declared"  # ... and against a replay in the trainer's declared settings
+UNDECLARED_SOURCES = ("threads", "microbatch", "sdpa_kernel", "mixed", "other_cpu")
 
 
 def _flip(t: SparseResult, frac: float, rng: torch.Generator) -> SparseResult:

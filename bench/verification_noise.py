@@ -5,11 +5,13 @@ its own copy of the model; all apply every result, so the copies stay identical)
 trainer setup (verification_attacks.trainer_setup: 1 thread, micro-batch = the batch,
 math SDPA). Every client's assigned batch is replayed at every step by one shadow per
 noise source (verification_attacks.noise_sources: another thread count, micro-batch split,
-SDPA kernel, all three, or the other dtype), each continuing from its own honest results as
-a follower's does; every honest result against every shadow is one honest verification.
+SDPA kernel, all three, oneDNN off, the other dtype, or `declared`: the trainer's own
+settings, as a follower replays in them when the trainer declares them), each continuing
+from its own honest results as a follower's does; every honest result against every
+shadow is one honest verification.
 
-Against the `mixed` shadow (the most different honest machine) the run also judges the
-attacks: post-hoc ones on every client's honest result, the copy at every batch position,
+Against the `mixed` shadow (the most different honest machine) and the `declared` one the
+run also judges the attacks: post-hoc ones on every client's honest result, the copy at every batch position,
 and the lazy trainers (their own trainers, claiming client 1's batch). The cheap checks
 run as a client screens: `screen` over the step's results in batch order, the attacker's
 result in its place, against each sender's previous result. The attacks are never applied
@@ -25,6 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.verification_attacks import (
+    DECLARED_SOURCE,
     LAZY,
     POST_HOC,
     REFERENCE_SOURCE,
@@ -63,10 +66,13 @@ def optimizer(one_bit: bool) -> DistroOptimizer:
 
 @dataclass(frozen=True)
 class Judged:
-    """One verification: the replay's distances and the cheap check that failed, if any."""
+    """One verification: the replay's distances (the `mixed` shadow's), the cheap check
+    that failed, if any, and the distances from a replay in the trainer's declared
+    settings (the `declared` shadow's)."""
 
     distances: Distances
     cheap: str | None = None
+    declared: Distances | None = None
 
 
 @dataclass
@@ -135,7 +141,9 @@ class StepView:
         check = self.screened(position, result).get(position)
         key = (REFERENCE_SOURCE, position)
         distances = self.shadows[key].distances(result, self.expected[key])
-        return Judged(distances, check.name if check else None)
+        exact = (DECLARED_SOURCE, position)
+        declared = self.shadows[exact].distances(result, self.expected[exact])
+        return Judged(distances, check.name if check else None, declared)
 
     def forged(self, tensors: list[SparseResult], position: int) -> DistroResult | None:
         """The forged result as the wire carries it; None when it is the honest one's

@@ -70,8 +70,8 @@ DEFAULT_THRESHOLDS = THRESHOLDS["bf16"]
 # (0.02 / 0.002 / 0.02), because no honest replay in declared settings moved any distance
 # off 0 (bench/verification.py `declared`, bench/results/verification_declared_2cores.txt;
 # docs/verification.md "Declared replay settings"). The floors are the room left for what a
-# declaration does not pin down and this bench could not vary: another CPU's vector width
-# (AVX2 / AVX-512 in ATen's own kernels), another GPU model.
+# declaration does not pin down and this bench could not vary: CPU models of one declared
+# vector width, GPUs of one name, GPU kernels that are not deterministic run to run.
 DECLARED_THRESHOLDS = {
     "fp32": Thresholds(jaccard=0.02, hamming=0.002, manhattan=0.02),
     "bf16": Thresholds(jaccard=0.02, hamming=0.002, manhattan=0.02),
