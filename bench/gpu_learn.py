@@ -18,8 +18,10 @@ dense fp32 gradient all-reduce baseline, 4 x params / tokens per worker per step
 dense figure optimizers.py divides by for its bytes ratios).
 
 JSON fields: methods, learn_steps, learn_tokens_per_method, params, <method>_val_loss,
-<method>_loss_ratio (over AdamW's), <method>_bytes_per_token, <method>_wall_s,
-learn_errors (per method that did not finish, why).
+<method>_loss_ratio (over AdamW's), <method>_bytes_per_token, <method>_bytes_ratio (over
+dense fp32 AdamW's), <method>_wall_s, sparseloco_vs_diloco, distro_vs_demo,
+distro_tuned_vs_demo (when both methods of the pair finished), learn_errors (per method
+that did not finish, why).
 """
 
 from __future__ import annotations
@@ -41,12 +43,19 @@ OPTIMIZERS = ROOT / "bench" / "optimizers.py"
 
 FALLBACK_METHODS = ("adamw", "distro", "distro_tuned", "sparseloco")
 FALLBACK_INNER_STEPS = 16
+FALLBACK_PAIRS = ("sparseloco_vs_diloco", "distro_vs_demo", "distro_tuned_vs_demo")
 
 
 def known_methods() -> tuple[str, ...]:
     """optimizers.py's METHODS, read from its source (no torch import in this process)."""
     found = re.search(r"^METHODS\s*=\s*(\(.*?\))", OPTIMIZERS.read_text(), re.M | re.S)
     return tuple(ast.literal_eval(found.group(1))) if found else FALLBACK_METHODS
+
+
+def known_pairs() -> tuple[str, ...]:
+    """The names of optimizers.py's PAIRS (sparseloco_vs_diloco, ...), read from its source."""
+    found = re.search(r"^PAIRS\s*=\s*(\{.*?\})$", OPTIMIZERS.read_text(), re.M | re.S)
+    return tuple(ast.literal_eval(found.group(1))) if found else FALLBACK_PAIRS
 
 
 def inner_steps(extra: list[str]) -> int:
@@ -165,6 +174,12 @@ def main() -> None:
         bytes_ratio = outcome.get("bytes_ratio")
         report[f"{method}_bytes_per_token"] = round(
             dense_per_token / bytes_ratio if bytes_ratio else dense_per_token, 2)
+        report[f"{method}_bytes_ratio"] = bytes_ratio if method != "adamw" else 1.0
+    # optimizers.py's ratios against the dense baselines (sparseloco_vs_diloco, ...),
+    # present when both methods of a pair finished
+    for pair in known_pairs():
+        if pair in summary:
+            report[pair] = summary[pair]
     report["learn_errors"] = errors
     for key, value in report.items():
         print(f"{key:30s} {value}")
