@@ -14,6 +14,12 @@ import docker
 import pytest
 
 from run_manager import engine
+from tests.run_manager.local_registry import (
+    REGISTRY_BINARY,
+    TINY_BASE,
+    LocalRegistry,
+    remove_images,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "psyche-base:bookworm"
@@ -83,3 +89,19 @@ def no_leftover_containers(docker_client: docker.DockerClient, run_id: str) -> I
     for container in leftovers:
         engine.remove_container(container)
     assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"
+
+
+@pytest.fixture
+def loopback_registry(tmp_path: Path,
+                      docker_client: docker.DockerClient) -> Iterator[LocalRegistry]:
+    """A registry of the test's own on loopback (local_registry.py); afterwards stopped,
+    and the stand-in images' base removed from the engine."""
+    if not REGISTRY_BINARY.exists():
+        pytest.fail(f"{REGISTRY_BINARY} is missing: install Debian's docker-registry "
+                    "(./install.sh --dev --docker does)", pytrace=False)
+    registry = LocalRegistry(tmp_path / "registry")
+    registry.root.mkdir()
+    registry.start()
+    yield registry
+    registry.stop()
+    remove_images(docker_client, TINY_BASE)

@@ -24,6 +24,7 @@ import httpx
 from loopback import free_port
 from processes import stop_process
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REGISTRY_BINARY = Path("/usr/bin/docker-registry")
 TINY_BASE = "psyche-registry-test-base:1"
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -114,3 +115,19 @@ def remove_images(client: docker.DockerClient, *images: str) -> None:
     for image in images:
         with contextlib.suppress(docker.errors.ImageNotFound):
             client.images.remove(image, force=True)
+
+
+def publish_tiny_client(client: docker.DockerClient, registry: LocalRegistry, workdir: Path,
+                        tag: str, payload_mb: int = 16) -> tuple[str, str]:
+    """A stand-in client `tag` that exits 0, published with scripts/publish_client_image.sh
+    as psyche-client:<its version> and then removed from the engine with what the script
+    tagged (a run-manager must pull it): (the published reference, the digest the script
+    printed)."""
+    build_tiny_client(client, workdir, tag, exit_code=0, payload_mb=payload_mb)
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "publish_client_image.sh"), registry.address,
+         "--image", tag], capture_output=True, text=True, timeout=120, check=False)
+    published = f"{registry.address}/psyche-client:{tag.rpartition(':')[2]}"
+    remove_images(client, tag, published)
+    assert result.returncode == 0, result.stderr
+    return published, result.stdout.splitlines()[-1]

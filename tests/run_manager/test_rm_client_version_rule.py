@@ -30,13 +30,7 @@ from tcp_run import TESTNET
 from run_manager import engine
 from run_manager.client_versions import LATEST, own_version, resolved_tag
 from run_manager.gpus import GpuPlan
-from tests.run_manager.local_registry import (
-    REGISTRY_BINARY,
-    TINY_BASE,
-    LocalRegistry,
-    build_tiny_client,
-    remove_images,
-)
+from tests.run_manager.local_registry import LocalRegistry, publish_tiny_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftover_containers")]
 
@@ -87,35 +81,19 @@ def run_manager(tmp_path: Path, env: str, *args: str, timeout_s: float) -> tuple
 
 
 def test_a_latest_run_pulls_the_run_managers_own_version_from_the_registry(
-    docker_client: docker.DockerClient, coordinator: str, tmp_path: Path, run_id: str,
+    docker_client: docker.DockerClient, loopback_registry: LocalRegistry, coordinator: str,
+    tmp_path: Path, run_id: str,
 ) -> None:  # fmt: skip
-    if not REGISTRY_BINARY.exists():
-        pytest.fail(f"{REGISTRY_BINARY} is missing: install Debian's docker-registry "
-                    "(./install.sh --dev --docker does)", pytrace=False)
-    registry = LocalRegistry(tmp_path / "registry")
-    registry.root.mkdir()
-    registry.start()
-    version = own_version()
-    local = f"psyche-version-rule-test:{version}"
-    published = f"{registry.address}/psyche-client:{version}"
-    try:
-        build_tiny_client(docker_client, tmp_path, local, exit_code=0)
-        publish = subprocess.run(
-            ["bash", str(REPO_ROOT / "scripts" / "publish_client_image.sh"), registry.address,
-             "--image", local], capture_output=True, text=True, timeout=120, check=False)
-        assert publish.returncode == 0, publish.stderr
-        remove_images(docker_client, local, published)  # the run-manager must pull it
-        code, output = run_manager(
-            tmp_path, f"RUN_ID={run_id}\nCOORDINATOR_ADDRESS={coordinator}\n"
-            f"CLIENT_IMAGE={registry.address}/psyche-client\n", timeout_s=180)
-        assert code == 0, output
-        digest = publish.stdout.splitlines()[-1]
-        assert f"[container] pulled {published}: digest {digest} verified" in output, output
-        assert "[client] client latest" in output, output  # CLIENT_VERSION is the run's word
-        assert "the client exited normally" in output, output
-    finally:
-        registry.stop()
-        remove_images(docker_client, local, published, TINY_BASE)
+    # removed from the engine once published: the run-manager must pull it
+    published, digest = publish_tiny_client(docker_client, loopback_registry, tmp_path,
+                                            f"psyche-version-rule-test:{own_version()}")
+    code, output = run_manager(
+        tmp_path, f"RUN_ID={run_id}\nCOORDINATOR_ADDRESS={coordinator}\n"
+        f"CLIENT_IMAGE={loopback_registry.address}/psyche-client\n", timeout_s=180)
+    assert code == 0, output
+    assert f"[container] pulled {published}: digest {digest} verified" in output, output
+    assert "[client] client latest" in output, output  # CLIENT_VERSION is the run's word
+    assert "the client exited normally" in output, output
 
 
 def test_a_pinned_version_the_run_does_not_want_stops_after_three_mismatches(

@@ -6,7 +6,6 @@ run-manager's Telemetry (the same tracer provider its OTLP exporter uses)."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,29 +25,9 @@ from run_manager.docker_supervisor import (
 )
 from run_manager.sources import PinnedVersionSource
 from run_manager.telemetry import RunManagerTelemetry
-from tests.run_manager.local_registry import (
-    REGISTRY_BINARY,
-    TINY_BASE,
-    LocalRegistry,
-    build_tiny_client,
-    remove_images,
-)
+from tests.run_manager.local_registry import LocalRegistry, publish_tiny_client, remove_images
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftover_containers")]
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def registry(tmp_path: Path, docker_client: docker.DockerClient) -> Iterator[LocalRegistry]:
-    if not REGISTRY_BINARY.exists():
-        pytest.fail(f"{REGISTRY_BINARY} is missing: install Debian's docker-registry "
-                    "(./install.sh --dev --docker does)", pytrace=False)
-    local = LocalRegistry(tmp_path / "registry")
-    local.root.mkdir()
-    local.start()
-    yield local
-    local.stop()
-    remove_images(docker_client, TINY_BASE)
 
 
 @pytest.fixture
@@ -72,23 +51,17 @@ def config(registry: LocalRegistry, run_id: str) -> SupervisorConfig:
 
 
 async def test_pull_start_and_stop_of_the_container_are_spans(
-    docker_client: docker.DockerClient, registry: LocalRegistry, run_id: str,
+    docker_client: docker.DockerClient, loopback_registry: LocalRegistry, run_id: str,
     traced: tuple[RunManagerTelemetry, InMemorySpanExporter], tmp_path: Path,
 ) -> None:  # fmt: skip
     version = f"1.0.0-{run_id}"
-    local = build_tiny_client(docker_client, tmp_path, f"psyche-spans-test:{version}", 0,
-                              payload_mb=2)
-    published = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / "publish_client_image.sh"), registry.address,
-         "--image", local], capture_output=True, text=True, timeout=120, check=False)
-    image = f"{registry.address}/psyche-client:{version}"
-    remove_images(docker_client, local, image)  # the supervisor must pull it
-    assert published.returncode == 0, published.stderr
-    digest = published.stdout.splitlines()[-1]
+    # removed from the engine once published: the supervisor must pull it
+    image, digest = publish_tiny_client(docker_client, loopback_registry, tmp_path,
+                                        f"psyche-spans-test:{version}", payload_mb=2)
     observer, spans = traced
     events: list[SupervisorEvent] = []
     supervisor = Supervisor(docker_client, PinnedVersionSource(version),
-                            config(registry, run_id), observer.wrap(events.append))
+                            config(loopback_registry, run_id), observer.wrap(events.append))
     supervisor.tracing = observer.tracing
     try:
         task = asyncio.ensure_future(supervisor.run())
@@ -121,18 +94,19 @@ async def test_pull_start_and_stop_of_the_container_are_spans(
 
 
 async def test_a_pull_that_fails_is_an_error_span(
-    docker_client: docker.DockerClient, registry: LocalRegistry, run_id: str,
+    docker_client: docker.DockerClient, loopback_registry: LocalRegistry, run_id: str,
     traced: tuple[RunManagerTelemetry, InMemorySpanExporter],
 ) -> None:  # fmt: skip
     observer, spans = traced
     supervisor = Supervisor(docker_client, PinnedVersionSource("9.9.9-missing"),
-                            config(registry, run_id), observer.wrap(lambda _: None))
+                            config(loopback_registry, run_id), observer.wrap(lambda _: None))
     supervisor.tracing = observer.tracing
     finished = await asyncio.wait_for(supervisor.run(), timeout=60)
     assert finished.reason == "no-image"
     [pull] = spans.get_finished_spans()
     assert pull.name == "run_manager.pull"
     assert pull.attributes is not None
-    assert pull.attributes["psyche.image"] == f"{registry.address}/psyche-client:9.9.9-missing"
+    assert pull.attributes["psyche.image"] == (
+        f"{loopback_registry.address}/psyche-client:9.9.9-missing")
     assert pull.status.status_code is StatusCode.ERROR
     assert [e.name for e in pull.events] == ["exception"]
