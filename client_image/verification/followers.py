@@ -23,8 +23,8 @@ Thresholds (THRESHOLDS, by the compute dtype the follower replays in, the traine
 honest replays are not exact on another machine. Another thread count, micro-batch split
 or SDPA kernel moves a result's top-k indices. The shadow's error feedback subtracts what
 the trainer published (replay.py, `adopt`), so in fp32 a moved index no longer carries
-into later steps (Jaccard at most 0.074, Manhattan 0.056, Hamming 0 over an epoch of 16
-steps); in bf16 the gradients' own rounding still accumulates in the momentum (Jaccard up
+into later steps on most trajectories (over 3 seeds: Jaccard p99 0.13, Hamming 0, but
+max 0.58 and Manhattan max 0.94 on one `mixed` 1-bit trajectory); in bf16 the gradients' own rounding still accumulates in the momentum (Jaccard up
 to 0.70), and the signs of shared slots almost never disagree (Hamming at most 0.0018).
 The limits are 3 x the largest honest distance, with floors (bench/verification.py; the
 figures and what they leave undetected are in docs/verification.md, "Honest noise and
@@ -52,17 +52,19 @@ from client_image.verification.replay import (
 from client_image.verification.settings import active, cannot_reproduce
 from client_image.verification.similarity import Distances
 
-# The thresholds a follower judges with, by the compute dtype it replays in (the trainer's:
-# a swarm trains in one dtype), floors 0.02 / 0.002 / 0.02 (bench/verification.py;
-# docs/verification.md "Honest noise and thresholds"). fp32: 3 x the largest distance of
-# 288 honest fp32 replays with the shadow adopting the published results
-# (bench/results/verification_noise_published_feedback_2cores.txt, 1 seed). bf16: kept at
+# The loose thresholds: a replay not in the trainer's declared settings, by the compute
+# dtype it replays in (the trainer's: a swarm trains in one dtype), floors 0.02 / 0.002 /
+# 0.02 (bench/verification.py; docs/verification.md "Honest noise and thresholds"). fp32:
+# 3 x the largest distance of 1,152 undeclared honest fp32 replays over 3 seeds with the
+# shadow adopting the published results
+# (bench/results/verification_declared_fp32_3seeds_2cores.txt; one seed's 0.2217 / 0.169
+# did not hold: `mixed` 1-bit reached Jaccard 0.58 on another seed). bf16: kept at
 # 3 x the largest of 1,152 replays of the earlier 3-seed run
 # (bench/results/verification_noise_2cores.txt): adopting did not shrink bf16's Jaccard and
 # Manhattan (gradient rounding drifts there), so replay judges bf16 by Hamming alone, and
 # one seed is too few to lower its Hamming limit.
 THRESHOLDS = {
-    "fp32": Thresholds(jaccard=0.2217, hamming=0.002, manhattan=0.169),
+    "fp32": Thresholds(jaccard=1.7459, hamming=0.002, manhattan=2.8234),
     "bf16": Thresholds(jaccard=2.1835, hamming=0.0177, manhattan=3.7406),
 }
 DEFAULT_THRESHOLDS = THRESHOLDS["bf16"]
