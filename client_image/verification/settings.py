@@ -77,9 +77,9 @@ def active(settings: ReplaySettings) -> Iterator[None]:
         if settings.device == "cpu":
             torch.set_num_threads(settings.threads)
         # Set directly: mkldnn.flags() also sets its TF32 switch, which warns on CPU builds.
-        torch.backends.mkldnn.enabled = settings.onednn  # type: ignore[assignment]
+        torch.backends.mkldnn.enabled = settings.onednn  # type: ignore[assignment]  # torch types it as a flag object
         with kernel:
             yield
     finally:
         torch.set_num_threads(threads)
-        torch.backends.mkldnn.enabled = onednn  # type: ignore[assignment]
+        torch.backends.mkldnn.enabled = onednn  # type: ignore[assignment]  # torch types it as a flag object
