@@ -144,35 +144,50 @@ def from_blocks(blocks: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
     return view.permute(0, 1, 3, 2, 4).reshape(plan.shape)
 
 
-def dct_blocks(blocks: torch.Tensor, mix_rows: bool = True) -> torch.Tensor:
-    """E = F_a^T X F_b for every block at once."""
+def dct_blocks(blocks: torch.Tensor, mix_rows: bool = True, *,
+               out: torch.Tensor | None = None, work: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """E = F_a^T X F_b for every block at once, computed as (F_a^T X) F_b.
+
+    `out` (E) and `work` (F_a^T X), shaped like `blocks`, take the results instead of new
+    tensors (the same products: matmul's out= gives the same bits); `out` may be `blocks`
+    itself where mix_rows (X is read only by the first product)."""
     a, b = blocks.shape[-2:]
-    if not mix_rows:
-        return blocks @ dct_basis(b, blocks.dtype, blocks.device)
-    f_a = dct_basis(a, blocks.dtype, blocks.device)
     f_b = dct_basis(b, blocks.dtype, blocks.device)
-    return f_a.T @ blocks @ f_b
-
-
-def idct_blocks(coefficients: torch.Tensor, mix_rows: bool = True) -> torch.Tensor:
-    """X = F_a E F_b^T for every block at once (F is orthonormal, so this inverts dct_blocks)."""
-    a, b = coefficients.shape[-2:]
     if not mix_rows:
-        return coefficients @ dct_basis(b, coefficients.dtype, coefficients.device).T
-    f_a = dct_basis(a, coefficients.dtype, coefficients.device)
+        return torch.matmul(blocks, f_b, out=out)
+    f_a = dct_basis(a, blocks.dtype, blocks.device)
+    return torch.matmul(torch.matmul(f_a.T, blocks, out=work), f_b, out=out)
+
+
+def idct_blocks(coefficients: torch.Tensor, mix_rows: bool = True, *,
+                out: torch.Tensor | None = None, work: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """X = F_a E F_b^T for every block at once, as (F_a E) F_b^T (F is orthonormal, so this
+    inverts dct_blocks). `out` and `work` as in dct_blocks; `out` may be `coefficients`
+    where mix_rows."""
+    a, b = coefficients.shape[-2:]
     f_b = dct_basis(b, coefficients.dtype, coefficients.device)
-    return f_a @ coefficients @ f_b.T
+    if not mix_rows:
+        return torch.matmul(coefficients, f_b.T, out=out)
+    f_a = dct_basis(a, coefficients.dtype, coefficients.device)
+    return torch.matmul(torch.matmul(f_a, coefficients, out=work), f_b.T, out=out)
 
 
-def topk_blocks(coefficients: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_blocks(coefficients: torch.Tensor, k: int, magnitude: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per block, the k nonzero coefficients of largest magnitude: (idx (N, k), val (N, k)).
 
     Each row holds its kept coefficients in ascending index order, then, when the block has
     fewer than k nonzero coefficients, empty slots (index 0, value +0.0) at the end.
+    `magnitude` (as many elements as `coefficients`, contiguous) takes |coefficients|
+    instead of a new tensor.
     """
     flat = coefficients.reshape(coefficients.shape[0], -1)
     numel = flat.shape[1]
-    _, picked = torch.topk(flat.abs(), k, dim=1, sorted=False)
+    if magnitude is not None:
+        magnitude = magnitude.view(flat.shape)
+    _, picked = torch.topk(torch.abs(flat, out=magnitude), k, dim=1, sorted=False)
     val = torch.gather(flat, 1, picked)
     # A zero that topk picked is dropped (sorted after every kept index, then blanked), so
     # neither the tie-breaking among zeros nor the sign of a -0.0 reaches the result.
@@ -293,21 +308,23 @@ def compress_blocks(buffers: Sequence[torch.Tensor], layout: BlockLayout) -> lis
 
 
 def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int,
-                       mix_rows: bool = True) -> torch.Tensor:
+                       mix_rows: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """X = F_a G F_b^T for blocks G with m nonzeros each (idx = p*b + q, value weight).
 
     X = sum_m w_m F_a[:, p_m] F_b[:, q_m]^T: a*b*m multiply-adds per block instead of the
     dense a*b*(a+b), so a block holding only a few peers' top-k is cheap to decode.
+    `out` ((N, a, b)) takes X instead of a new tensor.
     """
     f_a = row_basis(a, mix_rows, weight.dtype, weight.device)
     f_b = dct_basis(b, weight.dtype, weight.device)
     rows = f_a[:, idx // b].permute(1, 0, 2) * weight.unsqueeze(1)  # (N, a, m)
     cols = f_b[:, idx % b].permute(1, 2, 0)  # (N, m, b)
-    return rows @ cols
+    return torch.matmul(rows, cols, out=out)
 
 
 def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int, b: int,
-                     mix_rows: bool = True) -> torch.Tensor:
+                     mix_rows: bool = True, *, dense: torch.Tensor | None = None,
+                     work: torch.Tensor | None = None) -> torch.Tensor:
     """One group's aggregate, spatial: (N, a, b) from idx, val (N, m), the peers' k slots
     side by side, peer after peer (m = n_peers * k).
 
@@ -319,9 +336,16 @@ def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int,
     n_blocks = idx.shape[0]
     weight = val
     sparse = idx.shape[1] < a + b
-    # One (N, a*b) buffer: the senders' count, then (zeroed again) the dense coefficients.
-    dense = (torch.zeros(n_blocks, a * b, dtype=val.dtype, device=val.device)
-             if n_peers > 1 or not sparse else None)
+    # One (N, a*b) buffer: the senders' count, then (zeroed again) the dense coefficients;
+    # then the result (the inverse DCT's second product overwrites it). `dense` and `work`
+    # ((N, a, b) each, contiguous), where given, are used instead of new tensors.
+    spare = dense  # the caller's buffer: the rank-m product's output when nothing is counted
+    if n_peers > 1 or not sparse:
+        if dense is None:
+            dense = torch.zeros(n_blocks, a * b, dtype=val.dtype, device=val.device)
+        else:
+            dense = dense.view(n_blocks, a * b).zero_()
+        spare = dense
     if n_peers > 1:
         assert dense is not None
         dense.scatter_add_(1, idx, (val != 0).to(val.dtype))
@@ -331,10 +355,15 @@ def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int,
             # Only the counted places are nonzero: zero them, not the whole buffer again.
             dense.scatter_(1, idx, 0.0)
     if sparse:
-        return sparse_idct_blocks(idx, weight, a, b, mix_rows)
+        return sparse_idct_blocks(idx, weight, a, b, mix_rows,
+                                  out=None if spare is None else spare.view(n_blocks, a, b))
     assert dense is not None
     dense.scatter_add_(1, idx, weight)
-    return idct_blocks(dense.view(n_blocks, a, b), mix_rows)
+    coefficients = dense.view(n_blocks, a, b)
+    if not mix_rows:  # one product, which cannot write over its own input
+        return idct_blocks(coefficients, mix_rows, out=work)
+    return idct_blocks(coefficients, mix_rows, out=None if work is None else coefficients,
+                       work=work)
 
 
 def decompress_blocks(
