@@ -250,10 +250,12 @@ class SparseLoCoOptimizer(Variant):
     quant_bits: Annotated[int, Strict(), Field(ge=2, le=8)]
     error_decay: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
     outer_lr: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
-    # Extensions measured in bench/results/optimizers_sparseloco_gaps_2cores.txt; the
-    # defaults are the paper's algorithm. outer_momentum: Nesterov momentum on the peers'
-    # mean update (0: none). dense_max_numel: a tensor of at most this many elements (the
-    # norms) keeps every coefficient, so it is never starved by top-k (0: none).
+    # Extensions measured in bench/results/optimizers_sparseloco_screens_2cores.txt (neither
+    # helped on the tiny model); the defaults are the paper's algorithm. outer_momentum:
+    # Nesterov momentum on the peers' mean update (0: none; its buffer is client state that
+    # starts at zero each epoch, so a client joining mid-epoch would drift from the others).
+    # dense_max_numel: a tensor of at most this many elements (the norms) keeps every
+    # coefficient, so it is never starved by top-k (0: none).
     outer_momentum: Annotated[float, Strict(), Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
     dense_max_numel: Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)] = 0
 
