@@ -252,8 +252,8 @@ class SparseLoCoOptimizer(Variant):
     outer_lr: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
     # Extensions measured in bench/results/optimizers_sparseloco_screens_2cores.txt (neither
     # helped on the tiny model); the defaults are the paper's algorithm. outer_momentum:
-    # Nesterov momentum on the peers' mean update (0: none; its buffer is client state that
-    # starts at zero each epoch, so a client joining mid-epoch would drift from the others).
+    # Nesterov momentum on the peers' mean update (0: none; its buffer is client state reset
+    # each epoch, so a client that missed an apply of the epoch would drift from the others).
     # dense_max_numel: a tensor of at most this many elements (the norms) keeps every
     # coefficient, so it is never starved by top-k (0: none).
     outer_momentum: Annotated[float, Strict(), Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
