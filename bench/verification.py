@@ -62,7 +62,7 @@ from bench.verification_attacks import (
     SCALES,
     SIGN_FLIP_PCTS,
 )
-from bench.verification_delay import delay_run
+from bench.verification_delay import DECLARED_FOLLOWERS, FOLLOWER_SOURCES, delay_run
 from bench.verification_noise import Judged, follow_run
 from client_image.training.precision import ComputeDType
 from client_image.verification import Thresholds
@@ -141,6 +141,11 @@ def main() -> None:
                         help="the swarms' compute dtypes, comma-separated (fp32, bf16)")
     parser.add_argument("--skip-loss", action="store_true",
                         help="no loss runs (bench/verification_delay.py): the detection only")
+    parser.add_argument("--loss-followers", choices=("undeclared", "declared"),
+                        default="undeclared",
+                        help="the loss runs' two followers: on the `mixed` and `microbatch` "
+                             "setups with the loose limits, or both in the trainer's declared "
+                             "settings with the declared limits")
     args = parser.parse_args()
     modes: tuple[bool, ...] = (True, False)
     chosen = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
@@ -281,18 +286,23 @@ def main() -> None:
     gross = [*GROSS, *(n for n in rates if n.startswith("copy_pos"))]
     ratios: dict[str, float] = {}
     delay_compute: ComputeDType = computes[-1]
+    declared_followers = args.loss_followers == "declared"
+    follower_sources = DECLARED_FOLLOWERS if declared_followers else FOLLOWER_SOURCES
+    loss_limits = (declared_limits if declared_followers else measured)[delay_compute]
     print(f"loss runs: {args.delay_peers} honest clients + the attacker, {delay_compute}, "
-          f"{args.delay_steps} steps, ejection {args.report_rounds} rounds after the verdict")
+          f"{args.delay_steps} steps, ejection {args.report_rounds} rounds after the verdict; "
+          f"followers on {', '.join(follower_sources)} with {loss_limits}")
     if args.skip_loss:
         loss_attacks = ()
     cleans = {one_bit: delay_run(None, one_bit, 0, args.delay_steps, args.delay_peers,
-                                 measured[delay_compute], args.report_rounds, delay_compute)
+                                 loss_limits, args.report_rounds, delay_compute,
+                                 follower_sources)
               for one_bit in {one_bit for _, one_bit in loss_attacks}}
     for attack, one_bit in loss_attacks:
         mode = "1bit" if one_bit else "values"
         clean = cleans[one_bit]
         lost = delay_run(attack, one_bit, 0, args.delay_steps, args.delay_peers,
-                        measured[delay_compute], args.report_rounds, delay_compute)
+                         loss_limits, args.report_rounds, delay_compute, follower_sources)
         ratios[f"{attack}_{mode}"] = lost.final_loss / clean.final_loss
         print(f"  {attack:>16} {mode:>6}: ejected from round {lost.ejected_at}, "
               f"{lost.applied} forged results applied, {lost.screened} screened out, "

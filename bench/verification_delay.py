@@ -51,6 +51,7 @@ from client_image.verification.replay import judge
 from psyche_common.token_files.local import LocalDataProvider
 
 FOLLOWER_SOURCES = ("mixed", "microbatch")
+DECLARED_FOLLOWERS = ("declared", "declared")  # both replay in the trainer's settings
 ATTACKER = 0
 
 
@@ -64,7 +65,8 @@ class DelayRun:
 
 def delay_run(attack: str | None, one_bit: bool, seed: int, steps: int, peers: int,
               thresholds: Thresholds, report_rounds: int,
-              compute: ComputeDType = "bf16") -> DelayRun:
+              compute: ComputeDType = "bf16",
+              follower_sources: tuple[str, ...] = FOLLOWER_SOURCES) -> DelayRun:
     torch.manual_seed(seed)
     rng = torch.Generator().manual_seed(2000 + seed)
     data = LocalDataProvider(REPO_DATA, SEQ_LEN)
@@ -77,8 +79,10 @@ def delay_run(attack: str | None, one_bit: bool, seed: int, steps: int, peers: i
                 for p in positions}
     verifier = positions[1] if attack else positions[0]
     sources = noise_sources(compute, PER_PEER)
-    followers = {name: ReplayVerifier(make_trainer(models[verifier], one_bit, sources[name]))
-                 for name in FOLLOWER_SOURCES} if attack else {}
+    # Keyed "<i>:<source>": two followers may replay in the same setup.
+    followers = {f"{i}:{name}": ReplayVerifier(make_trainer(models[verifier], one_bit,
+                                                            sources[name]))
+                 for i, name in enumerate(follower_sources)} if attack else {}
     kept: dict[int, dict[int, DistroResult]] = {}
     sent: dict[int, dict[int, DistroResult]] = {}
     forged_steps: set[int] = set()
@@ -110,7 +114,7 @@ def delay_run(attack: str | None, one_bit: bool, seed: int, steps: int, peers: i
         if attack and (ejected_at is None or step < ejected_at):
             expected[step] = {}
             for name, follower in followers.items():
-                with sources[name].active():
+                with sources[name.split(":", 1)[1]].active():
                     expected[step][name] = follower.expected(
                         step, data.get_samples(*rows[ATTACKER]), rows[ATTACKER])
         results_now: dict[int, DistroResult] = {}
