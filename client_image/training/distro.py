@@ -308,18 +308,32 @@ def compress_blocks(buffers: Sequence[torch.Tensor], layout: BlockLayout) -> lis
 
 
 def sparse_idct_blocks(idx: torch.Tensor, weight: torch.Tensor, a: int, b: int,
-                       mix_rows: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+                       mix_rows: bool = True, out: torch.Tensor | None = None,
+                       work: torch.Tensor | None = None) -> torch.Tensor:
     """X = F_a G F_b^T for blocks G with m nonzeros each (idx = p*b + q, value weight).
 
     X = sum_m w_m F_a[:, p_m] F_b[:, q_m]^T: a*b*m multiply-adds per block instead of the
     dense a*b*(a+b), so a block holding only a few peers' top-k is cheap to decode.
-    `out` ((N, a, b)) takes X instead of a new tensor.
+    `out` ((N, a, b)) takes X instead of a new tensor; `work` (contiguous, at least
+    N * m * (2a + b) elements) the gathered basis columns (laid out as without it, so the
+    product is the same).
     """
     f_a = row_basis(a, mix_rows, weight.dtype, weight.device)
     f_b = dct_basis(b, weight.dtype, weight.device)
-    rows = f_a[:, idx // b].permute(1, 0, 2) * weight.unsqueeze(1)  # (N, a, m)
-    cols = f_b[:, idx % b].permute(1, 2, 0)  # (N, m, b)
-    return torch.matmul(rows, cols, out=out)
+    n, m = idx.shape
+    if work is None or work.numel() < n * m * (2 * a + b):
+        rows = f_a[:, idx // b].permute(1, 0, 2) * weight.unsqueeze(1)  # (N, a, m)
+        cols = f_b[:, idx % b].permute(1, 2, 0)  # (N, m, b)
+        return torch.matmul(rows, cols, out=out)
+    flat = work.reshape(-1)
+    picked_rows, rows_buffer, cols_buffer = (
+        flat[:a * n * m].view(a, n, m), flat[a * n * m:2 * a * n * m].view(a, n, m),
+        flat[2 * a * n * m:(2 * a + b) * n * m].view(b, n, m))
+    torch.index_select(f_a, 1, (idx // b).reshape(-1), out=picked_rows.view(a, n * m))
+    rows = torch.mul(picked_rows.permute(1, 0, 2), weight.unsqueeze(1),
+                     out=rows_buffer.permute(1, 0, 2))  # (N, a, m), strided as above
+    torch.index_select(f_b, 1, (idx % b).reshape(-1), out=cols_buffer.view(b, n * m))
+    return torch.matmul(rows, cols_buffer.permute(1, 2, 0), out=out)
 
 
 def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int, b: int,
@@ -356,7 +370,8 @@ def aggregate_blocks(idx: torch.Tensor, val: torch.Tensor, n_peers: int, a: int,
             dense.scatter_(1, idx, 0.0)
     if sparse:
         return sparse_idct_blocks(idx, weight, a, b, mix_rows,
-                                  out=None if spare is None else spare.view(n_blocks, a, b))
+                                  out=None if spare is None else spare.view(n_blocks, a, b),
+                                  work=work)
     assert dense is not None
     dense.scatter_add_(1, idx, weight)
     coefficients = dense.view(n_blocks, a, b)
