@@ -147,14 +147,21 @@ class Scratch:
     is fresh memory from the system, zeroed and page-faulted in on first touch, which
     costs more than the pass that writes it (measured on the 125 M model: sign of 134 M
     floats 0.17 s into a new tensor, 0.05 s into an existing one). Kept, they cost their
-    memory between steps: `roles` x the largest chunk. On other devices new tensors are
-    made as before (CUDA's caching allocator already reuses the memory).
+    memory: `roles` x the largest chunk, within a phase of the step (apply, error
+    feedback, compress), given back at its end (release) so the forward/backward's peak
+    is as before. On other devices new tensors are made as before (CUDA's caching
+    allocator already reuses the memory).
 
     Numbers are unchanged: the same operations write into these buffers (out=)."""
 
     def __init__(self, device: torch.device | str) -> None:
         self.keep = torch.device(device).type == "cpu"
         self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def release(self) -> None:
+        """Give the buffers back (the end of a phase: apply, compress), so that they do
+        not add to the forward/backward's peak; the next phase makes them once again."""
+        self.buffers.clear()
 
     def flat(self, role: str, numel: int, dtype: torch.dtype, device: torch.device
              ) -> torch.Tensor:
@@ -431,6 +438,7 @@ class DistroStep:
         for chunk in self.chunks:
             stacks = decode_chunk(own, chunk, self.device, dtype, self.scratch)
             self.view.add_blocks(self.delta[chunk.first:chunk.stop], stacks, chunk, alpha=-1.0)
+        self.scratch.release()
 
     def momentum(self, grads: Sequence[torch.Tensor | None], lr: float, decay: float) -> None:
         """delta = decay * delta + lr * g (a missing gradient counts as zero). A gradient
@@ -445,6 +453,7 @@ class DistroStep:
         """C(delta), kept as the next error feedback's own result."""
         self.sent = [compress_chunk(self.view.full(self.delta[c.first:c.stop]), c,
                                     self.topk, self.scratch) for c in self.chunks]
+        self.scratch.release()
         return self.sent
 
     def apply(self, sources: Sequence[ResultSource], lr: float) -> None:
@@ -454,6 +463,7 @@ class DistroStep:
             stacks = decode_chunk(sources, chunk, self.device, torch.float32, self.scratch)
             torch._foreach_sign_(stacks)
             self.view.add_blocks(self.params[chunk.first:chunk.stop], stacks, chunk, alpha=-lr)
+        self.scratch.release()
 
 
 @dataclass
