@@ -152,7 +152,7 @@ def main() -> None:
     if not chosen or any(d not in ("fp32", "bf16") for d in chosen):
         parser.error(f"--dtypes {args.dtypes!r}: fp32, bf16 or both, comma-separated")
     computes: tuple[ComputeDType, ...] = tuple(
-        d for d in ("fp32", "bf16") if d in chosen)  # type: ignore[misc]
+        d for d in ("fp32", "bf16") if d in chosen)  # type: ignore[misc]  # mypy cannot narrow str to the Literal
     lazy_kinds, loss_attacks = LAZY, LOSS_ATTACKS
     if args.smoke:
         args.steps, args.peers, args.seeds, args.delay_steps, args.delay_peers = 4, 2, 1, 6, 2
