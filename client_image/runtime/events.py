@@ -168,6 +168,9 @@ class ResultVerified(RuntimeEvent):
     reason: str
     # "declared": replayed in the trainer's declared settings (tight limits); else why not
     replayed: str = ""
+    # this trainer's results this client judged with the loose limits this epoch, this one
+    # included: a trainer whose declaration no follower can reproduce counts up every step
+    judged_loosely: int = 0
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ class VerificationDuty:
                 of_step=of_step, trainer=sender.hex(), ok=verdict.ok,
                 jaccard=round(distances.jaccard, 6), hamming=round(distances.hamming, 6),
                 manhattan=round(distances.manhattan, 6), reason=verdict.reason,
-                replayed=checked.replayed))
+                replayed=checked.replayed, judged_loosely=checked.judged_loosely))
             if verdict.ok:
                 self.counters.verifications_passed += 1
                 continue

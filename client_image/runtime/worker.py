@@ -53,7 +53,7 @@ from client_image.verification.checks import (
     screen_payloads,
 )
 from client_image.verification.followers import Checked, Followers
-from client_image.verification.settings import capture
+from client_image.verification.settings import capture, split_over_ranks
 from coordinator.config import DistroOptimizer, LLMConfig
 
 _P = ParamSpec("_P")
@@ -170,6 +170,11 @@ class TrainingWorker:
             raise WorkerError(str(exc)) from None
         self.model = self.ranks.executor.model
         self.trainer = self.ranks.executor.trainer
+        if self.trainer is not None:  # declared like an unsplit trainer (trainer_choice.py)
+            dims = self.rank_setup.dims
+            self.trainer.declared = split_over_ranks(
+                capture(self.trainer.compute, self.trainer.micro_batch_size, self.device),
+                dims.dp, dims.tp)
 
     def _full_model(self) -> torch.nn.Module:
         """A plain bf16 model holding the all-gathered weights (for save_pretrained)."""

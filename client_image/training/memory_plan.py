@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from client_image.formats.distro_wire import index_bits
+from client_image.formats.replay_settings import MAX_SECTION_BYTES
 from client_image.training.distro import BlockLayout, plan_model
 from client_image.training.distro_step import plan_chunks
 from client_image.training.model_shape import (
@@ -103,6 +104,8 @@ CUDA_RESERVE_BYTES = 2 * GIB
 LOGIT_BYTES = 12  # per logit at the start of backward (module docstring)
 PEER_SLOT_BYTES = 32  # per kept coefficient per peer on the device during apply
 _WIRE_HEADER_BYTES = 30  # magic 4, version 1, flags 1, step 4, nonce 4, batch start 8, end 8
+# The replay settings' length prefix and longest body (formats/replay_settings.py).
+_SETTINGS_SECTION_BYTES = -(-MAX_SECTION_BYTES.bit_length() // 7) + MAX_SECTION_BYTES
 # Without a state file: Psyche's consilience run (config/consilience/state.toml upstream).
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_PEERS = 16
@@ -292,8 +295,10 @@ def activation_bytes(shape: ModelShape, *, micro_batch_size: int, seq_len: int,
 
 def result_wire_bytes(plans: list[Any], one_bit: bool) -> int:
     """Bytes of one result in the wire format (distro_wire) when every block carries k
-    coefficients (a block with fewer nonzero ones carries fewer: this is the most)."""
-    total = _WIRE_HEADER_BYTES + _varint_len(len(plans))
+    coefficients (a block with fewer nonzero ones carries fewer: this is the most), with
+    the longest replay-settings section a trainer can declare (every current client
+    declares one: verification/followers.py; a real one is shorter, about 40 bytes)."""
+    total = _WIRE_HEADER_BYTES + _SETTINGS_SECTION_BYTES + _varint_len(len(plans))
     for plan in plans:
         slots = plan.n_blocks * plan.topk
         total += _varint_len(plan.n_blocks) + _varint_len(plan.block_numel) + _varint_len(plan.topk)

@@ -15,9 +15,18 @@ every result's header. At `follow`, each shadow replays in the settings its trai
 declared (`known`, from any of its earlier results this client saw) when this machine can
 reproduce them, else in this follower's own settings. A result is judged with the tight
 DECLARED_THRESHOLDS only when its declaration is exactly what its shadow replayed in all
-epoch; otherwise (nothing declared, a declaration this machine cannot reproduce, or one
-that changed since the shadow started) with the loose THRESHOLDS, and the verdict says
-which and why (`Checked.replayed`).
+epoch; otherwise (a declaration this machine cannot reproduce, or one that changed since
+the shadow started) with the loose THRESHOLDS, and the verdict says
+which and why (`Checked.replayed`), and counts this epoch's loose judgements of the trainer
+(`Checked.judged_loosely`): a trainer that declares what none of its followers can
+reproduce shows as judged loosely at every result.
+
+A result with no declaration is not judged at all: it fails (`UNDECLARED`), and the client
+reports it as it reports any other failed replay. Every client of a run runs the run's
+client version, and every current trainer declares (runtime/trainer_choice.py, and
+runtime/worker.py for a model split over ranks), so only a trainer that left its
+declaration out on purpose, to be judged with the loose limits, sends one. The decoder
+still accepts such bytes (formats/distro_wire.py): this is a verdict, not a wire error.
 
 Thresholds (THRESHOLDS, by the compute dtype the follower replays in, the trainer's):
 honest replays are not exact on another machine. Another thread count, micro-batch split
@@ -79,6 +88,9 @@ DECLARED_THRESHOLDS = {
     "bf16": Thresholds(jaccard=0.02, hamming=0.002, manhattan=0.02),
 }
 KEPT_STEPS = 4  # expected results wait for their step's apply, two rounds later
+# The verdict's reason for a result without replay settings (module docstring).
+UNDECLARED = ("undeclared: the result carries no replay settings, which every client of "
+              "the run's version declares")
 
 
 @dataclass(frozen=True)
@@ -88,9 +100,13 @@ class Checked:
     verdict: Verdict
     published_hash: bytes
     expected_hash: bytes
-    # "declared" (replayed in the trainer's declared settings, tight limits) or why not
-    # (loose limits): "undeclared", "cannot replay ...", "declared ... replayed in ..."
+    # "declared" (replayed in the trainer's declared settings, tight limits), why not
+    # (loose limits): "cannot replay ...", "not replayed in the declared settings ...",
+    # or "undeclared" (no settings in the result: failed, UNDECLARED)
     replayed: str = "declared"
+    # How many of this trainer's results this follower judged with the loose limits this
+    # epoch, this one included (0 when every one was replayed in its declaration).
+    judged_loosely: int = 0
 
 
 class Followers:
@@ -113,6 +129,7 @@ class Followers:
         self.shadows: dict[bytes, ReplayVerifier] = {}
         self.replay_in: dict[bytes, ReplaySettings] = {}
         self.unreproducible: dict[bytes, str] = {}  # trainer -> why its declaration is not
+        self.judged_loosely: dict[bytes, int] = {}  # trainer -> loose verdicts this epoch
         self.expected: dict[tuple[bytes, int], bytes] = {}
 
     def note_declared(self, trainer: bytes, settings: ReplaySettings | None) -> None:
@@ -125,6 +142,7 @@ class Followers:
         its trainer's last declared settings where this machine can (module docstring)."""
         self.expected.clear()
         self.replay_in, self.unreproducible, self.shadows = {}, {}, {}
+        self.judged_loosely = {}
         for key in trainers:
             settings = self.own
             declared = self.known.get(key)
@@ -161,20 +179,26 @@ class Followers:
         except ResultDecodeError as exc:  # verified on download: never expected here
             worst = Distances(jaccard=1.0, hamming=1.0, manhattan=1.0)
             return Checked(Verdict(False, worst, f"undecodable: {exc}"), digest, expected_hash)
+        distances = shadow.distances(result, shadow.shadow.decode(expected))
+        if result.settings is None:  # the distances stay as the report's evidence
+            return Checked(Verdict(False, distances, UNDECLARED), digest, expected_hash,
+                           "undeclared")
         self.note_declared(trainer, result.settings)
         replayed = self.how_replayed(trainer, result.settings)
-        limits = (self.declared_thresholds if replayed == "declared"
-                  else self.thresholds)[self.replay_in[trainer].compute]
-        distances = shadow.distances(result, shadow.shadow.decode(expected))
+        loosely = self.judged_loosely.get(trainer, 0)
+        if replayed == "declared":
+            limits = self.declared_thresholds[self.replay_in[trainer].compute]
+        else:
+            limits = self.thresholds[self.replay_in[trainer].compute]
+            loosely += 1
+            self.judged_loosely[trainer] = loosely
         verdict = judge(distances, limits)
         if verdict.ok:  # the shadow's momentum follows what the trainer sent (replay.py)
             shadow.adopt(step, result)
-        return Checked(verdict, digest, expected_hash, replayed)
+        return Checked(verdict, digest, expected_hash, replayed, loosely)
 
-    def how_replayed(self, trainer: bytes, declared: ReplaySettings | None) -> str:
+    def how_replayed(self, trainer: bytes, declared: ReplaySettings) -> str:
         """"declared" when the shadow replayed in exactly `declared`, else why not."""
-        if declared is None:
-            return "undeclared"
         why = cannot_reproduce(declared, self.own.device)
         if why is not None:
             return f"cannot replay the declared settings: {why}"

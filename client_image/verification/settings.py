@@ -6,12 +6,13 @@ The settings and their wire bytes are formats/replay_settings.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from client_image.formats.replay_settings import ReplaySettings
+from client_image.formats.replay_settings import MAX_VERSION_CHARS, ReplaySettings
 
 KERNELS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
            "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -45,6 +46,16 @@ def capture(compute: str, micro_batch: int, device: str | torch.device,
         onednn=onednn_on() if onednn is None else onednn, micro_batch=micro_batch,
         threads=(torch.get_num_threads() if threads is None else threads) if kind == "cpu" else 0,
         torch_version=torch.__version__, hardware=hardware(device))
+
+
+def split_over_ranks(settings: ReplaySettings, dp: int, tp: int) -> ReplaySettings:
+    """`settings` of a trainer whose model is split over dp x tp ranks: its hardware names
+    the split, which changes the reduction order as another kernel would. No follower
+    replays a split model yet, so `cannot_reproduce` says so and the loose limits judge it
+    (counted as loose judgements), but the result is declared, not refused as undeclared."""
+    suffix = f" split dp{dp} tp{tp}"
+    return dataclasses.replace(
+        settings, hardware=settings.hardware[:MAX_VERSION_CHARS - len(suffix)] + suffix)
 
 
 def cannot_reproduce(declared: ReplaySettings, device: str | torch.device) -> str | None:

@@ -25,10 +25,12 @@ from typer.testing import CliRunner
 
 from client_image.cli import app
 from client_image.formats.distro_wire import encode_result
+from client_image.formats.replay_settings import ReplaySettings
 from client_image.plan_cli import check_fits_or_exit
 from client_image.training import memory_plan as mp
 from client_image.training import model_shape as ms
 from client_image.training.distro import compress, plan_model
+from client_image.verification.settings import capture
 from coordinator.config import load_state_file
 from tests.training.training_assets import TINY_MODEL
 
@@ -161,14 +163,25 @@ def test_tensor_parallelism_must_divide_the_heads():
 
 def test_wire_size_is_the_encoded_result_size():
     shape = _shape(TINY_MODEL)
+    # The longest declaration the wire allows: 10-byte varints, 64-character texts.
+    longest = ReplaySettings(compute="bf16", device="cpu", attention="efficient", onednn=True,
+                             micro_batch=2**63, threads=2**63, torch_version="v" * 64,
+                             hardware="h" * 64)
+    typical = capture("bf16", 4, "cpu", threads=2)
     for chunk, topk, one_bit in ((16, 4, False), (64, 8, True), (64, 3, False)):
         plans = plan_model([(p.name, p.shape) for p in shape.params], chunk, topk)
         generator = torch.Generator().manual_seed(chunk + topk)
         # Gaussian values: no coefficient is zero, so every block carries k of them.
         tensors = [torch.randn(p.shape, generator=generator) for p in shape.params]
-        payload = encode_result(compress(tensors, plans), plans, step=7, trainer_nonce=3,
-                                batch_start=1, batch_end=2**40, one_bit=one_bit)
-        assert mp.result_wire_bytes(plans, one_bit) == len(payload)
+        sizes = {}
+        for name, settings in (("longest", longest), ("typical", typical), ("none", None)):
+            sizes[name] = len(encode_result(
+                compress(tensors, plans), plans, step=7, trainer_nonce=3, batch_start=1,
+                batch_end=2**40, one_bit=one_bit, settings=settings))
+        assert mp.result_wire_bytes(plans, one_bit) == sizes["longest"]
+        # The section is the only difference: at most 156 bytes, a real one far fewer.
+        assert sizes["longest"] - sizes["none"] == 156
+        assert 0 < sizes["typical"] - sizes["none"] < 80
 
 
 def test_terms_scale_with_the_micro_batch_and_checkpointing_keeps_less():

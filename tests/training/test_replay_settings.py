@@ -24,7 +24,12 @@ from client_image.formats.replay_settings import ReplaySettings, encode_settings
 from client_image.training.distro import compress, plan_model
 from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
-from client_image.verification.followers import DECLARED_THRESHOLDS, THRESHOLDS, Followers
+from client_image.verification.followers import (
+    DECLARED_THRESHOLDS,
+    THRESHOLDS,
+    UNDECLARED,
+    Followers,
+)
 from client_image.verification.settings import active, cannot_reproduce, capture
 from coordinator.config import ConstantLR, DistroOptimizer
 from psyche_common.token_files.local import LocalDataProvider
@@ -174,6 +179,12 @@ def _follow(declared: ReplaySettings | None, known: dict[bytes, ReplaySettings],
             out = trainer.train(step, data.get_samples(*rows), batch_id=rows)
         checked = followers.verify(TRAINER, step, out.payload)
         assert checked is not None
+        if checked.replayed == "undeclared":  # failed whatever its distances: a report
+            assert not checked.verdict.ok and checked.verdict.reason == UNDECLARED
+            assert checked.judged_loosely == 0
+            seen.append(checked.replayed)
+            own.idle(step)
+            continue
         limits = (DECLARED_THRESHOLDS if checked.replayed == "declared" else THRESHOLDS)["bf16"]
         assert checked.verdict.ok == (checked.verdict.distances.jaccard <= limits.jaccard
                                       and checked.verdict.distances.hamming <= limits.hamming
@@ -181,6 +192,9 @@ def _follow(declared: ReplaySettings | None, known: dict[bytes, ReplaySettings],
                                       <= limits.manhattan)
         if checked.replayed == "declared":
             assert checked.verdict.distances.jaccard == 0.0
+            assert checked.judged_loosely == 0
+        else:  # the epoch's loose verdicts of this trainer so far, this one included
+            assert checked.judged_loosely == step + 1
         seen.append(checked.replayed)
         own.idle(step)
     return seen

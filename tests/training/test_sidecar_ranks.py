@@ -26,6 +26,7 @@ from client_image.runtime.worker import TrainingWorker
 from client_image.training.distro import decompress
 from client_image.training.parallel import ParallelDims
 from client_image.training.rank_group import RankSetup
+from client_image.verification.settings import cannot_reproduce
 from psyche_common.token_files.local import LocalDataProvider
 
 pytestmark = pytest.mark.slow
@@ -88,6 +89,11 @@ async def test_a_sidecar_host_runs_the_second_rank(tmp_path):
 
     assert single.trainer is not None
     plans = single.trainer.plans
+    # A split client declares its replay settings like any other, its split in the
+    # hardware: no follower can reproduce it, so it is judged loosely, never as undeclared.
+    declared = decode_result(split_payloads[0], plans).settings
+    assert declared is not None and declared.hardware.endswith(" split dp2 tp1"), declared
+    assert cannot_reproduce(declared, "cpu") is not None
     for mine, theirs in zip(split_payloads, single_payloads, strict=True):
         ours = decompress([decode_result(mine, plans).tensors], plans, torch.float32, "cpu")
         ref = decompress([decode_result(theirs, plans).tensors], plans, torch.float32, "cpu")
