@@ -192,8 +192,8 @@ def test_validate_config_still_says_ok_for_the_bundled_configs() -> None:
         assert bool(notes) == ("sparseloco" in str(path)), result.output
         if notes:
             assert notes[0].startswith("optimizer SparseLoCo: each round a client runs "
-                                       "inner_steps = 4 AdamW steps"), notes
-            assert "256 values sent of every 64 x 64 block" in result.output
+                                       "inner_steps = 8 AdamW steps"), notes
+            assert "26 values sent of every 32 x 32 block" in result.output
 
 
 def test_run_refuses_to_start_with_the_same_lines(tmp_path: Path) -> None:
