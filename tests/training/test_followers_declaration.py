@@ -68,8 +68,8 @@ async def test_an_undeclared_result_is_reported_and_an_unreproducible_one_judged
     log = EventLog(mode="none")
     log.listeners.append(events.append)
     link = RecordingLink()
-    duty = VerificationDuty(FOLLOWER, FollowingWorker(followers),  # type: ignore[arg-type]
-                            link, log, Counters())  # type: ignore[arg-type]
+    duty = VerificationDuty(FOLLOWER, FollowingWorker(followers),  # type: ignore[arg-type]  # a stand-in worker
+                            link, log, Counters())  # type: ignore[arg-type]  # a recording link
     duty.followed = list(trainers)
     data = LocalDataProvider(TRAIN_DATA, 32)
     for step in range(2):
