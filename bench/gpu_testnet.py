@@ -83,14 +83,19 @@ def main() -> None:
                 print(f"--- {log.name} (last lines)\n" + "\n".join(tail), file=sys.stderr)
     print(json.dumps(summary))
     first, last = summary["first_loss"], summary["last_loss"]
+    # A run that ended in an error (a client exited: torch missing, out of memory) has no
+    # verdict: null, not false, as when the part is killed at its time limit.
+    failed = summary["error"] is not None
     print(json.dumps({
-        "testnet_clients_identical": bool(summary["clients_identical"]),
-        "testnet_loss_fell": first is not None and last is not None and last < first,
+        "testnet_clients_identical": None if failed else bool(summary["clients_identical"]),
+        "testnet_loss_fell": None if first is None or last is None else last < first,
         "testnet_first_loss": first, "testnet_last_loss": last,
         "testnet_steps": summary["steps"], "testnet_checkpoints_compared":
             summary["checkpoints_compared"], "testnet_wall_s": summary["wall_s"],
         "testnet_error": summary["error"],
     }))
+    if failed:
+        sys.exit(1)  # the suite records the part as failed, with this output's last lines
 
 
 if __name__ == "__main__":
