@@ -61,6 +61,7 @@ from client_image.formats.replay_settings import (
     ReplaySettings,
     decode_settings_body,
     encode_settings,
+    encode_varint,
 )
 
 MAGIC = b"PSDR"
@@ -429,16 +430,6 @@ class Reader:
                     raise ResultDecodeError(f"{what}: over-long varint")
                 return value
         raise ResultDecodeError(f"{what}: varint longer than {_MAX_VARINT_BYTES} bytes")
-
-
-def encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def _packed_len(bits: int) -> int:

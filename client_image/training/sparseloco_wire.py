@@ -47,12 +47,12 @@ from client_image.formats.distro_wire import (
     Reader,
     ResultDecodeError,
     count_bits,
-    encode_varint,
     pack_uints,
     read_counts,
     read_tensor_header,
     unpack_uints,
 )
+from client_image.formats.replay_settings import encode_varint
 from client_image.training.sparseloco import (
     MAX_QUANT_BITS,
     MIN_QUANT_BITS,
