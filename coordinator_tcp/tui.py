@@ -146,6 +146,8 @@ class CoordinatorApp(App[None]):
         self.stop_for("ctrl+c")
 
     def refresh_view(self) -> None:
+        if not self.is_running:  # shutting down: the timer can fire after the widgets went
+            return
         self.query_one("#status", Static).update(self.status_text())
         summary = summarize(self.server.state, self.server.now(),
                             {p.key for p in self.server.peers})

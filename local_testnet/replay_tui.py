@@ -79,6 +79,8 @@ class ReplayApp(App[None]):
         self._last_poll = time.monotonic()
 
     def tick(self) -> None:
+        if not self.is_running:  # shutting down: the timer can fire after the widgets went
+            return
         if self.follow and time.monotonic() - self._last_poll >= FOLLOW_POLL_S:
             self.read_files()
         for record in self.playback.due():

@@ -149,9 +149,13 @@ class TestnetApp(App[None]):
         return net.server_time + max(0.0, time.monotonic() - net.state_received)
 
     async def refresh_view(self) -> None:
+        if not self.is_running:  # shutting down: the timer can fire after the widgets went
+            return
         self.query_one("#server", Static).update(self.server_text())
         results = await asyncio.gather(*(source.fetch() for source in self._sources.values()),
                                        return_exceptions=True)
+        if not self.is_running:  # the app stopped while the clients were asked
+            return
         net = self.testnet
         witness = witness_states(net.state, {i: client_key(i) for i in net.clients})
         table = self.query_one("#clients", DataTable)

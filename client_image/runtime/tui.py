@@ -130,6 +130,8 @@ class ClientApp(App[int]):
         widget.update(text)
 
     def refresh_panels(self) -> None:
+        if not self.is_running:  # shutting down: the timer can fire after the widgets went
+            return
         received = self.client.last_server_state
         if received is not None:
             server_state, at = received

@@ -147,6 +147,8 @@ class RunManagerApp(App[None]):
     @on(SupervisorEventPosted)
     def _apply_supervisor_event(self, message: SupervisorEventPosted) -> None:
         self.dashboard.apply_event(message.event)
+        if not self.is_running:  # shutting down: the event is kept, not drawn
+            return
         if isinstance(message.event, LogLine):
             self.query_one(ContainerPanel).append_log(message.event.text)
             if isinstance(self.screen, LogScreen):
@@ -177,6 +179,8 @@ class RunManagerApp(App[None]):
 
     def refresh_panels(self, part: Part | None = None) -> None:
         """Redraws the panels showing `part` (all of them when None)."""
+        if not self.is_running:  # shutting down: a change can arrive after the panels went
+            return
         if part in (None, "run"):
             self.query_one(RunPanel).show(self.dashboard)
             self.query_one(WitnessPanel).show(self.dashboard)

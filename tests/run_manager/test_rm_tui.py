@@ -173,6 +173,17 @@ async def test_keys_l_shows_full_screen_logs_and_q_quits() -> None:
     assert app.return_code == 0 and not app.is_running
 
 
+async def test_a_change_arriving_while_the_app_shuts_down_is_not_drawn() -> None:
+    """The monitor and the wallet timer can deliver a change after the panels are gone
+    (CI saw NoMatches for RunPanel during shutdown): it is dropped, not raised."""
+    app = RunManagerApp(sample_dashboard())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+    assert not app.is_running and not app.query(Static)  # the panels are gone
+    app.refresh_panels()  # as a late DashboardChanged or the wallet timer would
+    app.refresh_panels("run")
+
+
 def test_snapshot_main_screen(snap_compare: Any) -> None:
     assert snap_compare(RunManagerApp(sample_dashboard()), terminal_size=(120, 40))
 
