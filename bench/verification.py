@@ -4,7 +4,7 @@ catch and from what strength, and the loss an attacker costs before it is ejecte
 Prints its figures, then ONE JSON line.
 
     .venv/bin/python -m bench.verification [--steps 18] [--peers 3] [--seeds 3] [--smoke]
-        [--dtypes fp32,bf16] [--skip-loss]
+        [--first-seed 0] [--dtypes fp32,bf16] [--skip-loss]
 
 Honest noise (bench/verification_noise.py): swarms of honest clients (the tiny model,
 CPU, 1 thread, micro-batch = batch, math SDPA), each client's batch replayed at every step
@@ -37,7 +37,11 @@ still be detected: 10 = lazy_90), with detection >= 0.95 (null: none),
 copy_originals_left_out, loss_with_attacker_vs_clean (the worst attack; null with
 --skip-loss), thresholds; for a replay in the declared settings:
 false_positive_rate_declared, honest_declared_verifications, detect_rate_declared_<attack>,
-min_detected_{sign_flip_pct,scale,lazy_pct}_declared, thresholds_declared.
+gross_min_detect_rate_declared, min_detected_{sign_flip_pct,scale,lazy_pct}_declared,
+thresholds_declared; false_positive_rate_client: every honest replay judged as the client
+judges it, with the limits it ships (a replay in the declared settings with
+DECLARED_THRESHOLDS, any other with THRESHOLDS), plus the screen: with `--first-seed 3`
+(seeds those limits were not derived from), a held-out false-positive rate.
 """
 
 from __future__ import annotations
@@ -129,6 +133,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="steps of each honest swarm")
     parser.add_argument("--peers", type=int, default=3, help="honest clients of a swarm")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the swarms' seeds are first-seed .. first-seed + seeds - 1: "
+                             "seeds the client's limits were not derived from (>= 3) make "
+                             "false_positive_rate_client a held-out measurement")
     parser.add_argument("--delay-steps", type=int, default=12, help="steps of each loss run")
     parser.add_argument("--delay-peers", type=int, default=2,
                         help="honest clients of each loss run (and the attacker)")
@@ -159,9 +167,9 @@ def main() -> None:
         modes, computes, lazy_kinds = (True,), ("bf16",), ("lazy_90",)
         loss_attacks = (("random_signs", True),)
     if (args.steps < 3 or args.peers < 2 or args.seeds < 1 or args.delay_steps < 6
-            or args.delay_peers < 2):
+            or args.delay_peers < 2 or args.first_seed < 0):
         parser.error("needs --steps >= 3, --peers >= 2, --seeds >= 1, --delay-steps >= 6, "
-                     "--delay-peers >= 2")
+                     "--delay-peers >= 2, --first-seed >= 0")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     started = time.perf_counter()
@@ -171,7 +179,7 @@ def main() -> None:
     honest_screened = honest_results = victims = victims_out = 0
     for one_bit in modes:
         mode = "1bit" if one_bit else "values"
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for compute in computes:
                 # Lazy trainers in bf16 swarms only, where honest noise is largest (time).
                 run = follow_run(one_bit, seed, compute, args.steps, args.peers,
@@ -237,6 +245,17 @@ def main() -> None:
           f" over the bf16 thresholds (a dtype the verifier must not replay in)")
     false_positive_rate = ((honest_flags + honest_screened)
                            / max(1, len(counted) + honest_results))
+    # As the client judges: a replay in the declared settings with DECLARED_THRESHOLDS,
+    # any other with THRESHOLDS, the constants it ships (not the limits derived above from
+    # these very replays, which no replay of this run can exceed by construction).
+    client_flags = sum(
+        not judge(d, (CLIENT_DECLARED if source == DECLARED else CLIENT_THRESHOLDS)[c]).ok
+        for (source, c, _), ds in honest.items() if source != EXCLUDED for d in ds)
+    false_positive_rate_client = ((client_flags + honest_screened)
+                                  / max(1, len(counted) + honest_results))
+    print(f"with the client's own limits (followers.py THRESHOLDS, DECLARED_THRESHOLDS; seeds "
+          f"{args.first_seed}..{args.first_seed + args.seeds - 1}): {client_flags} of "
+          f"{len(counted)} honest replays over them")
 
     report: dict[str, object] = {}
     rates: dict[str, float] = {}
@@ -322,16 +341,20 @@ def main() -> None:
         "min_detected_scale": min_scale,
         "min_detected_lazy_pct": min_lazy,
         "gross_min_detect_rate": round(min(rates[g] for g in gross if g in rates), 4),
+        "gross_min_detect_rate_declared": round(
+            min(rates_declared[g] for g in gross if g in rates_declared), 4),
         "copy_originals_left_out": victims_out,
         "loss_with_attacker_vs_clean": round(ratios[worst], 4) if worst else None,
         "thresholds": {c: {m: round(getattr(t, m), 4) for m in METRICS}
                        for c, t in measured.items()},
         "false_positive_rate_declared": round(false_positive_rate_declared, 6),
         "honest_declared_verifications": len(declared_counted),
+        "false_positive_rate_client": round(false_positive_rate_client, 6),
         **minima_declared,
         "thresholds_declared": {c: {m: round(getattr(t, m), 4) for m in METRICS}
                                 for c, t in declared_limits.items()},
         "steps": args.steps, "peers": args.peers, "seeds": args.seeds,
+        "first_seed": args.first_seed,
         "delay_steps": args.delay_steps, "delay_peers": args.delay_peers,
         "report_rounds": args.report_rounds, "torch": torch.__version__,
     }))

@@ -29,6 +29,9 @@ def test_verification_smoke_prints_every_field_and_no_false_positive() -> None:
         assert field in line, field
     assert line["honest_verifications"] > 0
     assert line["false_positive_rate"] == 0.0, done.stdout[-4000:]
+    # ... and none with the limits the client ships (on seed 0 of the tiny swarm)
+    assert line["false_positive_rate_client"] == 0.0, done.stdout[-4000:]
+    assert line["gross_min_detect_rate_declared"] == 1.0
     # gross attacks and the copier ahead of its original are caught in any run
     for gross in ("random_signs", "zeros", "stale", "copy_pos0"):
         assert line[f"detect_rate_{gross}"] == 1.0, gross
