@@ -181,8 +181,15 @@ def set_future_epoch_rates(account: Pubkey, authority: Pubkey, earning_rate_tota
     return _coordinator(3, account, authority, payload)
 
 
-def join_run(account: Pubkey, client: Pubkey, authorization: Pubkey) -> Instruction:
-    return _coordinator(4, account, client, extra=[_meta(authorization)])
+def join_run(account: Pubkey, client: Pubkey, authorization: Pubkey,
+             replay_class: int = 0) -> Instruction:
+    """Join the next epoch with the client's replay class (a u16, 0 = none; docs/
+    verification.md). Class 0 is sent as the instruction without the class, byte for byte
+    what older clients send, which the program reads as class 0."""
+    if not 0 <= replay_class <= 0xFFFF:
+        raise ValueError(f"replay_class must be a u16, got {replay_class}")
+    payload = struct.pack("<H", replay_class) if replay_class else b""
+    return _coordinator(4, account, client, payload, extra=[_meta(authorization)])
 
 
 def tick(account: Pubkey) -> Instruction:

@@ -98,6 +98,9 @@ class SolanaBackendOptions:
     tick_grace_s: float = 2.0
     min_tick_interval_s: float = 0.5
     find_run_timeout_s: float = 120.0
+    # the client's replay class (client_image/formats/replay_settings.py replay_class_of),
+    # sent with join_run: the follow plan groups followers by it; 0 = none
+    replay_class: int = 0
 
 
 def tick_phase(account: CoordinatorAccount) -> bytes:
@@ -283,7 +286,7 @@ class SolanaBackend:
         self._joined_for = account.next_active
         assert self.authorization is not None
         if not await self._transact([ix.join_run(self.address, self.options.wallet.pubkey(),
-                                                 self.authorization)]):
+                                                 self.authorization, self.options.replay_class)]):
             self._joined_for = None
 
     def tick_would_change(self, account: CoordinatorAccount, now: int) -> bool:
