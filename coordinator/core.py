@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from coordinator.config import (
     Checkpoint,
     DummyCheckpoint,
@@ -123,8 +125,11 @@ class CoordinatorCore:
         state.model_ahead = False  # everyone loads the stored checkpoint
         state.model_lost = False
 
-    def start_warmup(self, now: int, pending: list[NodeIdentity]) -> None:
+    def start_warmup(self, now: int, pending: list[NodeIdentity],
+                     replay_classes: Mapping[NodeIdentity, int] | None = None) -> None:
+        """`replay_classes`: the joiners' replay classes (absent: 0), kept in their Client."""
         state = self.state
+        classes = replay_classes or {}
         previous = self.holders_listed()
         self.move_clients_to_exited(state.current_round.height)
         if not previous.intersection(pending):
@@ -136,7 +141,8 @@ class CoordinatorCore:
         if not continuing:
             state.model_ahead = False  # everyone loads the stored checkpoint
         state.epoch_state = EpochState(
-            clients=[Client(node, holds_model=continuing and node in previous)
+            clients=[Client(node, holds_model=continuing and node in previous,
+                            replay_class=classes.get(node, 0))
                      for node in pending[:MAX_CLIENTS]],
             start_step=state.progress.step, start_timestamp=now, first_round=True,
             cold_start_epoch=state.epoch_state.cold_start_epoch)

@@ -8,7 +8,7 @@ before the first mutation).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from coordinator.checkpoint_reports import after_report, report_problem
 from coordinator.commitment import participant_item
@@ -23,6 +23,7 @@ from coordinator.verification import REPORT_QUORUM, plan_for_epoch, reporters_of
 from coordinator.verification import report_problem as verification_report_problem
 
 U64_MAX = 2**64 - 1
+U16_MAX = 2**16 - 1
 
 
 def _dedupe(pending: Sequence[NodeIdentity]) -> list[NodeIdentity]:
@@ -44,15 +45,21 @@ class Coordinator(CoordinatorCore):
         return cls(core.state)
 
     # ------------------------------------------------------------------ tick
-    def tick(self, pending: Sequence[NodeIdentity], now: int, seed: int) -> TickResult | Rejected:
-        """Advance by time. `pending`: clients asking to join (used in WaitingForMembers)."""
+    def tick(self, pending: Sequence[NodeIdentity], now: int, seed: int,
+             replay_classes: Mapping[NodeIdentity, int] | None = None) -> TickResult | Rejected:
+        """Advance by time. `pending`: clients asking to join (used in WaitingForMembers);
+        `replay_classes`: their replay classes, u16 (absent: 0), kept by a warm-up."""
         if not (0 <= now <= U64_MAX and 0 <= seed <= U64_MAX):
             return Rejected(CoordinatorError.WrongRunState, "now and seed must be u64")
+        for node, replay_class in (replay_classes or {}).items():
+            if not 0 <= replay_class <= U16_MAX:
+                return Rejected(CoordinatorError.WrongRunState,
+                                f"replay class {replay_class} of {node!r} is not a u16")
         run_state = self.state.run_state
         if run_state.halted:
             return Rejected(CoordinatorError.Halted)
         if run_state is RunState.WaitingForMembers:
-            return self._tick_waiting_for_members(_dedupe(pending), now)
+            return self._tick_waiting_for_members(_dedupe(pending), now, replay_classes)
         if run_state is RunState.Warmup:
             return self._tick_warmup(now, seed)
         if run_state is RunState.RoundTrain:
@@ -63,7 +70,9 @@ class Coordinator(CoordinatorCore):
             return self._tick_round_witness(now, seed)
         return self._tick_cooldown(now)
 
-    def _tick_waiting_for_members(self, pending: list[NodeIdentity], now: int) -> TickResult:
+    def _tick_waiting_for_members(self, pending: list[NodeIdentity], now: int,
+                                  replay_classes: Mapping[NodeIdentity, int] | None
+                                  ) -> TickResult:
         config = self.state.config
         if len(pending) >= config.init_min_clients and self.timed_out(
                 now, config.waiting_for_members_extra_time):
@@ -71,7 +80,7 @@ class Coordinator(CoordinatorCore):
                 # The model is gone: wait for a holder, a report or the authority.
                 self.state.model_lost = True
             else:
-                self.start_warmup(now, pending)
+                self.start_warmup(now, pending, replay_classes)
         return TickResult.Ticked
 
     def _tick_warmup(self, now: int, seed: int) -> TickResult:

@@ -4,7 +4,7 @@ Little-endian, no padding, fields in the on-chain repr(C) order (docs/coordinato
 "State layout"). Lists are a count followed by their entries (compact, unlike the fixed
 on-chain arrays).
 
-    header      magic "PSYC" | version u16 (= 4)
+    header      magic "PSYC" | version u16 (= 5)
     run_id      [32] UTF-8, zero padded
     run_state   u8
     model       max_seq_len u32 | cold_start_warmup_steps u32
@@ -36,7 +36,7 @@ on-chain arrays).
               | expected_hash [32] | jaccard_ppm u32 | hamming_ppm u32 | manhattan_ppm u32
 
     client  = key [32] | state u8 | exited_height u32 | holds_model u8 (version 3; absent
-              before: False)
+              before: False) | replay_class u16 (version 5; absent before: 0)
     witness = position u64 | index u64 | witness u8 | participant bloom | broadcast bloom
               | broadcast_merkle [32];   bloom = 16 x u64 words | 8 x u64 keys
 """
@@ -90,8 +90,9 @@ from coordinator.state import (
 from coordinator.verification import MAX_REPORTS
 
 MAGIC = b"PSYC"
-VERSION = 4  # 2 appended the verification section, 3 a client's holds_model, 4 model_lost;
-# 1 to 3 decode
+VERSION = 5  # 2 appended the verification section, 3 a client's holds_model, 4 model_lost,
+# 5 a client's replay_class; 1 to 4 decode
+VERSIONS = (1, 2, 3, 4, VERSION)
 # The checkpoint variant's tag in this layout and in the on-chain account. Typed as plain
 # `type` so that callers can look up `type(x)` of any object (psyche_solana does).
 CHECKPOINT_TAGS: list[type] = [
@@ -105,7 +106,9 @@ _CONFIG_FIELDS = ("warmup_time", "cooldown_time", "max_round_train_time", "round
 _BLOOM = struct.Struct(f"<{BLOOM_WORDS + BLOOM_KEYS}Q")
 _PROOF = struct.Struct("<QQB")
 _CLIENT_V2 = struct.Struct("<32sBI")
-_CLIENT = struct.Struct("<32sBIB")
+_CLIENT_V4 = struct.Struct("<32sBIB")
+_CLIENT = struct.Struct("<32sBIBH")
+U16_MAX = 2**16 - 1
 _ROUND_TAIL = struct.Struct("<QQIHH")
 _EPOCH_TAIL = struct.Struct("<IIIQBB")
 _REWARD = struct.Struct("<32sQQ")
@@ -132,14 +135,19 @@ def _bloom(bloom: Bloom) -> bytes:
 def _client(client: Client, version: int) -> bytes:
     if version < 3:
         return _CLIENT_V2.pack(client.id.key, int(client.state), client.exited_height)
+    if version < 5:
+        return _CLIENT_V4.pack(client.id.key, int(client.state), client.exited_height,
+                               int(client.holds_model))
+    if not 0 <= client.replay_class <= U16_MAX:
+        raise ValueError(f"client {client.id!r}: replay_class {client.replay_class} is not a u16")
     return _CLIENT.pack(client.id.key, int(client.state), client.exited_height,
-                        int(client.holds_model))
+                        int(client.holds_model), client.replay_class)
 
 
 def encode_state(state: CoordinatorState, version: int = VERSION) -> bytes:
     """`version`: an older layout (what a peer of an older build reads; the tests of
     decoding them), dropping what it cannot carry."""
-    if version not in (1, 2, 3, VERSION):
+    if version not in VERSIONS:
         raise ValueError(f"no state encoding version {version}")
     out = [MAGIC, struct.pack("<H", version), _fixed(state.run_id, RUN_ID_MAX_BYTES),
            struct.pack("<B", int(state.run_state))]
@@ -237,15 +245,17 @@ def _read_bloom(reader: _Reader, what: str) -> Bloom:
 
 
 def _read_client(reader: _Reader, version: int) -> Client:
+    holds_model = replay_class = 0
     if version < 3:
         key, state, exited_height = reader.unpack(_CLIENT_V2, "client")
-        holds_model = 0
+    elif version < 5:
+        key, state, exited_height, holds_model = reader.unpack(_CLIENT_V4, "client")
     else:
-        key, state, exited_height, holds_model = reader.unpack(_CLIENT, "client")
+        key, state, exited_height, holds_model, replay_class = reader.unpack(_CLIENT, "client")
     if holds_model > 1:
         raise StateDecodeError(f"client holds_model {holds_model} is not 0 or 1")
     return Client(NodeIdentity(key), _enum(ClientState, state, "client state"), exited_height,
-                  bool(holds_model))
+                  bool(holds_model), replay_class)
 
 
 def _read_model(reader: _Reader) -> LLMConfig:
@@ -287,7 +297,7 @@ def decode_state(data: bytes) -> CoordinatorState:
     if reader.take(4, "magic") != MAGIC:
         raise StateDecodeError("not a coordinator state (bad magic)")
     (version,) = reader.unpack("<H", "version")
-    if version not in (1, 2, 3, VERSION):
+    if version not in VERSIONS:
         raise StateDecodeError(f"unsupported version {version} (this build reads {VERSION})")
     run_id = reader.text(RUN_ID_MAX_BYTES, "run_id")
     run_state = _enum(RunState, reader.unpack("<B", "run_state")[0], "run_state")

@@ -33,6 +33,10 @@ class Client:
     # Listed in the last epoch's cooldown, in an epoch that continues from its clients'
     # model (P2P): it holds the model of this epoch's start step, witnessed or not.
     holds_model: bool = False
+    # What machine it replays on (issue 36): a u16 hash of its declared replay settings'
+    # device type, torch build and hardware, 0 = none. Followers of a trainer are chosen
+    # among its class first (coordinator/verification.py).
+    replay_class: int = 0
 
 
 @dataclass(slots=True)

@@ -10,7 +10,20 @@ the epoch, so every client and the coordinator derive the same one:
     pos(i)   = swap_or_not(i, m, SHA-256(SHA-256(seed_u64_le) || "verify"))  seed: round 0's
     order    = members sorted by pos
     watched  = order[p] for p < ceil(m * verification_percent / 100)
-    followers(order[p]) = order[p+1 .. p+F] (mod m),   F = min(2, m - 1)
+    F        = min(2, m - 1)
+
+Followers are grouped by replay class (a u16 each client joins with, 0 = none; issue 36):
+a follower judges a trainer with tight limits only when its machine can reproduce the
+trainer's, which the class stands for. For the watched trainer t of class c:
+
+    G        = the members of class c when c != 0, sorted by key      (g of them)
+    F_c      = min(F, g - 1) when c != 0, else 0
+    pos_c(x) = swap_or_not(rank of x in G, g, SHA-256(SHA-256(seed_u64_le) || "verify" || c_u16_le))
+    y follows t  iff  y in G and (pos_c(y) - pos_c(t)) mod g in 1..F_c      (same class)
+                  or  (pos(y) - pos(t)) mod m in 1..F - F_c                 (global)
+
+A follower that is both counts once (t may then have fewer than F). With every class 0
+this is followers(order[p]) = order[p+1 .. p+F] (mod m), the plan before classes existed.
 
 A report names a trainer, a step and the evidence (the published result's hash, the
 follower's expected result's hash, the three distances). It counts only from one of the
@@ -22,6 +35,7 @@ recorded as evidence but never eject.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.committee import election_table
@@ -53,7 +67,20 @@ class FollowPlan:
         return follower in self.followers.get(trainer, ())
 
 
-def follow_plan(members: list[NodeIdentity], seed: int, verification_percent: int) -> FollowPlan:
+def class_salt(replay_class: int) -> bytes:
+    """The election salt of one replay class's own order (u16, little-endian)."""
+    return VERIFY_SALT + replay_class.to_bytes(2, "little")
+
+
+def class_order(members: list[NodeIdentity], replay_class: int, seed: int) -> list[NodeIdentity]:
+    """The members of one class (`members` sorted by key) in their pos_c order."""
+    table = election_table(seed, len(members), class_salt(replay_class))
+    return [member for _, member in sorted(zip(table, members, strict=True))]
+
+
+def follow_plan(members: list[NodeIdentity], seed: int, verification_percent: int,
+                replay_classes: Mapping[NodeIdentity, int] | None = None) -> FollowPlan:
+    """`members` sorted by key; `replay_classes`: each member's class (absent: 0)."""
     m = len(members)
     if verification_percent <= 0 or m < 2:
         return FollowPlan({})
@@ -61,13 +88,37 @@ def follow_plan(members: list[NodeIdentity], seed: int, verification_percent: in
     order = [member for _, member in sorted(zip(table, members, strict=True))]
     watched = min(m, (m * verification_percent + 99) // 100)
     per_trainer = min(FOLLOWERS_PER_TRAINER, m - 1)
-    return FollowPlan({order[p]: tuple(order[(p + k) % m] for k in range(1, per_trainer + 1))
-                       for p in range(watched)})
+    classes = replay_classes or {}
+    groups: dict[int, list[NodeIdentity]] = {}
+    for member in members:
+        replay_class = classes.get(member, 0)
+        if replay_class != 0:
+            groups.setdefault(replay_class, []).append(member)
+    orders = {c: class_order(group, c, seed) for c, group in groups.items() if len(group) > 1}
+    followers: dict[NodeIdentity, tuple[NodeIdentity, ...]] = {}
+    for p in range(watched):
+        trainer = order[p]
+        same: list[NodeIdentity] = []
+        class_members = orders.get(classes.get(trainer, 0))
+        if class_members is not None:
+            g = len(class_members)
+            at = class_members.index(trainer)
+            same = [class_members[(at + k) % g] for k in range(1, min(per_trainer, g - 1) + 1)]
+        global_ = [order[(p + k) % m] for k in range(1, per_trainer - len(same) + 1)]
+        followers[trainer] = tuple(same + [y for y in global_ if y not in same])
+    return FollowPlan(followers)
+
+
+def epoch_replay_classes(epoch: EpochState) -> dict[NodeIdentity, int]:
+    """Each of the epoch's clients' replay class, listed or exited."""
+    return {client.id: client.replay_class
+            for client in (*epoch.exited_clients, *epoch.clients)}
 
 
 def plan_for_epoch(epoch: EpochState, verification_percent: int) -> FollowPlan:
     """The plan once the epoch's first round started (its seed is set then)."""
-    return follow_plan(epoch_members(epoch), epoch.verification_seed, verification_percent)
+    return follow_plan(epoch_members(epoch), epoch.verification_seed, verification_percent,
+                       epoch_replay_classes(epoch))
 
 
 def report_problem(epoch: EpochState, plan: FollowPlan, report: VerificationReport,
