@@ -190,8 +190,10 @@ def follow_run(one_bit: bool, seed: int, compute: ComputeDType, steps: int,
         lazy_results: dict[str, DistroResult] = {}
         for name, lazy in lazies.items():
             claimed = rows[lazy_id]
-            source = ((claimed[0] + WRONG_BATCH_OFFSET, claimed[1] + WRONG_BATCH_OFFSET)
-                      if name == "wrong_batch" else claimed)
+            # Another batch far from every assigned one, wrapped around the data set (later
+            # seeds' rows plus the offset run past its end).
+            wrong = (claimed[0] + WRONG_BATCH_OFFSET) % (data.num_sequences - PER_PEER)
+            source = (wrong, wrong + PER_PEER - 1) if name == "wrong_batch" else claimed
             with own.active():
                 out = lazy.train(step, lazy_batch(name, data.get_samples(*source)),
                                  batch_id=claimed, decay_weights=False)
