@@ -54,7 +54,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import transformers
@@ -120,6 +120,25 @@ def flagged_declared(j: Judged, thresholds: Thresholds) -> bool:
     """By the screen, or by a follower replaying in the trainer's declared settings."""
     assert j.declared is not None
     return j.cheap is not None or not judge(j.declared, thresholds).ok
+
+
+def detection(attacks: dict[tuple[str, str, str], list[Judged]],
+              caught: Callable[[Judged, str], bool],
+              distances: Callable[[Judged], Distances | None]) -> dict[str, float]:
+    """Per attack, the share of its forged results `caught` flags (given the swarm's compute
+    dtype), printed with each (dtype, mode) cell's count and the low tail of `distances`."""
+    rates = {}
+    for name in sorted({n for n, _, _ in attacks}):
+        pooled = [(j, c) for (n, c, _), js in attacks.items() if n == name for j in js]
+        rates[name] = sum(caught(j, c) for j, c in pooled) / len(pooled)
+        cheap = sum(j.cheap is not None for j, _ in pooled)
+        print(f"  {name:>16}: detected {rates[name]:.1%} of {len(pooled)} (screen {cheap})")
+        for (n, c, m), js in sorted(attacks.items()):
+            if n == name:
+                tail = low_tail([d for j in js if (d := distances(j)) is not None])
+                print(f"  {'':>16}  {c} {m:>6}: {sum(caught(j, c) for j in js)}/{len(js)}"
+                      f"  {tail}")
+    return rates
 
 
 def derive(honest: list[Distances], margin: float) -> Thresholds:
@@ -257,38 +276,19 @@ def main() -> None:
           f"{args.first_seed}..{args.first_seed + args.seeds - 1}): {client_flags} of "
           f"{len(counted)} honest replays over them")
 
-    report: dict[str, object] = {}
-    rates: dict[str, float] = {}
     print("attacks (judged against the `mixed` shadow with the thresholds of the swarm's "
           "dtype, and by the screen); the distances' low tail:")
-    for name in sorted({n for n, _, _ in attacks}):
-        pooled = [(j, c) for (n, c, _), js in attacks.items() if n == name for j in js]
-        rate = sum(flagged(j, measured[c]) for j, c in pooled) / len(pooled)
-        rates[name] = rate
-        report[f"detect_rate_{name}"] = round(rate, 4)
-        cheap = sum(j.cheap is not None for j, _ in pooled)
-        print(f"  {name:>16}: detected {rate:.1%} of {len(pooled)} (screen {cheap})")
-        for (n, c, m), js in sorted(attacks.items()):
-            if n == name:
-                print(f"  {'':>16}  {c} {m:>6}: {sum(flagged(j, measured[c]) for j in js)}/"
-                      f"{len(js)}  {low_tail([j.distances for j in js])}")
+    rates = detection(attacks, lambda j, c: flagged(j, measured[c]), lambda j: j.distances)
     print(f"copy: {victims_out} of {victims} copied honest originals left out by the screen "
           "(with their copier)")
-    rates_declared: dict[str, float] = {}
     print("attacks judged by a follower replaying in the trainer's declared settings "
           "(declared thresholds), and by the screen; the distances' low tail:")
-    for name in sorted({n for n, _, _ in attacks}):
-        pooled = [(j, c) for (n, c, _), js in attacks.items() if n == name for j in js]
-        rate = sum(flagged_declared(j, declared_limits[c]) for j, c in pooled) / len(pooled)
-        rates_declared[name] = rate
-        report[f"detect_rate_declared_{name}"] = round(rate, 4)
-        print(f"  {name:>16}: detected {rate:.1%} of {len(pooled)}")
-        for (n, c, m), js in sorted(attacks.items()):
-            if n == name:
-                low = low_tail([j.declared for j in js if j.declared is not None])
-                print(f"  {'':>16}  {c} {m:>6}: "
-                      f"{sum(flagged_declared(j, declared_limits[c]) for j in js)}/{len(js)}"
-                      f"  {low}")
+    rates_declared = detection(attacks, lambda j, c: flagged_declared(j, declared_limits[c]),
+                               lambda j: j.declared)
+    report: dict[str, object] = {
+        **{f"detect_rate_{name}": round(rate, 4) for name, rate in rates.items()},
+        **{f"detect_rate_declared_{name}": round(rate, 4)
+           for name, rate in rates_declared.items()}}
 
     def least(names: Sequence[tuple[float, str]], by: dict[str, float] = rates) -> float | None:
         caught = [strength for strength, name in names if by.get(name, 0.0) >= 0.95]
