@@ -34,12 +34,13 @@ MAX_OUTGOING_BUFFER = 64 * 1024 * 1024
 
 class Peer:
     """One joined connection (a client, or a read-only observer): who it is, the p2p
-    address it joined with, and what the server last told it."""
+    address and replay class it joined with, and what the server last told it."""
 
     def __init__(self, identity: NodeIdentity, address: str, writer: asyncio.StreamWriter,
-                 observer: bool = False):
+                 observer: bool = False, replay_class: int = 0):
         self.identity = identity
         self.p2p_address = address
+        self.replay_class = replay_class  # Join.replay_class, a u16 (0 = none)
         self.writer = writer
         self.observer = observer
         self.notice: str | None = None  # the code of the last Notice it was sent

@@ -177,6 +177,10 @@ class CoordinatorServer:
     def _pending(self) -> list[NodeIdentity]:
         return pending_clients(self.state, self.peers.keys())
 
+    def replay_classes(self) -> dict[NodeIdentity, int]:
+        """The connected clients' replay classes (a warm-up keeps the joiners')."""
+        return {identity: peer.replay_class for identity, peer in self.peers.items()}
+
     @property
     def resuming(self) -> bool:
         """Restarted and still waiting for listed clients to reconnect (the run holds)."""
@@ -192,7 +196,8 @@ class CoordinatorServer:
         if self._held_after_restart(now):
             return
         mark = self.tracing.tick_started(self.state)
-        result = self.coordinator.tick(self._pending(), now, self.seed_source())
+        result = self.coordinator.tick(self._pending(), now, self.seed_source(),
+                                       self.replay_classes())
         if isinstance(result, Rejected) and self.state.run_state is not RunState.Finished:
             log.debug("tick: %s", result)
         if self.state.run_state.active and not self._been_active:
@@ -364,7 +369,7 @@ class CoordinatorServer:
         previous = self.peers.pop(identity, None)
         if previous is not None:  # the same key reconnected: the newest connection wins
             previous.writer.close()
-        peer = Peer(identity, message.p2p_address, writer)
+        peer = Peer(identity, message.p2p_address, writer, replay_class=message.replay_class)
         self.peers[identity] = peer
         moved = self.addresses.get(identity.key.hex()) != message.p2p_address
         self.addresses.set(identity.key.hex(), message.p2p_address)

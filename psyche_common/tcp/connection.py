@@ -88,6 +88,7 @@ class Connection:
         decode: Callable[[bytes], Any] | None = None,
         observe: bool = False,
         client_version: str = "",
+        replay_class: int = 0,
         timeout_s: float = 10.0,
         expect_welcome: type[BaseModel] = Welcome,
         local_addr: tuple[str, int] | None = None,
@@ -102,7 +103,8 @@ class Connection:
         connection = cls(reader, writer, decode)
         try:
             welcome = await asyncio.wait_for(connection._join(
-                identity, run_id, p2p_address, observe, client_version, expect_welcome),
+                identity, run_id, p2p_address, observe, client_version, replay_class,
+                expect_welcome),
                 timeout_s)
         except BaseException:
             await connection.close()
@@ -110,14 +112,16 @@ class Connection:
         return connection, welcome
 
     async def _join(self, identity: Identity, run_id: str, p2p_address: str, observe: bool,
-                    client_version: str, expect_welcome: type[BaseModel]) -> Any:
+                    client_version: str, replay_class: int,
+                    expect_welcome: type[BaseModel]) -> Any:
         challenge = await self.receive()
         if isinstance(challenge, ErrorReply):
             raise JoinRefused(challenge.error, challenge.detail)
         if not isinstance(challenge, Challenge):
             raise ProtocolError(f"expected a challenge, got {challenge.type!r}")
         await self.send(signed_join(identity, challenge.nonce, run_id, p2p_address,
-                                    observe=observe, client_version=client_version))
+                                    observe=observe, client_version=client_version,
+                                    replay_class=replay_class))
         reply = await self.receive()
         if isinstance(reply, ErrorReply):
             raise JoinRefused(reply.error, reply.detail)

@@ -3,7 +3,7 @@
 One connection = one identity:
 
     server -> client   Challenge{nonce}
-    client -> server   Join{run_id, identity, p2p_address, client_version,
+    client -> server   Join{run_id, identity, p2p_address, client_version, replay_class,
                             signature = Ed25519(identity, JOIN_DOMAIN || nonce || run_id || 0 || p2p_address)}
     server -> client   Welcome (or a protocol-specific welcome) | ErrorReply(fatal) and close
 
@@ -100,6 +100,9 @@ class Join(Message):
     client_version: str = Field(default="", max_length=96)
     signature: Bytes64
     observe: bool = False
+    # The u16 hash of the machine it replays DisTrO results on (issue 36; 0 = none): the
+    # coordinator keeps it in the client's state entry and elects followers by it.
+    replay_class: int = Field(default=0, ge=0, le=65535)
 
     @field_validator("run_id")
     @classmethod
@@ -176,8 +179,10 @@ def join_signing_bytes(nonce: bytes, run_id: str, p2p_address: str) -> bytes:
 
 
 def signed_join(identity: Identity, nonce: bytes, run_id: str, p2p_address: str = "",
-                *, observe: bool = False, client_version: str = "") -> Join:
+                *, observe: bool = False, client_version: str = "",
+                replay_class: int = 0) -> Join:
     """The Join answering `nonce`, signed by `identity`."""
     signature = identity.sign(join_signing_bytes(nonce, run_id, p2p_address))
     return Join(run_id=run_id, identity=identity.public_key, p2p_address=p2p_address,
-                client_version=client_version, signature=signature, observe=observe)
+                client_version=client_version, signature=signature, observe=observe,
+                replay_class=replay_class)
