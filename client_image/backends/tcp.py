@@ -82,7 +82,8 @@ log = logging.getLogger(__name__)
 
 class TcpBackend:
     def __init__(self, server_addr: str, identity: Identity, run_id: str, p2p_address: str,
-                 client_version: str = "", *, max_backoff_s: float = 5.0,
+                 client_version: str = "", *, replay_class: int = 0,
+                 max_backoff_s: float = 5.0,
                  connect_timeout_s: float = 5.0, reconnect_wait_s: float = 30.0,
                  replay_window_s: float = 5.0):
         self.host, self.port = parse_host_port(server_addr, "--server-addr")
@@ -90,6 +91,7 @@ class TcpBackend:
         self.run_id = run_id
         self.p2p_address = p2p_address
         self.client_version = client_version
+        self.replay_class = replay_class  # sent in every Join (formats/replay_settings.py)
         self.backoff = Backoff(first_s=0.25, max_s=max_backoff_s)
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_wait_s = reconnect_wait_s
@@ -120,7 +122,8 @@ class TcpBackend:
         try:
             connection, _welcome = await ProtocolConnection.connect(
                 self.host, self.port, self.identity, self.run_id, self.p2p_address,
-                client_version=self.client_version, timeout_s=self.connect_timeout_s)
+                client_version=self.client_version, replay_class=self.replay_class,
+                timeout_s=self.connect_timeout_s)
         except JoinRefused as refused:
             if refused.error in PERMANENT_JOIN_ERRORS:
                 raise BackendRejected(str(refused)) from None

@@ -26,6 +26,12 @@ Wire (the section after distro_wire's fixed header when its flag bit 2 is set):
     | micro_batch varint | threads varint | torch_version | hardware
       (each text: length u8, printable ASCII)
 
+Replay class (`replay_class_of`, issue 36): the u16 a client joins the run with, a hash of
+the three fields no follower can switch (device type, torch build, hardware), so that the
+coordinator elects a trainer's followers among clients that can reproduce it
+(coordinator/verification.py). 0 means none; a collision of two classes only means their
+members may follow each other, judged loosely as before.
+
 Decoding accepts only what `encode_settings` writes: known codes, onednn 0 or 1,
 micro_batch >= 1, printable texts of 1 to 64 characters, and exactly `length` bytes.
 Anything else is a ValueError naming the problem (distro_wire turns it into its
@@ -34,6 +40,7 @@ ResultDecodeError): a malformed section is refused, never half-read.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 COMPUTES = ("fp32", "bf16")
@@ -83,6 +90,18 @@ class ReplaySettings:
         return [f"{name} {getattr(self, name)} -> {getattr(other, name)}"
                 for name in self.__dataclass_fields__
                 if getattr(self, name) != getattr(other, name)]
+
+
+def replay_class(device_type: str, torch_version: str, hardware: str) -> int:
+    """The first 2 bytes (u16, little-endian) of SHA-256(f"{device}|{torch}|{hardware}"),
+    1 where that is 0 (0 is "no class")."""
+    digest = hashlib.sha256(f"{device_type}|{torch_version}|{hardware}".encode()).digest()
+    return int.from_bytes(digest[:2], "little") or 1
+
+
+def replay_class_of(settings: ReplaySettings) -> int:
+    """The class of the machine that can replay in `settings` (the module docstring)."""
+    return replay_class(settings.device, settings.torch_version, settings.hardware)
 
 
 def encode_varint(value: int) -> bytes:

@@ -23,6 +23,7 @@ from client_image.backends.base import CoordinatorBackend, ServerState
 from client_image.backends.tcp import TcpBackend
 from client_image.client_config import ClientConfig
 from client_image.data import DataProvider
+from client_image.formats.replay_settings import replay_class_of
 from client_image.p2p import (
     GossipMessage,
     GossipTopic,
@@ -51,6 +52,7 @@ from client_image.runtime.round_runner import RoundRunner, RunnerOptions
 from client_image.runtime.tasks import GuardedTasks
 from client_image.runtime.worker import TrainingWorker
 from client_image.training.rank_group import RankSetup
+from client_image.verification.settings import capture, split_over_ranks
 from coordinator import CoordinatorState, NodeIdentity, RunState
 from coordinator.checkpoint_reports import describe_location
 from coordinator.config import ServerDataLocation
@@ -105,6 +107,17 @@ class ClientOptions:
             apply_download_timeout_s=self.apply_download_timeout_s)
 
 
+def own_replay_class(device: str, rank_setup: RankSetup | None) -> int:
+    """The replay class this client joins with (formats/replay_settings.py): of the
+    settings its trainer will declare. Only the device type, the torch build and the
+    hardware (with the split of a model over ranks) enter the class, so the dtype and
+    micro-batch size given here, which the model chosen later may change, do not matter."""
+    settings = capture("fp32", 1, device)
+    if rank_setup is not None:
+        settings = split_over_ranks(settings, rank_setup.dims.dp, rank_setup.dims.tp)
+    return replay_class_of(settings)
+
+
 class PsycheClient:
     def __init__(self, options: ClientOptions, events: EventLog):
         self.options = options
@@ -122,6 +135,8 @@ class PsycheClient:
                                      ranks=options.ranks,
                                      adversary=options.config.verification.test_adversary,
                                      dummy_training_delay_s=training.dummy_training_delay_secs)
+        # Sent when joining: the coordinator elects followers among clients of one class.
+        self.replay_class = own_replay_class(training.device, self.worker.rank_setup)
         self.counters = Counters()
         # what the runtime tells only by event (following, ejected) reaches the metrics
         events.listeners.append(self.counters.observe)
@@ -219,12 +234,13 @@ class PsycheClient:
                 run_id=connection.run_id,
                 wallet=Keypair.from_seed(options.identity.secret_key), p2p_address=p2p_address,
                 client_version=options.client_version or "",
+                replay_class=self.replay_class,
                 authorizer=Pubkey.from_string(connection.authorizer)
                 if connection.authorizer else None))
         if not connection.server_addr:
             raise ValueError("a client needs --server-addr (TCP run) or --rpc (Solana run)")
         return TcpBackend(connection.server_addr, options.identity, connection.run_id, p2p_address,
-                          options.client_version or "")
+                          options.client_version or "", replay_class=self.replay_class)
 
     def _make_runner(self, backend: CoordinatorBackend, topic: GossipTopic) -> RoundRunner:
         telemetry = self.telemetry

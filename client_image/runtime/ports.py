@@ -126,8 +126,10 @@ class Worker(Protocol):
         that followers can replay this client."""
         ...
 
-    async def follow(self, trainers: Sequence[bytes], start_step: int) -> bool:
-        """Keep a shadow of each of `trainers` this epoch; False if this client cannot."""
+    async def follow(self, trainers: Sequence[bytes], start_step: int,
+                     joined_classes: Mapping[bytes, int] | None = None) -> bool:
+        """Keep a shadow of each of `trainers` this epoch; False if this client cannot.
+        `joined_classes`: those of this client's replay class, with it (followers.py)."""
         ...
 
     async def replay(self, trainer: bytes, step: int, batch: torch.Tensor,

@@ -26,12 +26,21 @@ from client_image.runtime.observability import Counters, EventLog
 from client_image.runtime.ports import CoordinatorLink, DataSource, Worker
 from client_image.runtime.rounds import StepRecord
 from coordinator import ClientState, CoordinatorState, NodeIdentity
-from coordinator.state import VerificationReport
-from coordinator.verification import plan_for_epoch, reporters_of, to_ppm
+from coordinator.state import EpochState, VerificationReport
+from coordinator.verification import epoch_replay_classes, plan_for_epoch, reporters_of, to_ppm
 
 
 def verification_on(state: CoordinatorState) -> bool:
     return state.config.verification_percent > 0
+
+
+def same_class_trainers(epoch: EpochState, me: NodeIdentity,
+                        followed: Sequence[bytes]) -> dict[bytes, int]:
+    """Of `followed`, the trainers of this client's nonzero replay class in the state, with
+    it: their results must declare settings of that class (verification/followers.py)."""
+    classes = epoch_replay_classes(epoch)
+    mine = classes.get(me, 0)
+    return {key: mine for key in followed if mine != 0 and classes.get(NodeIdentity(key)) == mine}
 
 
 def ejected_trainers(state: CoordinatorState) -> set[bytes]:
@@ -61,7 +70,9 @@ class VerificationDuty:
             return
         plan = plan_for_epoch(state.epoch_state, state.config.verification_percent)
         followed = [trainer.key for trainer in plan.followed_by(self.me)]
-        able = await self.worker.follow(followed, state.progress.step)
+        able = await self.worker.follow(followed, state.progress.step,
+                                        same_class_trainers(state.epoch_state, self.me,
+                                                            followed))
         self.followed = followed if able else []
         self.events.emit(Following(epoch=state.progress.epoch,
                                    trainers=tuple(key.hex() for key in followed), able=able))

@@ -350,7 +350,8 @@ class TrainingWorker:
         assert self.trainer is not None
         await self._run(self.trainer.reset_delta)
 
-    async def follow(self, trainers: Sequence[bytes], start_step: int) -> bool:
+    async def follow(self, trainers: Sequence[bytes], start_step: int,
+                     joined_classes: Mapping[bytes, int] | None = None) -> bool:
         """Shadow `trainers` this epoch (verification/followers.py); False when this client
         cannot replay: a model split over ranks is not supported yet."""
         trainer = self.trainer
@@ -370,7 +371,7 @@ class TrainingWorker:
         own = trainer.declared or capture(trainer.compute, trainer.micro_batch_size,
                                           self.device)
         followers = Followers(shadow, own, known=self.declared_by)
-        await self._run(followers.follow, list(trainers), start_step)
+        await self._run(followers.follow, list(trainers), start_step, joined_classes)
         self.followers = followers
         return True
 

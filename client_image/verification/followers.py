@@ -21,6 +21,15 @@ which and why (`Checked.replayed`), and counts this epoch's loose judgements of 
 (`Checked.judged_loosely`): a trainer that declares what none of its followers can
 reproduce shows as judged loosely at every result.
 
+Replay classes (formats/replay_settings.py `replay_class_of`, coordinator/verification.py):
+each client joins with the class of the machine it replays on, and the coordinator elects a
+trainer's followers among its own class first. A trainer could still join with a follower's
+class and then declare settings nobody there can reproduce, to be judged loosely. So a
+follower of its own class (`follow`'s `joined_classes`) fails a result whose declaration is
+of another class than the trainer joined with (`OTHER_CLASS`), reported as UNDECLARED is.
+A trainer whose class no other client shares still gets global followers, which judge it
+loosely when they cannot reproduce it: that remains (docs/verification.md).
+
 A result with no declaration is not judged at all: it fails (`UNDECLARED`), and the client
 reports it as it reports any other failed replay. Every client of a run runs the run's
 client version, and every current trainer declares (runtime/trainer_choice.py, and
@@ -44,13 +53,13 @@ on; GPU noise is not measured yet.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from client_image.formats.distro_wire import ResultDecodeError
-from client_image.formats.replay_settings import ReplaySettings
+from client_image.formats.replay_settings import ReplaySettings, replay_class_of
 from client_image.verification.replay import (
     ReplayVerifier,
     ShadowTrainer,
@@ -91,6 +100,9 @@ KEPT_STEPS = 4  # expected results wait for their step's apply, two rounds later
 # The verdict's reason for a result without replay settings (module docstring).
 UNDECLARED = ("undeclared: the result carries no replay settings, which every client of "
               "the run's version declares")
+# The verdict's reason for a trainer of this follower's class declaring another (module
+# docstring).
+OTHER_CLASS = "declared settings of another replay class than it joined with"
 
 
 @dataclass(frozen=True)
@@ -102,7 +114,8 @@ class Checked:
     expected_hash: bytes
     # "declared" (replayed in the trainer's declared settings, tight limits), why not
     # (loose limits): "cannot replay ...", "not replayed in the declared settings ...",
-    # or "undeclared" (no settings in the result: failed, UNDECLARED)
+    # "undeclared" (no settings in the result: failed, UNDECLARED) or "other class: ..."
+    # (declared another replay class than it joined with: failed, OTHER_CLASS)
     replayed: str = "declared"
     # How many of this trainer's results this follower judged with the loose limits this
     # epoch, this one included (0 when every one was replayed in its declaration).
@@ -130,6 +143,7 @@ class Followers:
         self.replay_in: dict[bytes, ReplaySettings] = {}
         self.unreproducible: dict[bytes, str] = {}  # trainer -> why its declaration is not
         self.judged_loosely: dict[bytes, int] = {}  # trainer -> loose verdicts this epoch
+        self.joined_classes: dict[bytes, int] = {}  # same-class trainer -> its class
         self.expected: dict[tuple[bytes, int], bytes] = {}
 
     def note_declared(self, trainer: bytes, settings: ReplaySettings | None) -> None:
@@ -137,12 +151,17 @@ class Followers:
         if settings is not None:
             self.known[trainer] = settings
 
-    def follow(self, trainers: Sequence[bytes], start_step: int) -> None:
+    def follow(self, trainers: Sequence[bytes], start_step: int,
+               joined_classes: Mapping[bytes, int] | None = None) -> None:
         """Shadows for exactly `trainers`, all starting from a zero delta, each replaying in
-        its trainer's last declared settings where this machine can (module docstring)."""
+        its trainer's last declared settings where this machine can (module docstring).
+        `joined_classes`: the trainers this client follows within its own (nonzero) replay
+        class, each with the class the coordinator state gives it; their results must
+        declare settings of that class."""
         self.expected.clear()
         self.replay_in, self.unreproducible, self.shadows = {}, {}, {}
         self.judged_loosely = {}
+        self.joined_classes = dict(joined_classes or {})
         for key in trainers:
             settings = self.own
             declared = self.known.get(key)
@@ -184,6 +203,12 @@ class Followers:
             return Checked(Verdict(False, distances, UNDECLARED), digest, expected_hash,
                            "undeclared")
         self.note_declared(trainer, result.settings)
+        joined = self.joined_classes.get(trainer)
+        declared_class = replay_class_of(result.settings)
+        if joined is not None and declared_class != joined:
+            return Checked(Verdict(False, distances, OTHER_CLASS), digest, expected_hash,
+                           f"other class: joined with {joined}, declared {declared_class} "
+                           f"({result.settings.describe()})")
         replayed = self.how_replayed(trainer, result.settings)
         loosely = self.judged_loosely.get(trainer, 0)
         if replayed == "declared":

@@ -117,7 +117,8 @@ class FakeWorker:
     async def reset_delta(self) -> None:
         self.delta_resets += 1
 
-    async def follow(self, trainers: Sequence[bytes], start_step: int) -> bool:
+    async def follow(self, trainers: Sequence[bytes], start_step: int,
+                     joined_classes: Mapping[bytes, int] | None = None) -> bool:
         self.following = list(trainers)
         return True
 

@@ -1,0 +1,101 @@
+"""Replay classes on the client (issue 36): the class a client joins with, and a follower of
+a trainer's own class failing a result that declares settings of another class (the
+loophole of joining with a follower's class and declaring what nobody there reproduces).
+Real trainers and real followers on the CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from training_assets import TINY_MODEL, TRAIN_DATA
+
+from client_image.formats.replay_settings import replay_class, replay_class_of
+from client_image.runtime.client import own_replay_class
+from client_image.runtime.verifying import same_class_trainers
+from client_image.training.model import load_causal_lm
+from client_image.training.parallel import ParallelDims
+from client_image.training.rank_group import RankSetup
+from client_image.training.trainer import DistroTrainer
+from client_image.verification.followers import OTHER_CLASS, Followers
+from client_image.verification.settings import capture
+from coordinator import NodeIdentity
+from coordinator.config import ConstantLR, DistroOptimizer
+from coordinator.state import Client, EpochState
+from psyche_common.token_files.local import LocalDataProvider
+
+OPTIMIZER = DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
+                            quantize_1bit=False, clip_grad_norm=1.0, weight_decay=0.1)
+SCHEDULE = ConstantLR(base_lr=1e-3, warmup_init_lr=1e-4, warmup_steps=2)
+HONEST, LIAR, STRANGER = b"\x0a" * 32, b"\x0b" * 32, b"\x0c" * 32
+
+
+def test_the_class_is_the_first_two_bytes_of_the_hash_and_never_0() -> None:
+    own = capture("fp32", 2, "cpu")
+    digest = hashlib.sha256(f"cpu|{own.torch_version}|{own.hardware}".encode()).digest()
+    assert replay_class_of(own) == (int.from_bytes(digest[:2], "little") or 1)
+    # what the class leaves out (dtype, micro-batch, kernel, threads) does not move it
+    assert replay_class_of(dataclasses.replace(own, compute="bf16", micro_batch=7,
+                                               attention="math", threads=3)) == replay_class_of(own)
+    assert replay_class_of(dataclasses.replace(own, hardware="Other CPU")) != replay_class_of(own)
+    assert all(0 < replay_class("cuda", "2.5.1", f"GPU {i}") <= 65535 for i in range(2000))
+    # a machine whose hash starts with two zero bytes gets class 1 (0 is "none")
+    zero = next(f"GPU {i}" for i in range(10**6)
+                if hashlib.sha256(f"cuda|2.5.1|GPU {i}".encode()).digest()[:2] == b"\0\0")
+    assert replay_class("cuda", "2.5.1", zero) == 1
+
+
+def test_a_client_joins_with_the_class_of_what_its_trainer_declares() -> None:
+    own = capture("fp32", 2, "cpu")
+    assert own_replay_class("cpu", None) == replay_class_of(own)
+    split = RankSetup(ParallelDims(dp=2, tp=1))
+    declared_split = dataclasses.replace(own, hardware=own.hardware + " split dp2 tp1")
+    assert own_replay_class("cpu", split) == replay_class_of(declared_split) != replay_class_of(own)
+
+
+def test_same_class_trainers_come_from_the_state() -> None:
+    me, a, b, c = (NodeIdentity(bytes([i]) * 32) for i in (1, 2, 3, 4))
+    epoch = EpochState(clients=[Client(me, replay_class=9), Client(a, replay_class=9),
+                                Client(b, replay_class=8)],
+                       exited_clients=[Client(c, replay_class=9)])
+    assert same_class_trainers(epoch, me, [a.key, b.key, c.key]) == {a.key: 9, c.key: 9}
+    epoch.clients[0].replay_class = 0  # a follower of no class checks nobody
+    assert same_class_trainers(epoch, me, [a.key, b.key, c.key]) == {}
+
+
+def test_a_same_class_trainer_declaring_another_class_fails_and_a_stranger_is_judged_loosely():
+    own = capture("fp32", 2, "cpu")
+    elsewhere = dataclasses.replace(own, hardware="Some CPU nobody here has")
+    # LIAR joined with this follower's class but declares a machine of another class;
+    # STRANGER joined with that other class (a global follower): judged loosely, as before.
+    declared = {HONEST: own, LIAR: elsewhere, STRANGER: elsewhere}
+    trained = {key: DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER,
+                                  SCHEDULE, micro_batch_size=2, declared=settings)
+               for key, settings in declared.items()}
+    follower_model = load_causal_lm(TINY_MODEL, device="cpu")
+    followers = Followers(lambda start, s: DistroTrainer(
+        follower_model, OPTIMIZER, SCHEDULE, micro_batch_size=s.micro_batch, start_step=start,
+        declared=s), own)
+    mine = replay_class_of(own)
+    followers.follow(list(declared), start_step=0, joined_classes={HONEST: mine, LIAR: mine})
+    data = LocalDataProvider(TRAIN_DATA, 32)
+    verdicts: dict[bytes, list[tuple[bool, str, str]]] = {key: [] for key in declared}
+    for step in range(1):
+        rows = (4 * step, 4 * step + 1)
+        tokens = data.get_samples(*rows)
+        for key, trainer in trained.items():
+            followers.replay(key, step, tokens, rows, cold_start=False)
+            payload = trainer.train(step, tokens, batch_id=rows).payload
+            assert payload is not None
+            checked = followers.verify(key, step, payload)
+            assert checked is not None
+            verdicts[key].append((checked.verdict.ok, checked.verdict.reason, checked.replayed))
+            trainer.idle(step)
+    assert verdicts[HONEST] == [(True, "", "declared")]
+    other = replay_class_of(elsewhere)
+    assert verdicts[LIAR] == [(False, OTHER_CLASS, f"other class: joined with {mine}, declared "
+                               f"{other} ({elsewhere.describe()})")]
+    # honest CPU results, so the loose limits pass them: the loophole a unique class keeps
+    assert len(verdicts[STRANGER]) == 1 and all(
+        ok and replayed.startswith("cannot replay the declared settings")
+        for ok, _, replayed in verdicts[STRANGER])
