@@ -44,7 +44,7 @@ AUTHORIZATION_MAGIC = b"PSYAUTHZ"
 RUN_MAGIC = b"PSYTRRUN"
 PARTICIPANT_MAGIC = b"PSYTPART"
 INSTANCE_MAGIC = b"PSYCINST"
-COORDINATOR_ACCOUNT_SIZE = 105640
+COORDINATOR_ACCOUNT_SIZE = 107688
 AUTHORIZATION_SIZE = 1152
 INSTANCE_SIZE = 80
 MODEL_REST_MAX = 1024
@@ -62,9 +62,9 @@ _MODEL = struct.Struct("<IIBB2xI64s64s")                        # 296 .. 440, re
 _PROGRESS_EPOCH = struct.Struct("<HHIQIIIHHQ")                  # 1464 .. 1504
 _ROUND = struct.Struct("<QQIHHI4x")                             # 32-byte round header
 _WITNESS = struct.Struct("<QQB7x24Q24Q32s")                     # 440
-_CLIENT = struct.Struct("<32sBB2xI")                            # 40 (holds_model: v3)
+_CLIENT = struct.Struct("<32sBBHI")                             # 40 (holds_model: v3, class: v4)
 _REWARD = struct.Struct("<32sQQ")                               # 48
-_REGISTRY = struct.Struct("<32sQ")                              # 40
+_REGISTRY = struct.Struct("<32sQH6x")                          # 48 (replay_class: v4)
 _REPORT = struct.Struct("<32s32sI32s32sIII")                    # 144
 ROUNDS_OFFSET, ROUND_SIZE = 1504, 14112
 CLIENTS_OFFSET = ROUNDS_OFFSET + 4 * ROUND_SIZE
@@ -73,7 +73,7 @@ RATES_OFFSET = EXITED_OFFSET + 256 * 40
 REWARDS_OFFSET = RATES_OFFSET + 40
 REGISTRY_HEADER_OFFSET = REWARDS_OFFSET + 256 * 48
 REGISTRY_OFFSET = REGISTRY_HEADER_OFFSET + 16
-VERIFICATION_OFFSET = REGISTRY_OFFSET + 256 * 40                # seed u64 | n u32 | pad u32
+VERIFICATION_OFFSET = REGISTRY_OFFSET + 256 * _REGISTRY.size   # seed u64 | n u32 | pad u32
 REPORTS_OFFSET = VERIFICATION_OFFSET + 16
 RUN_ID_OFFSET = 88
 
@@ -99,10 +99,16 @@ class CoordinatorAccount:
     state: CoordinatorState | None       # None until update-config has set config and model
     run_state: RunState = RunState.Uninitialized
     raw_config: dict[str, int] = field(default_factory=dict)
+    # each registry entry's replay class, as its last join_run gave it (0 = none)
+    replay_classes: dict[Pubkey, int] = field(default_factory=dict)
 
     @property
     def pending(self) -> list[Pubkey]:
         return [key for key, active in self.registry if active == self.next_active]
+
+    def pending_replay_classes(self) -> dict[NodeIdentity, int]:
+        """The pending joiners' replay classes, as `Coordinator.tick` takes them."""
+        return {NodeIdentity(bytes(key)): self.replay_classes.get(key, 0) for key in self.pending}
 
     def earned(self, user: Pubkey) -> int:
         if self.state is None:
@@ -135,11 +141,12 @@ def _enum(kind: type[_E], value: int, what: str) -> _E:
 def _clients(data: bytes, offset: int, count: int) -> list[Client]:
     out = []
     for i in range(count):
-        key, state, holds_model, exited_height = _CLIENT.unpack_from(data, offset + 40 * i)
+        key, state, holds_model, replay_class, exited_height = _CLIENT.unpack_from(
+            data, offset + _CLIENT.size * i)
         if holds_model > 1:
             raise AccountDecodeError(f"client holds_model: unknown value {holds_model}")
         out.append(Client(NodeIdentity(key), _enum(ClientState, state, "client state"),
-                          exited_height, bool(holds_model)))
+                          exited_height, bool(holds_model), replay_class=replay_class))
     return out
 
 
@@ -167,15 +174,18 @@ def decode_coordinator(data: bytes) -> CoordinatorAccount:
         raise AccountDecodeError("not an initialized coordinator account (bad magic)")
     config_values = dict(zip(CONFIG_FIELDS, CONFIG.unpack_from(data, 232), strict=True))
     next_active, registry_len = struct.unpack_from("<QI", data, REGISTRY_HEADER_OFFSET)
-    registry = [(Pubkey(key), active) for key, active in (
-        _REGISTRY.unpack_from(data, REGISTRY_OFFSET + 40 * i) for i in range(min(registry_len, 256)))]
+    registry_entries = [_REGISTRY.unpack_from(data, REGISTRY_OFFSET + _REGISTRY.size * i)
+                        for i in range(min(registry_len, 256))]
+    registry = [(Pubkey(key), active) for key, active, _class in registry_entries]
     account = CoordinatorAccount(
         version=version, nonce=nonce, main_authority=Pubkey(main), join_authority=Pubkey(join),
         run_id=_text(run_id, "run_id"), client_version=_text(client_version, "client_version"),
         config_set=bool(config_set), model_set=model_set == 3, next_active=next_active,
         registry=registry, state=None,
         run_state=_enum(RunState, run_state, "run_state"),
-        raw_config=config_values)
+        raw_config=config_values,
+        replay_classes={Pubkey(key): replay_class
+                        for key, _active, replay_class in registry_entries})
     if not (config_set and model_set == 3):
         return account
     try:

@@ -128,10 +128,12 @@ class SvmRun:
     def authorize_permissionless(self) -> Pubkey:
         return self.authorize(Pubkey.default())
 
-    def join(self, client: Keypair, authorization: Pubkey | None = None) -> Sent:
+    def join(self, client: Keypair, authorization: Pubkey | None = None,
+             replay_class: int = 0) -> Sent:
         authorization = authorization or ix.authorization_address(
             self.join_authority.pubkey(), Pubkey.default())
-        return self.svm.send([ix.join_run(self.address, client.pubkey(), authorization)], [client])
+        return self.svm.send([ix.join_run(self.address, client.pubkey(), authorization,
+                                          replay_class)], [client])
 
     def tick(self) -> Sent:
         return self.svm.send([ix.tick(self.address)])

@@ -11,7 +11,10 @@
  *   2 set_paused        [account w, main_authority s]  paused u8 (0 = resume)
  *   3 set_future_epoch_rates [account w, main_authority s]
  *                       has_earning u8 earning u64 has_slashing u8 slashing u64
- *   4 join_run          [account w, client s, authorization]
+ *   4 join_run          [account w, client s, authorization]  [replay_class u16]
+ *                       the client's replay class (0 = none, also when absent, as older
+ *                       clients send it), kept in its registry entry until the warm-up
+ *                       copies it into its Client entry (the follow plan groups by it)
  *   5 tick              [account w]                   (anyone; the fee payer signs)
  *   6 warmup_witness    [account w, client s]  witness (433 B, coordinator_machine.h)
  *   7 witness           [account w, client s]  witness
@@ -275,16 +278,22 @@ static u64 check_authorization(const State *s, const Pubkey *client, AccountInfo
   return E_NotAuthorized;
 }
 
-static u64 join_run(State *s, const Pubkey *client) {
+/* data: nothing (class 0) or replay_class u16 */
+static u64 join_run(State *s, const Pubkey *client, const u8 *data, u64 len) {
+  if (len != 0 && len != 2) return E_InvalidInstruction;
+  u16 replay_class = len == 2 ? rd_u16(data) : 0;
   u64 problem = check_authorization(s, client, account(2));
   if (problem) return problem;
-  for (u32 i = 0; i < s->registry_len; i++) {
-    if (key_eq(&s->registry[i].id, client)) { s->registry[i].active = s->next_active; return SUCCESS; }
+  RegistryEntry *entry = NULL;
+  for (u32 i = 0; i < s->registry_len && entry == NULL; i++)
+    if (key_eq(&s->registry[i].id, client)) entry = &s->registry[i];
+  if (entry == NULL) {
+    if (s->registry_len >= MAX_CLIENTS) return E_RegistryFull;
+    entry = &s->registry[s->registry_len++];
+    entry->id = *client;
   }
-  if (s->registry_len >= MAX_CLIENTS) return E_RegistryFull;
-  s->registry[s->registry_len].id = *client;
-  s->registry[s->registry_len].active = s->next_active;
-  s->registry_len++;
+  entry->active = s->next_active;
+  entry->replay_class = replay_class;  /* a re-join may come from another machine */
   return SUCCESS;
 }
 
@@ -348,7 +357,7 @@ static u64 process(void) {
   case 1: return update_run(s, data, len);
   case 2: return set_paused(s, data, len, now);
   case 3: return set_rates(s, data, len);
-  case 4: return len == 0 ? join_run(s, who) : E_InvalidInstruction;
+  case 4: return join_run(s, who, data, len);
   case 5: return len == 0 ? tick(s, now, seed_of(&clock)) : E_InvalidInstruction;
   case 6:
     if (len != WITNESS_WIRE_SIZE) return E_InvalidInstruction;

@@ -14,8 +14,10 @@
 #define MODEL_REST_MAX 1024
 #define STRING_MAX 64
 #define MAX_REPORTS 32     /* coordinator/verification.py MAX_REPORTS */
-#define ACCOUNT_VERSION 3  /* 2: verification_seed and reports appended; 3: a client's
-                              holds_model and model_resets in what was padding */
+#define ACCOUNT_VERSION 4  /* 2: verification_seed and reports appended; 3: a client's
+                              holds_model and model_resets in what was padding; 4: a
+                              client's replay_class in its padding, the registry entry
+                              grows to 48 bytes to keep the joiner's class */
 
 enum RunState { Uninitialized, WaitingForMembers, Warmup, RoundTrain, RoundWitness, Cooldown,
                 Finished, Paused };
@@ -32,10 +34,14 @@ typedef struct {
   u32 witnesses_len; u32 pad;
   Witness witnesses[MAX_WITNESSES];
 } Round;                                                                    /* 14112 */
-/* holds_model: coordinator.state.Client.holds_model (the model of the epoch's start step) */
-typedef struct { Pubkey id; u8 state; u8 holds_model; u8 pad[2]; u32 exited_height; } Client; /* 40 */
+/* holds_model: coordinator.state.Client.holds_model (the model of the epoch's start step);
+ * replay_class (v4, was padding): Client.replay_class, the class it joined with (0 = none) */
+typedef struct {
+  Pubkey id; u8 state; u8 holds_model; u16 replay_class; u32 exited_height;
+} Client;                                                                   /* 40 */
 typedef struct { Pubkey id; u64 earned; u64 slashed; } RewardEntry;          /* 48 */
-typedef struct { Pubkey id; u64 active; } RegistryEntry;                    /* 40 */
+/* replay_class (v4): the class join_run gave, copied into the Client entry at warm-up */
+typedef struct { Pubkey id; u64 active; u16 replay_class; u8 pad[6]; } RegistryEntry; /* 48 */
 /* coordinator.state.VerificationReport, field for field (coordinator/serialization.py) */
 typedef struct {
   Pubkey reporter; Pubkey accused; u32 step; u8 published_hash[32]; u8 expected_hash[32];
@@ -95,9 +101,13 @@ _Static_assert(OFFSET_OF(CoordinatorAccount, config) == 232, "config offset");
 _Static_assert(OFFSET_OF(CoordinatorAccount, epoch) == 1464, "progress offset");
 _Static_assert(OFFSET_OF(CoordinatorAccount, rounds) == 1504, "rounds offset");
 _Static_assert(sizeof(VerificationReport) == 144, "report");
-_Static_assert(OFFSET_OF(CoordinatorAccount, verification_seed) == 101016, "verification offset");
-_Static_assert(OFFSET_OF(CoordinatorAccount, reports) == 101032, "reports offset");
-_Static_assert(sizeof(CoordinatorAccount) == 105640, "account size");
+_Static_assert(sizeof(Client) == 40, "client");
+_Static_assert(OFFSET_OF(Client, replay_class) == 34, "client replay_class");
+_Static_assert(sizeof(RegistryEntry) == 48, "registry entry");
+_Static_assert(OFFSET_OF(CoordinatorAccount, registry) == 90776, "registry offset");
+_Static_assert(OFFSET_OF(CoordinatorAccount, verification_seed) == 103064, "verification offset");
+_Static_assert(OFFSET_OF(CoordinatorAccount, reports) == 103080, "reports offset");
+_Static_assert(sizeof(CoordinatorAccount) == 107688, "account size");
 
 static const u8 COORDINATOR_MAGIC[8] = {'P', 'S', 'Y', 'C', 'O', 'O', 'R', 'D'};
 

@@ -170,6 +170,7 @@ static void start_warmup(State *s, u64 now) {
     u16 k = s->clients_len++;
     s->clients[k].id = s->registry[i].id;
     s->clients[k].holds_model = continuing && (previous[k / 8] >> (k % 8) & 1);
+    s->clients[k].replay_class = s->registry[i].replay_class;
   }
   s->next_active += 1;  /* joins are per epoch: clients re-join for the next one */
   s->rounds_head = 0;
@@ -466,10 +467,13 @@ static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
  * lists are disjoint: start_warmup fills clients from the registry, one entry per key,
  * and move_clients_to_exited moves a client, never copies it), m of them;
  * pos(x) = swap_or_not(rank(x), m, K("verify")) with rank(x) = members below x. order is
- * members by pos, a permutation: order[p] = the member at position p. So the reporter
- * follows the accused iff pos(accused) < watched = min(m, ceil(m * pct / 100)) and
- * (pos(reporter) - pos(accused)) mod m is in 1..F, F = min(2, m - 1). Two elections of
- * 90 rounds instead of m. */
+ * members by pos, a permutation: order[p] = the member at position p. The accused t is
+ * watched iff pos(t) < watched = min(m, ceil(m * pct / 100)); F = min(2, m - 1).
+ * Followers are grouped by replay class c = t's class (issue 36): G = the members of
+ * class c (c != 0), g of them, F_c = min(F, g - 1) (0 for c = 0); pos_c(x) =
+ * swap_or_not(rank of x in G, g, K("verify" || c_u16_le)). The reporter y follows t iff
+ * (y in G and (pos_c(y) - pos_c(t)) mod g is in 1..F_c) or (pos(y) - pos(t)) mod m is in
+ * 1..F - F_c. At most four elections of 90 rounds, no table. */
 #define VERIFICATION_REPORT_WIRE_SIZE 112  /* accused[32] step u32 hashes[2][32] 3 x u32 */
 #define FOLLOWERS_PER_TRAINER 2
 #define REPORT_QUORUM 2
@@ -480,37 +484,67 @@ static bool key_lt(const Pubkey *a, const Pubkey *b) {
   return false;
 }
 
-static bool listed_in(const Client *list, u16 len, const Pubkey *id) {
-  for (u16 i = 0; i < len; i++) if (key_eq(&list[i].id, id)) return true;
-  return false;
+/* the member (listed or exited) with this key, or NULL */
+static const Client *member(const State *s, const Pubkey *id) {
+  for (u16 i = 0; i < s->clients_len; i++) if (key_eq(&s->clients[i].id, id)) return &s->clients[i];
+  for (u16 i = 0; i < s->exited_len; i++) if (key_eq(&s->exited[i].id, id)) return &s->exited[i];
+  return NULL;
 }
 
-static u64 member_rank(const State *s, const Pubkey *id) {
-  u64 rank = 0;
-  for (u16 i = 0; i < s->clients_len; i++) rank += key_lt(&s->clients[i].id, id);
-  for (u16 i = 0; i < s->exited_len; i++) rank += key_lt(&s->exited[i].id, id);
+/* members of class `replay_class` (every member for ALL_CLASSES) below `id`, and how many
+ * there are in all */
+#define ALL_CLASSES 0x10000u
+static u64 class_rank(const State *s, const Pubkey *id, u32 replay_class, u64 *count) {
+  u64 rank = 0, n = 0;
+  for (u32 list = 0; list < 2; list++) {
+    const Client *clients = list ? s->exited : s->clients;
+    u16 len = list ? s->exited_len : s->clients_len;
+    for (u16 i = 0; i < len; i++) {
+      if (replay_class != ALL_CLASSES && clients[i].replay_class != replay_class) continue;
+      n++;
+      rank += key_lt(&clients[i].id, id);
+    }
+  }
+  if (count) *count = n;
   return rank;
+}
+
+/* (pos(follower) - pos(trainer)) mod n is in 1..followers */
+static bool within(u64 follower, u64 trainer, u64 n, u64 followers) {
+  u64 distance = (follower + n - trainer) % n;
+  return distance >= 1 && distance <= followers;
 }
 
 static bool follows(const State *s, const Pubkey *reporter, const Pubkey *accused) {
   u64 m = (u64)s->clients_len + s->exited_len, pct = s->config.verification_percent;
   if (pct == 0 || m < 2) return false;
-  if (!listed_in(s->clients, s->clients_len, reporter) &&
-      !listed_in(s->exited, s->exited_len, reporter))
-    return false;
-  if (!listed_in(s->clients, s->clients_len, accused) &&
-      !listed_in(s->exited, s->exited_len, accused))
-    return false;
+  const Client *follower = member(s, reporter), *trainer = member(s, accused);
+  if (follower == NULL || trainer == NULL) return false;
   u8 key[32];
   election_key(s->verification_seed, "verify", 6, key);
   u64 watched = (m * pct + 99) / 100;
   if (watched > m) watched = m;
-  u64 trainer = swap_or_not(member_rank(s, accused), m, key);
-  if (trainer >= watched) return false;
-  u64 follower = swap_or_not(member_rank(s, reporter), m, key);
+  u64 trainer_pos = swap_or_not(class_rank(s, accused, ALL_CLASSES, NULL), m, key);
+  if (trainer_pos >= watched) return false;
   u64 per_trainer = m - 1 < FOLLOWERS_PER_TRAINER ? m - 1 : FOLLOWERS_PER_TRAINER;
-  u64 distance = (follower + m - trainer) % m;
-  return distance >= 1 && distance <= per_trainer;
+  u64 same_class = 0;  /* F_c */
+  u16 c = trainer->replay_class;
+  if (c != 0) {
+    u64 g;
+    u64 trainer_rank = class_rank(s, accused, c, &g);
+    same_class = g - 1 < per_trainer ? g - 1 : per_trainer;
+    if (same_class > 0 && follower->replay_class == c) {
+      u8 salt[8] = {'v', 'e', 'r', 'i', 'f', 'y', (u8)c, (u8)(c >> 8)};
+      u8 class_key[32];
+      election_key(s->verification_seed, (const char *)salt, 8, class_key);
+      u64 trainer_pos_c = swap_or_not(trainer_rank, g, class_key);
+      u64 follower_pos_c = swap_or_not(class_rank(s, reporter, c, NULL), g, class_key);
+      if (within(follower_pos_c, trainer_pos_c, g, same_class)) return true;
+    }
+  }
+  if (per_trainer == same_class) return false;
+  u64 follower_pos = swap_or_not(class_rank(s, reporter, ALL_CLASSES, NULL), m, key);
+  return within(follower_pos, trainer_pos, m, per_trainer - same_class);
 }
 
 /* Wire: accused[32] | step u32 | published_hash[32] | expected_hash[32] | jaccard_ppm u32

@@ -120,12 +120,13 @@ async def test_two_clients_train_an_epoch_on_the_local_validator_and_claim_rewar
         # this factory is the one-line change the runtime needs (see the report).
         wallets = {}
 
-        def backend_factory(server_addr, identity, run_id, p2p_address, client_version=""):
+        def backend_factory(server_addr, identity, run_id, p2p_address, client_version="",
+                            replay_class=0):
             return SolanaBackend(SolanaBackendOptions(
                 rpc=[net.url], ws_rpc=[net.ws_url], wallet=wallets[identity.public_key],
                 run_id=run_id,
                 p2p_address=p2p_address, client_version=client_version,
-                authorizer=grantee.pubkey()))
+                authorizer=grantee.pubkey(), replay_class=replay_class))
 
         monkeypatch.setattr(client_module, "TcpBackend", backend_factory)
         clients = []

@@ -1,0 +1,230 @@
+"""Replay classes on chain (issue 36; docs/verification.md): join_run carries the client's
+class (absent: 0), the registry keeps it and the warm-up copies it into the client entry;
+the program's `follows` (programs/coordinator_machine.h) accepts a verification report
+exactly from the followers of `coordinator.verification.plan_for_epoch`, the plan grouped
+by class, for mixes of classes (of 1, 2 and >= 3 members, class 0) under several seeds.
+Every event goes through `coordinator.Coordinator` and through the program in LiteSVM and
+both must agree (test_differential's Harness)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+from solders.instruction import Instruction
+from solders.keypair import Keypair
+from solders.pubkey import Pubkey
+
+from coordinator import ClientState, Coordinator, NodeIdentity, RunState
+from coordinator.verification import FOLLOWERS_PER_TRAINER, epoch_members, follow_plan
+from psyche_solana import instructions as ix
+from psyche_solana.accounts import (
+    COORDINATOR_ACCOUNT_SIZE,
+    REPORTS_OFFSET,
+    decode_coordinator,
+)
+from psyche_solana.errors import error_name
+from psyche_solana.svm import TransactionFailed
+from tests.solana.test_onchain_verification_reports import PERCENT, ReportHarness
+
+
+class ClassHarness(ReportHarness):
+    """ReportHarness whose clients join with a replay class: `classes[i]` is client i's
+    (absent: 0) at its next join; Python's tick gets the pending joiners' classes as
+    their last join gave them, as the program's registry keeps them. A client in
+    `explicit_zero` sends class 0 as two zero bytes instead of leaving it out."""
+
+    def __init__(self, clients: list[Keypair], classes: dict[int, int], percent: int):
+        super().__init__(clients, percent)
+        self.classes = dict(classes)
+        self.explicit_zero: set[int] = set()
+        self.joined_class: dict[NodeIdentity, int] = {}
+
+    def _python(self, event: tuple, now: int, seed: int) -> Any:
+        if event[0] == "join":
+            self.joined_class[self._client(event[1])[1]] = self.classes.get(event[1], 0)
+        if event[0] == "tick":
+            before = self.python.state.run_state
+            pending = self.pending()
+            result = self.python.tick(pending, now, seed,
+                                      {node: self.joined_class[node] for node in pending})
+            if before is RunState.WaitingForMembers and self.python.state.run_state is RunState.Warmup:
+                self.next_active += 1
+            return result
+        return super()._python(event, now, seed)
+
+    def _chain(self, event: tuple) -> None:
+        if event[0] == "join" and event[1] in self.explicit_zero:
+            self.svm.send([_join_instruction(self, event[1], b"\0\0")], [self.clients[event[1]]])
+        elif event[0] == "join":
+            self.run.join(self.clients[event[1]], replay_class=self.classes.get(event[1], 0))
+        else:
+            super()._chain(event)
+
+    def node(self, i: int) -> NodeIdentity:
+        return self._client(i)[1]
+
+
+def _keys(first: int, n: int) -> list[Keypair]:
+    return [Keypair.from_seed(bytes([first + i]) * 32) for i in range(n)]
+
+
+def _trained(harness: ReportHarness) -> None:
+    harness.until(lambda s: s.run_state is RunState.RoundTrain
+                  and s.progress.step > s.epoch_state.start_step)
+
+
+def _join_instruction(harness: ClassHarness, i: int, payload: bytes) -> Instruction:
+    plain = ix.join_run(harness.run.address, harness.clients[i].pubkey(),
+                        ix.authorization_address(harness.run.join_authority.pubkey(),
+                                                 Pubkey.default()))
+    return Instruction(plain.program_id, bytes(plain.data) + payload, list(plain.accounts))
+
+
+def test_the_account_layout_ends_with_the_reports():
+    """The registry entry grew to 48 bytes (ACCOUNT_VERSION 4): the offsets after it moved."""
+    assert REPORTS_OFFSET + 32 * 144 == COORDINATOR_ACCOUNT_SIZE == 107688
+    harness = ClassHarness(_keys(150, 1), {}, PERCENT)
+    assert harness.run.account().version == 4
+
+
+def test_a_joiners_class_is_kept_in_the_registry_and_copied_into_its_client_entry():
+    harness = ClassHarness(_keys(150, 5), {0: 0xBEEF, 1: 3, 3: 3}, PERCENT)
+    run = harness.run
+    # class 0 is the instruction without the class, byte for byte what older clients send
+    assert bytes(ix.join_run(run.address, harness.clients[2].pubkey(), run.address).data) == b"\x04"
+    assert bytes(ix.join_run(run.address, harness.clients[2].pubkey(), run.address, 0x0102).data) \
+        == b"\x04\x02\x01"
+    with pytest.raises(ValueError, match="u16"):
+        ix.join_run(run.address, harness.clients[2].pubkey(), run.address, 0x10000)
+    harness.explicit_zero.add(4)  # client 4 sends class 0 explicitly: the same as without
+    for i in range(5):
+        assert harness.apply(("join", i)) is None
+    account = run.account()
+    keys = [client.pubkey() for client in harness.clients]
+    assert account.replay_classes == {keys[0]: 0xBEEF, keys[1]: 3, keys[2]: 0, keys[3]: 3,
+                                      keys[4]: 0}
+    # a malformed class (1 or 3 bytes) is refused and changes nothing
+    before = run.svm.data(run.address)
+    for payload in (b"\1", b"\1\2\3"):
+        with pytest.raises(TransactionFailed) as refused:
+            run.svm.send([_join_instruction(harness, 0, payload)], [harness.clients[0]])
+        assert refused.value.code is not None
+        assert error_name(refused.value.code) == "InvalidInstruction"
+    assert run.svm.data(run.address) == before
+    # a re-join (another machine) replaces the class
+    harness.classes[1] = 0x0701
+    assert harness.apply(("join", 1)) is None
+    assert run.account().pending_replay_classes()[harness.node(1)] == 0x0701
+
+    run.svm.advance(2)
+    assert harness.apply(("tick",)) is None  # warm-up: the Python state agrees (apply)
+    chain = harness.chain()
+    assert chain.run_state is RunState.Warmup
+    assert {c.id: c.replay_class for c in chain.epoch_state.clients} == {
+        harness.node(0): 0xBEEF, harness.node(1): 0x0701, harness.node(2): 0,
+        harness.node(3): 3, harness.node(4): 0}
+    # the registry entry keeps its class: the next epoch's join gives it again
+    assert decode_coordinator(run.svm.data(run.address)).replay_classes[keys[0]] == 0xBEEF
+
+
+def _check_every_report(harness: ClassHarness) -> int:
+    """Every listed Healthy client reports every member (itself included), each report on
+    the state as it is now (restored after an accepted one): accepted iff the plan says
+    it follows and it has not reported that trainer yet. Returns how many were accepted."""
+    address = harness.run.address
+    saved_account = harness.svm.svm.get_account(address)
+    assert saved_account is not None
+    saved_state = copy.deepcopy(harness.state)
+    plan = harness.plan()
+    members = epoch_members(harness.state.epoch_state)
+    by_node = {harness.node(i): i for i in range(len(harness.clients))}
+    reporters = [c.id for c in harness.state.epoch_state.clients if c.state is ClientState.Healthy]
+    reported = {(r.reporter, r.accused) for r in harness.state.epoch_state.reports}
+    accepted = 0
+    for reporter in reporters:
+        for accused in members:
+            result = harness.apply(harness.report(by_node[reporter], accused))
+            expected = plan.follows(reporter, accused) and (reporter, accused) not in reported
+            assert (result is None) == expected, (reporter, accused, result)
+            if result is None:
+                accepted += 1
+                harness.svm.svm.set_account(address, saved_account)
+                harness.python = Coordinator(copy.deepcopy(saved_state))
+            else:
+                assert result == "InvalidVerificationReport"
+    return accepted
+
+
+def _check_plan_is_grouped(harness: ClassHarness) -> None:
+    """The spec's shape: a watched trainer of class c != 0 whose class has g members gets
+    min(F, g - 1) followers of its class; with every class 0, the classless plan."""
+    epoch = harness.state.epoch_state
+    members = epoch_members(epoch)
+    classes = {c.id: c.replay_class for c in (*epoch.clients, *epoch.exited_clients)}
+    plan = harness.plan()
+    m, percent = len(members), harness.state.config.verification_percent
+    assert len(plan.followers) == min(m, math.ceil(m * percent / 100))
+    per_trainer = min(FOLLOWERS_PER_TRAINER, m - 1)
+    for trainer, followers in plan.followers.items():
+        c = classes[trainer]
+        same = [f for f in followers if c != 0 and classes[f] == c]
+        g = sum(1 for member in members if classes[member] == c)
+        assert len(same) == (min(per_trainer, g - 1) if c != 0 else 0), (trainer, followers)
+        assert trainer not in followers and 1 <= len(followers) <= per_trainer
+    if not any(classes.values()):
+        assert plan == follow_plan(members, epoch.verification_seed, percent)
+
+
+# client i joins with MIX[i]; the third value is verification_percent
+MIXES = {
+    "every-class-0": ([0] * 8, PERCENT),
+    "classes-of-4-2-1-and-0": ([1, 1, 1, 1, 0xBEEF, 0xBEEF, 7, 0], PERCENT),
+    "one-class-for-all": ([0x0500] * 8, PERCENT),
+    "classes-of-3-3-and-0-watched-half": ([2, 2, 2, 0x0300, 0x0300, 0x0300, 0, 0], 50),
+    "pairs-and-singles": ([9, 9, 4, 4, 6, 0, 8, 0], 75),
+}
+
+
+@pytest.mark.parametrize("offset", [0, 17, 41])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_the_program_accepts_reports_exactly_from_the_grouped_plans_followers(mix: str,
+                                                                             offset: int):
+    classes, percent = MIXES[mix]
+    clients = _keys(170 + offset, len(classes))
+    harness = ClassHarness(clients, dict(enumerate(classes)), percent)
+    harness.svm.advance(offset, slots=offset + 1)  # another round-0 seed
+    harness.start_epoch(list(range(len(classes))))
+    _trained(harness)
+    chain = harness.chain().epoch_state
+    assert {c.id: c.replay_class for c in chain.clients} == {
+        harness.node(i): c for i, c in enumerate(classes)}
+    _check_plan_is_grouped(harness)
+    accepted = _check_every_report(harness)
+    assert accepted == sum(len(fs) for fs in harness.plan().followers.values())
+
+
+def test_an_exited_member_keeps_its_class_and_its_place_in_the_plan():
+    """A trainer ejected by its two followers leaves the client list at the round's end; it
+    stays a member of the epoch with its class, and the plan (and the program) with it."""
+    classes = [1, 1, 1, 0xBEEF, 0xBEEF, 7, 0, 1]
+    harness = ClassHarness(_keys(210, len(classes)), dict(enumerate(classes)), PERCENT)
+    harness.start_epoch(list(range(len(classes))))
+    _trained(harness)
+    plan = harness.plan()
+    healthy = {c.id for c in harness.state.epoch_state.clients if c.state is ClientState.Healthy}
+    by_node = {harness.node(i): i for i in range(len(classes))}
+    trainer = next(t for t in sorted(plan.followers, key=lambda t: classes[by_node[t]] != 1)
+                   if set(plan.followers[t]) <= healthy and len(plan.followers[t]) == 2)
+    for follower in plan.followers[trainer]:
+        assert harness.apply(harness.report(by_node[follower], trainer)) is None
+    assert harness.client_state(trainer) is ClientState.Ejected
+    harness.until(lambda s: any(c.id == trainer for c in s.epoch_state.exited_clients))
+    exited = {c.id: c for c in harness.chain().epoch_state.exited_clients}
+    assert exited[trainer].replay_class == classes[by_node[trainer]]
+    assert harness.plan() == plan
+    # the trainer reports no more (exited) and its followers have reported it already
+    assert _check_every_report(harness) == sum(
+        1 for t, fs in plan.followers.items() for f in fs if trainer not in (f, t))
