@@ -17,8 +17,14 @@ from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from coordinator import ClientState, Coordinator, NodeIdentity, RunState
-from coordinator.verification import FOLLOWERS_PER_TRAINER, epoch_members, follow_plan
+from coordinator import ClientState, Coordinator, NodeIdentity, RunState, selection_for_round
+from coordinator.state import VerificationReport
+from coordinator.verification import (
+    FOLLOWERS_PER_TRAINER,
+    epoch_members,
+    follow_plan,
+    plan_for_epoch,
+)
 from psyche_solana import instructions as ix
 from psyche_solana.accounts import (
     COORDINATOR_ACCOUNT_SIZE,
@@ -26,7 +32,9 @@ from psyche_solana.accounts import (
     decode_coordinator,
 )
 from psyche_solana.errors import error_name
+from psyche_solana.scenario import SvmRun
 from psyche_solana.svm import TransactionFailed
+from tests.solana.test_differential import small_run_state
 from tests.solana.test_onchain_verification_reports import PERCENT, ReportHarness
 
 
@@ -228,3 +236,65 @@ def test_an_exited_member_keeps_its_class_and_its_place_in_the_plan():
     # the trainer reports no more (exited) and its followers have reported it already
     assert _check_every_report(harness) == sum(
         1 for t, fs in plan.followers.items() for f in fs if trainer not in (f, t))
+
+
+DEFAULT_INSTRUCTION_BUDGET = 200_000  # compute units: clients send no compute-budget instruction
+
+
+def test_a_report_in_a_full_run_fits_the_default_compute_budget():
+    """256 members of mixed classes: an accepted report costs at most three elections of 90
+    rounds (pos(t), then pos_c of both or pos of the reporter) plus O(m) rank counting, under
+    the 200k units a transaction without a compute-budget instruction gets per instruction."""
+    n = 256
+    classes = [i % 5 for i in range(n - 3)] + [0x0B0B, 0x0B0B, 0x0C0C]  # a pair and a single
+    state_file = small_run_state(n, 1, 1, 10, total_steps=40)
+    config = state_file.config.model_copy(update={"verification_percent": PERCENT})
+    run = SvmRun.create(state_file.model_copy(update={"config": config}))
+    run.authorize_permissionless()
+    keys = _keys(0, n)
+    for key, replay_class in zip(keys, classes, strict=True):
+        run.svm.airdrop(key.pubkey(), 10**9)
+        run.join(key, replay_class=replay_class)
+    run.svm.advance(2)
+    run.tick()
+    by_node = {NodeIdentity(bytes(key.pubkey())): key for key in keys}
+    for _ in range(20):
+        state = run.account().state
+        assert state is not None
+        if state.run_state is RunState.RoundTrain and state.progress.step > state.epoch_state.start_step:
+            break
+        if state.run_state is RunState.Warmup:
+            witness = run.honest_witness(keys[0], warmup=True)
+            assert witness is not None
+            run.warmup_witness(keys[0], witness)
+            continue
+        if state.run_state is RunState.RoundTrain:
+            selection = selection_for_round(state)
+            for index, client in enumerate(state.epoch_state.clients):
+                if selection.witness_of(index).witness:
+                    witness = run.honest_witness(by_node[client.id])
+                    assert witness is not None
+                    run.witness(by_node[client.id], witness)
+        run.svm.advance(3)
+        run.tick()
+    state = run.account().state
+    assert state is not None and state.run_state is RunState.RoundTrain
+    epoch = state.epoch_state
+    class_of = {c.id: c.replay_class for c in epoch.clients}
+    assert sorted(class_of.values()) == sorted(classes)
+    plan = plan_for_epoch(epoch, PERCENT)
+    # one report per kind of trainer: class 0, a class of about 51, the pair, the single
+    kinds = {0: None, 1: None, 0x0B0B: None, 0x0C0C: None}
+    for trainer, followers in plan.followers.items():
+        if class_of[trainer] in kinds and kinds[class_of[trainer]] is None:
+            kinds[class_of[trainer]] = (trainer, followers[0])
+    units = {}
+    for replay_class, pair in kinds.items():
+        assert pair is not None
+        trainer, follower = pair
+        report = VerificationReport(follower, trainer, state.progress.step - 1, bytes(32),
+                                    bytes([1]) * 32, 1, 2, 3)
+        units[replay_class] = run.verification_report(by_node[follower], report).compute_units
+    assert max(units.values()) < DEFAULT_INSTRUCTION_BUDGET, units
+    # the same-class path costs one election more than the global one (class 0, the single)
+    assert units[1] > units[0] and units[0x0B0B] > units[0x0C0C], units
