@@ -12,7 +12,8 @@ What it does:
   clients (read from the coordinator's p2p-address directory);
 - joins: when this key's registry entry is not pending for the next epoch, it sends
   join_run (with the first valid authorization: AUTHORIZER's, its own, or the
-  permissionless one); no valid authorization is fatal (`BackendRejected`);
+  permissionless one, and the client's `replay_class`, which the follow plan groups
+  followers by); no valid authorization is fatal (`BackendRejected`);
 - ticks: every `check_interval_s` (and at each state change) it runs the coordinator's
   `tick` locally on a copy of the state, without any RPC call. When that would change the
   phase or step, the tick is due, and who sends it is a pure function of the state

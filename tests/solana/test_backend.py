@@ -82,13 +82,15 @@ async def test_the_backend_joins_delivers_state_and_maps_messages(net):
 
     backend = SolanaBackend(SolanaBackendOptions(
         rpc=[net.url], wallet=wallet, run_id="open-run", p2p_address=f"{bytes(wallet.pubkey()).hex()}@127.0.0.1:1",
-        ws_rpc=[net.ws_url], check_interval_s=0.05))
+        ws_rpc=[net.ws_url], check_interval_s=0.05, replay_class=0xA11C))
     task = asyncio.create_task(backend.run(on_state, errors.append, stop))
     for _ in range(200):
         if backend.account is not None and backend.account.pending == [wallet.pubkey()]:
             break
         await asyncio.sleep(0.05)
     assert backend.account.pending == [wallet.pubkey()]  # joined by itself
+    # with its replay class (issue 36), which the warm-up will copy into its client entry
+    assert backend.account.replay_classes == {wallet.pubkey(): 0xA11C}
     assert states and states[-1].state.run_id == "open-run"
     # not a client of an epoch yet: the program refuses, the backend reports the word
     refused = await backend.report_checkpoint(
