@@ -158,6 +158,11 @@ async def test_two_clients_train_an_epoch_on_the_local_validator_and_claim_rewar
         assert account.state.progress.epoch == 1
         assert account.earned(grantee.pubkey()) == 500 == account.earned(delegate.pubkey())
         assert all(c.counters.step >= 3 for c in clients)
+        # each client joined with the replay class of its own declared settings (issue 36)
+        epoch = account.state.epoch_state
+        assert {c.id.key: c.replay_class for c in (*epoch.clients, *epoch.exited_clients)} \
+            == {c.me.key: c.replay_class for c in clients}
+        assert all(c.replay_class != 0 for c in clients)
 
         run = await find_run(rpc, "solana-e2e")
         vault = ix.associated_token_address(authority, mint.pubkey())
