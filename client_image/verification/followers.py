@@ -23,12 +23,18 @@ reproduce shows as judged loosely at every result.
 
 Replay classes (formats/replay_settings.py `replay_class_of`, coordinator/verification.py):
 each client joins with the class of the machine it replays on, and the coordinator elects a
-trainer's followers among its own class first. A trainer could still join with a follower's
-class and then declare settings nobody there can reproduce, to be judged loosely. So a
-follower of its own class (`follow`'s `joined_classes`) fails a result whose declaration is
-of another class than the trainer joined with (`OTHER_CLASS`), reported as UNDECLARED is.
-A trainer whose class no other client shares still gets global followers, which judge it
-loosely when they cannot reproduce it: that remains (docs/verification.md).
+trainer's followers among its own class first. Same class means reproducible: a follower
+following a trainer of its own nonzero class (`follow`'s `joined_classes`, the trainers whose
+joined class in the coordinator state is this follower's) never judges it loosely. It fails
+a result whose declaration is of another class than the trainer joined with
+(`OTHER_CLASS`), and one whose declaration is of that class but that this machine cannot
+reproduce (`cannot_reproduce` gives a reason: `SAME_CLASS_UNREPRODUCIBLE` + why), both
+reported as UNDECLARED is. Why the second: a 16-bit class is cheap to collide on purpose
+(about 2^16 tries find a fake hardware string hashing to the majority's class), which would
+otherwise buy the loose limits. Its price: two honest setups whose classes collide (1 in
+65,536 per pair of distinct setups) fail each other's results. A trainer followed by a
+follower of another class (a global follower) is judged as before: tightly where that
+follower can reproduce its declaration, loosely where not (docs/verification.md).
 
 A result with no declaration is not judged at all: it fails (`UNDECLARED`), and the client
 reports it as it reports any other failed replay. Every client of a run runs the run's
@@ -103,6 +109,11 @@ UNDECLARED = ("undeclared: the result carries no replay settings, which every cl
 # The verdict's reason for a trainer of this follower's class declaring another (module
 # docstring).
 OTHER_CLASS = "declared settings of another replay class than it joined with"
+# The verdict's reason, followed by `cannot_reproduce`'s why, for a trainer of this
+# follower's class declaring settings of that class this machine cannot reproduce (a
+# collision of 16-bit classes, on purpose or not: module docstring).
+SAME_CLASS_UNREPRODUCIBLE = ("joined this follower's replay class but declared settings it "
+                             "cannot reproduce: ")
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,9 @@ class Checked:
     # "declared" (replayed in the trainer's declared settings, tight limits), why not
     # (loose limits): "cannot replay ...", "not replayed in the declared settings ...",
     # "undeclared" (no settings in the result: failed, UNDECLARED) or "other class: ..."
-    # (declared another replay class than it joined with: failed, OTHER_CLASS)
+    # (declared another replay class than it joined with: failed, OTHER_CLASS) or
+    # "same class, cannot replay: ..." (declared this follower's class but settings it
+    # cannot reproduce: failed, SAME_CLASS_UNREPRODUCIBLE)
     replayed: str = "declared"
     # How many of this trainer's results this follower judged with the loose limits this
     # epoch, this one included (0 when every one was replayed in its declaration).
@@ -157,7 +170,7 @@ class Followers:
         its trainer's last declared settings where this machine can (module docstring).
         `joined_classes`: the trainers this client follows within its own (nonzero) replay
         class, each with the class the coordinator state gives it; their results must
-        declare settings of that class."""
+        declare settings of that class that this machine can reproduce, else they fail."""
         self.expected.clear()
         self.replay_in, self.unreproducible, self.shadows = {}, {}, {}
         self.judged_loosely = {}
@@ -209,6 +222,11 @@ class Followers:
             return Checked(Verdict(False, distances, OTHER_CLASS), digest, expected_hash,
                            f"other class: joined with {joined}, declared {declared_class} "
                            f"({result.settings.describe()})")
+        if joined is not None:
+            why = cannot_reproduce(result.settings, self.own.device)
+            if why is not None:
+                return Checked(Verdict(False, distances, SAME_CLASS_UNREPRODUCIBLE + why),
+                               digest, expected_hash, f"same class, cannot replay: {why}")
         replayed = self.how_replayed(trainer, result.settings)
         loosely = self.judged_loosely.get(trainer, 0)
         if replayed == "declared":

@@ -1,7 +1,8 @@
 """Replay classes on the client (issue 36): the class a client joins with, and a follower of
 a trainer's own class failing a result that declares settings of another class (the
-loophole of joining with a follower's class and declaring what nobody there reproduces).
-Real trainers and real followers on the CPU."""
+loophole of joining with a follower's class and declaring what nobody there reproduces),
+and one declaring settings of its class that the follower cannot reproduce (a collision of
+16-bit classes). Real trainers and real followers on the CPU."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import hashlib
 
 from training_assets import TINY_MODEL, TRAIN_DATA
 
-from client_image.formats.replay_settings import replay_class, replay_class_of
+from client_image.formats.replay_settings import ReplaySettings, replay_class, replay_class_of
 from client_image.runtime.client import own_replay_class
 from client_image.runtime.verifying import same_class_trainers
 from client_image.training.model import load_causal_lm
 from client_image.training.parallel import ParallelDims
 from client_image.training.rank_group import RankSetup
 from client_image.training.trainer import DistroTrainer
-from client_image.verification.followers import OTHER_CLASS, Followers
+from client_image.verification.followers import (
+    OTHER_CLASS,
+    SAME_CLASS_UNREPRODUCIBLE,
+    Followers,
+)
 from client_image.verification.settings import capture
 from coordinator import NodeIdentity
 from coordinator.config import ConstantLR, DistroOptimizer
@@ -28,6 +33,7 @@ OPTIMIZER = DistroOptimizer(compression_decay=0.999, compression_topk=8, compres
                             quantize_1bit=False, clip_grad_norm=1.0, weight_decay=0.1)
 SCHEDULE = ConstantLR(base_lr=1e-3, warmup_init_lr=1e-4, warmup_steps=2)
 HONEST, LIAR, STRANGER = b"\x0a" * 32, b"\x0b" * 32, b"\x0c" * 32
+COLLIDER = b"\x0d" * 32
 
 
 def test_the_class_is_the_first_two_bytes_of_the_hash_and_never_0() -> None:
@@ -99,3 +105,51 @@ def test_a_same_class_trainer_declaring_another_class_fails_and_a_stranger_is_ju
     assert len(verdicts[STRANGER]) == 1 and all(
         ok and replayed.startswith("cannot replay the declared settings")
         for ok, _, replayed in verdicts[STRANGER])
+
+
+def colliding_hardware(settings: ReplaySettings) -> str:
+    """A hardware string, not `settings`', whose replay class is `settings`' (what about
+    2^16 tries find: a collision on purpose, or an honest one)."""
+    target = replay_class_of(settings)
+    return next(f"Fake CPU {i}" for i in range(10**7)
+                if replay_class(settings.device, settings.torch_version, f"Fake CPU {i}") == target)
+
+
+def test_a_same_class_trainer_this_follower_cannot_reproduce_fails_and_a_stranger_does_not():
+    own = capture("fp32", 2, "cpu")
+    collider = dataclasses.replace(own, hardware=colliding_hardware(own))
+    assert replay_class_of(collider) == replay_class_of(own)
+    # COLLIDER joined with this follower's class and declares a machine of that class this
+    # follower cannot reproduce: it fails (same class means reproducible). STRANGER
+    # declares the same machine but joined with another class: its follower is a global
+    # one, which judges it loosely, as before.
+    declared = {HONEST: own, COLLIDER: collider, STRANGER: collider}
+    trained = {key: DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER,
+                                  SCHEDULE, micro_batch_size=2, declared=settings)
+               for key, settings in declared.items()}
+    follower_model = load_causal_lm(TINY_MODEL, device="cpu")
+    followers = Followers(lambda start, s: DistroTrainer(
+        follower_model, OPTIMIZER, SCHEDULE, micro_batch_size=s.micro_batch, start_step=start,
+        declared=s), own)
+    mine = replay_class_of(own)
+    followers.follow(list(declared), start_step=0,
+                     joined_classes={HONEST: mine, COLLIDER: mine})
+    rows = (0, 1)
+    tokens = LocalDataProvider(TRAIN_DATA, 32).get_samples(*rows)
+    verdicts: dict[bytes, tuple[bool, str, str]] = {}
+    for key, trainer in trained.items():
+        followers.replay(key, 0, tokens, rows, cold_start=False)
+        payload = trainer.train(0, tokens, batch_id=rows).payload
+        assert payload is not None
+        checked = followers.verify(key, 0, payload)
+        assert checked is not None
+        verdicts[key] = (checked.verdict.ok, checked.verdict.reason, checked.replayed)
+    why = f"declared hardware {collider.hardware}, this follower's is {own.hardware}"
+    assert verdicts[HONEST] == (True, "", "declared")
+    assert verdicts[COLLIDER] == (False, SAME_CLASS_UNREPRODUCIBLE + why,
+                                  f"same class, cannot replay: {why}")
+    assert verdicts[COLLIDER][1] == ("joined this follower's replay class but declared "
+                                     f"settings it cannot reproduce: {why}")
+    ok, reason, replayed = verdicts[STRANGER]
+    assert ok and reason == "" and replayed == f"cannot replay the declared settings: {why}"
+    assert followers.judged_loosely == {STRANGER: 1}
