@@ -2,7 +2,7 @@
 class (absent: 0), the registry keeps it and the warm-up copies it into the client entry;
 the program's `follows` (programs/coordinator_machine.h) accepts a verification report
 exactly from the followers of `coordinator.verification.plan_for_epoch`, the plan grouped
-by class, for mixes of classes (of 1, 2 and >= 3 members, class 0) under several seeds.
+by class, for mixes of classes (of 2 and >= 3 members, class 0) under several seeds.
 Every event goes through `coordinator.Coordinator` and through the program in LiteSVM and
 both must agree (test_differential's Harness)."""
 
@@ -99,7 +99,8 @@ def test_the_account_layout_ends_with_the_reports():
 
 
 def test_a_joiners_class_is_kept_in_the_registry_and_copied_into_its_client_entry():
-    harness = ClassHarness(_keys(150, 5), {0: 0xBEEF, 1: 3, 3: 3}, PERCENT)
+    # verification off: a warm-up lists every joiner, whatever its class
+    harness = ClassHarness(_keys(150, 5), {0: 0xBEEF, 1: 3, 3: 3}, 0)
     run = harness.run
     # class 0 is the instruction without the class, byte for byte what older clients send
     assert bytes(ix.join_run(run.address, harness.clients[2].pubkey(), run.address).data) == b"\x04"
@@ -186,13 +187,16 @@ def _check_plan_is_grouped(harness: ClassHarness) -> None:
         assert plan == follow_plan(members, epoch.verification_seed, percent)
 
 
-# client i joins with MIX[i]; the third value is verification_percent
+# client i joins with MIX[i]; the second value is verification_percent. Each nonzero
+# class has at least min(3, n) members: with verification on, a warm-up lists no client
+# of a smaller class (coordinator.verification.eligible_joiners).
 MIXES = {
     "every-class-0": ([0] * 8, PERCENT),
-    "classes-of-4-2-1-and-0": ([1, 1, 1, 1, 0xBEEF, 0xBEEF, 7, 0], PERCENT),
+    "classes-of-4-3-and-0": ([1, 1, 1, 1, 0xBEEF, 0xBEEF, 0xBEEF, 0], PERCENT),
     "one-class-for-all": ([0x0500] * 8, PERCENT),
     "classes-of-3-3-and-0-watched-half": ([2, 2, 2, 0x0300, 0x0300, 0x0300, 0, 0], 50),
-    "pairs-and-singles": ([9, 9, 4, 4, 6, 0, 8, 0], 75),
+    "classes-of-3-3-and-0-three-quarters": ([9, 4, 9, 0, 4, 9, 4, 0], 75),
+    "two-clients-of-one-class": ([6, 6], PERCENT),
 }
 
 
@@ -217,7 +221,7 @@ def test_the_program_accepts_reports_exactly_from_the_grouped_plans_followers(mi
 def test_an_exited_member_keeps_its_class_and_its_place_in_the_plan():
     """A trainer ejected by its two followers leaves the client list at the round's end; it
     stays a member of the epoch with its class, and the plan (and the program) with it."""
-    classes = [1, 1, 1, 0xBEEF, 0xBEEF, 7, 0, 1]
+    classes = [1, 1, 1, 0xBEEF, 0xBEEF, 0xBEEF, 0, 1]
     harness = ClassHarness(_keys(210, len(classes)), dict(enumerate(classes)), PERCENT)
     harness.start_epoch(list(range(len(classes))))
     _trained(harness)
