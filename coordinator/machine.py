@@ -19,7 +19,12 @@ from coordinator.data_assignment import selection_for_round
 from coordinator.limits import MAX_CLIENTS, MAX_WITNESSES, ClientState, RunState
 from coordinator.outcomes import CoordinatorError, Rejected, TickResult
 from coordinator.state import CoordinatorState, NodeIdentity, Round, VerificationReport, Witness
-from coordinator.verification import REPORT_QUORUM, plan_for_epoch, reporters_of
+from coordinator.verification import (
+    REPORT_QUORUM,
+    eligible_joiners,
+    plan_for_epoch,
+    reporters_of,
+)
 from coordinator.verification import report_problem as verification_report_problem
 
 U64_MAX = 2**64 - 1
@@ -74,13 +79,16 @@ class Coordinator(CoordinatorCore):
                                   replay_classes: Mapping[NodeIdentity, int] | None
                                   ) -> TickResult:
         config = self.state.config
-        if len(pending) >= config.init_min_clients and self.timed_out(
+        # With verification on, only joiners whose class enough others share count, are
+        # listed and can be the holder waited for; the others stay pending (issue 36).
+        eligible = eligible_joiners(pending, replay_classes or {}, config.verification_percent)
+        if len(eligible) >= config.init_min_clients and self.timed_out(
                 now, config.waiting_for_members_extra_time):
-            if self.waits_for_holder(pending):
+            if self.waits_for_holder(eligible):
                 # The model is gone: wait for a holder, a report or the authority.
                 self.state.model_lost = True
             else:
-                self.start_warmup(now, pending, replay_classes)
+                self.start_warmup(now, eligible, replay_classes)
         return TickResult.Ticked
 
     def _tick_warmup(self, now: int, seed: int) -> TickResult:

@@ -25,6 +25,11 @@ trainer's, which the class stands for. For the watched trainer t of class c:
 A follower that is both counts once (t may then have fewer than F). With every class 0
 this is followers(order[p]) = order[p+1 .. p+F] (mod m), the plan before classes existed.
 
+Who may be listed (eligible_joiners, class_shortfalls): with verification on, a warm-up
+lists only the pending joiners of class 0 or of a class that
+min(FOLLOWERS_PER_TRAINER + 1, pending joiners) of them share, so each listed trainer of a
+nonzero class starts the epoch with F followers of its own class; the others stay pending.
+
 A report names a trainer, a step and the evidence (the published result's hash, the
 follower's expected result's hash, the three distances). It counts only from one of the
 trainer's followers, once per follower. A trainer is ejected when REPORT_QUORUM distinct
@@ -35,7 +40,8 @@ recorded as evidence but never eject.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from coordinator.committee import election_table
@@ -119,6 +125,51 @@ def plan_for_epoch(epoch: EpochState, verification_percent: int) -> FollowPlan:
     """The plan once the epoch's first round started (its seed is set then)."""
     return follow_plan(epoch_members(epoch), epoch.verification_seed, verification_percent,
                        epoch_replay_classes(epoch))
+
+
+def class_shortfalls(pending: Sequence[NodeIdentity], replay_classes: Mapping[NodeIdentity, int],
+                     verification_percent: int) -> dict[NodeIdentity, int]:
+    """The pending joiners that are not *eligible* for a verified epoch, each with how many
+    more pending joiners of its replay class it waits for (issue 36). The rule, which the
+    on-chain program mirrors (pending = registry entries with active == next_active, in
+    registry order; O(n^2) class counting):
+
+        if verification_percent == 0: every joiner is eligible (nothing changes)
+        n     = len(pending)        distinct joiners, after dedupe, before MAX_CLIENTS
+        need  = min(FOLLOWERS_PER_TRAINER + 1, n)                       (3 when n >= 3)
+        count(c) = how many of `pending` have class c (absent from replay_classes: 0)
+        x is eligible  iff  class(x) == 0  or  count(class(x)) >= need
+        shortfall(x) = need - count(class(x))   for each x not eligible  (always >= 1)
+
+    A warm-up lists the first MAX_CLIENTS eligible joiners in pending order. So every
+    listed trainer of a nonzero class has all its F = min(2, listed - 1) followers in its
+    own class, who replay it in its declared settings with the tight limits: a client
+    cannot buy the loose limits by declaring a class nobody else has. Class 0 declares
+    nothing (its watched results fail as undeclared anyway): always eligible. A class cut
+    short by the MAX_CLIENTS cap or by exits during the epoch gets global followers for
+    the rest (follow_plan)."""
+    if verification_percent == 0:
+        return {}
+    if len(set(pending)) != len(pending):
+        raise ValueError("pending joiners must be distinct (dedupe them first)")
+    need = min(FOLLOWERS_PER_TRAINER + 1, len(pending))
+    counts = Counter(replay_classes.get(node, 0) for node in pending)
+    shortfalls = {}
+    for node in pending:
+        replay_class = replay_classes.get(node, 0)
+        if replay_class != 0 and counts[replay_class] < need:
+            shortfalls[node] = need - counts[replay_class]
+    return shortfalls
+
+
+def eligible_joiners(pending: Sequence[NodeIdentity], replay_classes: Mapping[NodeIdentity, int],
+                     verification_percent: int) -> list[NodeIdentity]:
+    """The pending joiners a warm-up may list and count, in pending order: all of them
+    with verification off, else those of class 0 or of a class at least
+    min(FOLLOWERS_PER_TRAINER + 1, len(pending)) pending joiners share (class_shortfalls
+    states the rule). The others stay pending."""
+    short = class_shortfalls(pending, replay_classes, verification_percent)
+    return [node for node in pending if node not in short]
 
 
 def report_problem(epoch: EpochState, plan: FollowPlan, report: VerificationReport,

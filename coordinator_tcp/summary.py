@@ -1,16 +1,19 @@
 """A plain summary of a coordinator state for the TUIs (server and testnet) and logs.
 
-`summarize(state, now, connected, joined)` says what a person watching the run wants to
-know: the phase and how long until its timeout, what the run waits for, epoch, step, the
-clients, and this round's witnesses against the quorum. No Textual here, so it is cheap
+`summarize(state, now, connected, joined, pending=, replay_classes=)` says what a person
+watching the run wants to know: the phase and how long until its timeout, what the run
+waits for (and who a verified epoch cannot list yet), epoch, step, the clients, and this
+round's witnesses against the quorum. No Textual here, so it is cheap
 to test and reuse.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from coordinator import CoordinatorState, RunState, witness_quorum
+from coordinator import CoordinatorState, NodeIdentity, RunState, witness_quorum
+from coordinator.verification import class_shortfalls
 from psyche_common.run_view import phase_elapsed
 from psyche_common.ui.view import describe_wait
 
@@ -42,6 +45,9 @@ class StateSummary:
     init_min_clients: int = 0
     joined: int | None = None  # clients asking to take part; None: not known here
     warmup_ready: int = 0  # warm-up witnesses received (Warmup only)
+    # how many more clients of its replay class each joiner a verified epoch cannot list
+    # yet waits for (coordinator/verification.py class_shortfalls; WaitingForMembers only)
+    class_shortfalls: tuple[int, ...] = ()
 
     @property
     def phase_timer(self) -> str:
@@ -52,7 +58,8 @@ class StateSummary:
         """What the run waits for ("waiting for 3 clients, 2 connected"); None in a round."""
         return describe_wait(self.phase, init_min_clients=self.init_min_clients,
                              joined=self.joined, warmup_ready=self.warmup_ready,
-                             warmup_target=self.witness_target)
+                             warmup_target=self.witness_target,
+                             class_shortfalls=self.class_shortfalls)
 
 
 def phase_timer(elapsed_s: int | None, timeout_s: int | None) -> str:
@@ -75,9 +82,20 @@ def _phase_timeout(state: CoordinatorState) -> int | None:
 
 def summarize(state: CoordinatorState, now: float,
               connected: set[bytes] | frozenset[bytes] = frozenset(),
-              joined: int | None = None) -> StateSummary:
+              joined: int | None = None, *, pending: Sequence[NodeIdentity] | None = None,
+              replay_classes: Mapping[NodeIdentity, int] | None = None) -> StateSummary:
     """`now`: the coordinator's unix time; `connected`: keys of the connected clients;
-    `joined`: how many connected clients ask to take part (CoordinatorServer.pending)."""
+    `joined`: how many connected clients ask to take part (CoordinatorServer.pending).
+    `pending`: those clients themselves, with their `replay_classes`, where known: then
+    `joined` defaults to how many they are, and the waiting line says who a verified epoch
+    cannot list yet."""
+    shortfalls: tuple[int, ...] = ()
+    if pending is not None:
+        joined = len(pending) if joined is None else joined
+        if state.run_state is RunState.WaitingForMembers:
+            short = class_shortfalls(pending, replay_classes or {},
+                                     state.config.verification_percent)
+            shortfalls = tuple(short[node] for node in pending if node in short)
     clients = state.epoch_state.clients
     witnesses = len(state.current_round.witnesses) if state.run_state.active else 0
     target = state.config.witness_count(len(clients))
@@ -100,6 +118,7 @@ def summarize(state: CoordinatorState, now: float,
         checkpoint=type(state.model.checkpoint).__name__,
         init_min_clients=state.config.init_min_clients,
         joined=joined,
+        class_shortfalls=shortfalls,
         warmup_ready=(len(state.current_round.witnesses)
                       if state.run_state is RunState.Warmup else 0),
     )

@@ -94,7 +94,8 @@ class CoordinatorApp(App[None]):
 
     def status_text(self) -> str:
         s = summarize(self.server.state, self.server.now(),
-                      {p.key for p in self.server.peers}, joined=len(self.server.pending))
+                      {p.key for p in self.server.peers}, pending=self.server.pending,
+                      replay_classes=self.server.replay_classes())
         pause = "  (pause pending)" if s.paused_pending else ""
         return (
             f"run {s.run_id}  on {self.server.options.host}:{self.server.port}\n"

@@ -8,7 +8,8 @@ client's own `--logs tui`.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from psyche_common.metrics_schema import ClientMetrics
@@ -60,12 +61,17 @@ def format_bytes(count: float) -> str:
 
 
 def describe_wait(phase: str, *, init_min_clients: int, joined: int | None = None,
-                  warmup_ready: int = 0, warmup_target: int = 0) -> str | None:
+                  warmup_ready: int = 0, warmup_target: int = 0,
+                  class_shortfalls: Sequence[int] = ()) -> str | None:
     """What the run waits for, in words; None while it trains (the witness line says how
     the round is going). One wording for every TUI and `--no-tui`.
 
     WaitingForMembers  "waiting for N clients, M connected" (N = init_min_clients, M the
-                       clients asking to take part; left out where unknown)
+                       clients asking to take part; left out where unknown), then for
+                       the joiners a verified epoch cannot list yet (`class_shortfalls`:
+                       how many more clients of its replay class each waits for,
+                       coordinator/verification.py) "; 1 waiting for 2 more clients of
+                       its replay class"
     Warmup             "warming up: K of W ready" (K warm-up witnesses of the W that start
                        the first round early)
     Uninitialized, Paused, Finished: said plainly.
@@ -76,7 +82,14 @@ def describe_wait(phase: str, *, init_min_clients: int, joined: int | None = Non
             return line
         line += f", {joined} connected"
         # Enough of them: the warm-up starts at the next tick (after the extra wait time).
-        return line + (": starting" if joined >= init_min_clients else "")
+        eligible = joined - len(class_shortfalls)
+        line += ": starting" if eligible >= init_min_clients else ""
+        counts = Counter(class_shortfalls)
+        for short in sorted(counts, reverse=True):
+            count = counts[short]
+            line += (f"; {count} waiting for {_plural(short, 'more client')} of "
+                     f"{'its' if count == 1 else 'their'} replay class")
+        return line
     if phase == "Warmup":
         return f"warming up: {warmup_ready} of {warmup_target} ready"
     if phase == "Uninitialized":

@@ -153,9 +153,14 @@ def test_the_epoch_plan_uses_listed_and_exited_clients_classes() -> None:
     assert plan_for_epoch(epoch, 100) != follow_plan(members, 77, 100)
 
 
-def warmed_up(classes: dict[NodeIdentity, int] | None) -> Coordinator:
+def warmed_up(classes: dict[NodeIdentity, int] | None,
+              verification_percent: int = 0) -> Coordinator:
+    """Four joiners warmed up; verification off by default, so that classes 1, 1 and 65535
+    are all listed (with it on, a class fewer than 3 of 4 joiners share is not:
+    test_replay_class_eligibility.py)."""
     coordinator = Coordinator.from_state_file(state_file(
-        verification_percent=50, min_clients=3, init_min_clients=4, witness_nodes=0))
+        verification_percent=verification_percent, min_clients=3, init_min_clients=4,
+        witness_nodes=0))
     nodes = [key(i) for i in range(4)]
     for now in range(1_000, 100_000, 50):
         coordinator.tick(nodes, now, 99, classes)
@@ -178,6 +183,8 @@ def test_a_warmup_keeps_the_joiners_classes_and_the_wire_carries_them() -> None:
 
 def test_no_classes_warm_up_as_class_0() -> None:
     assert [c.replay_class for c in warmed_up(None).state.epoch_state.clients] == [0] * 4
+    verified = warmed_up(None, verification_percent=50)
+    assert [c.replay_class for c in verified.state.epoch_state.clients] == [0] * 4
 
 
 def test_a_class_that_is_not_a_u16_is_refused_and_changes_nothing() -> None:

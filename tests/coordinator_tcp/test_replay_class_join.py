@@ -1,22 +1,33 @@
 """A client's replay class over TCP (issue 36): the Join carries it, the server passes the
 connected clients' classes to tick, a warm-up keeps them in the state every client gets,
-and a class that is not a u16 is refused in one line while the server stays up."""
+a class that is not a u16 is refused in one line while the server stays up, and with
+verification on a client of a class nobody else has stays pending while three of another
+class start the epoch."""
 
 from __future__ import annotations
 
 import asyncio
 
-from tcp_helpers import RUN_ID, Clock, identity, next_state, wait_for
+from tcp_helpers import (
+    RUN_ID,
+    Clock,
+    identity,
+    make_state_file,
+    next_state,
+    server_options,
+    wait_for,
+)
 
-from coordinator import RunState, decode_state
+from coordinator import Coordinator, RunState, decode_state
 from coordinator_tcp.client import ProtocolConnection
 from coordinator_tcp.protocol import Challenge, ErrorReply, decode_server_message, encode
 from coordinator_tcp.server import CoordinatorServer
+from coordinator_tcp.summary import summarize
 from psyche_common.identity import Identity
 from psyche_common.tcp.framing import encode_frame, read_frame
 from psyche_common.tcp.messages import signed_join
 
-H100_CLASS, H200_CLASS = 0x51A3, 0x0C07
+H100_CLASS, H200_CLASS, RARE_CLASS = 0x51A3, 0x0C07, 0x7777
 
 
 async def join_with_class(server: CoordinatorServer, who: Identity,
@@ -69,3 +80,34 @@ async def test_a_join_with_a_class_past_u16_is_refused_and_the_server_stays_up(
     await wait_for(lambda: len(server.pending) == 1)
     assert list(server.replay_classes().values()) == [65535]
     await connection.close()
+
+
+async def test_a_verified_epoch_starts_with_three_of_a_class_and_a_unique_class_waits() -> None:
+    clock = Clock()
+    server = CoordinatorServer(Coordinator.from_state_file(make_state_file(
+        verification_percent=50, init_min_clients=3)), server_options(), clock=clock)
+    await server.start()
+    rare, h100s = identity(9), [identity(i) for i in (1, 2, 3)]
+    connections = [await join_with_class(server, rare, RARE_CLASS)]  # joins first
+    try:
+        connections += [await join_with_class(server, who, H100_CLASS) for who in h100s]
+        await wait_for(lambda: len(server.pending) == 4)
+        summary = summarize(server.state, server.now(), pending=server.pending,
+                            replay_classes=server.replay_classes())
+        assert summary.waiting == ("waiting for 3 clients, 4 connected: starting; 1 waiting "
+                                   "for 2 more clients of its replay class")
+        clock.now += 2
+        await wait_for(lambda: server.state.run_state is RunState.Warmup)
+        listed = [(c.id.key, c.replay_class) for c in server.state.epoch_state.clients]
+        assert listed == [(who.public_key, H100_CLASS) for who in h100s]
+        # the unique class stays connected and pending, not refused
+        assert rare.public_key in {node.key for node in server.pending}
+        for _ in range(20):  # what the clients receive lists the same three
+            state = decode_state((await next_state(connections[0])).state_bytes)
+            if state.run_state is RunState.Warmup:
+                break
+        assert [(c.id.key, c.replay_class) for c in state.epoch_state.clients] == listed
+    finally:
+        for connection in connections:
+            await connection.close()
+        await server.stop()
