@@ -297,7 +297,8 @@ class SolanaBackend:
             return False
         simulated = Coordinator(copy.deepcopy(state))
         pending = [NodeIdentity(bytes(k)) for k in account.pending]
-        simulated.tick(pending, now, 0)
+        # with the joiners' classes: a warm-up lists (and counts) only the eligible ones
+        simulated.tick(pending, now, 0, account.pending_replay_classes())
         after = simulated.state
         return (after.run_state != state.run_state or after.progress.step != state.progress.step
                 or after.progress.epoch != state.progress.epoch)

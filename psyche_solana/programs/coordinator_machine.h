@@ -110,6 +110,60 @@ static void credit_epoch(State *s) {
 
 static bool is_pending(const State *s, u32 i) { return s->registry[i].active == s->next_active; }
 
+#define FOLLOWERS_PER_TRAINER 2
+
+/* The pending joiners a warm-up may count and list (coordinator/verification.py
+ * eligible_joiners, issue 36): with verification on, those of class 0 or of a class that
+ * need = min(FOLLOWERS_PER_TRAINER + 1, pending) pending joiners share, so that every
+ * listed trainer of a nonzero class has its followers in its class; the others stay
+ * pending. One pass: the pending entries' (class << 16 | index) heap-sorted (bounded
+ * compute whatever classes the joiners chose), then each run of one class counted. */
+typedef struct { u8 bits[MAX_CLIENTS / 8]; u64 count; } Eligible;
+
+static bool is_eligible(const Eligible *e, u32 i) { return (e->bits[i / 8] >> (i % 8)) & 1; }
+
+static void sift_down(u32 *a, u32 root, u32 end) {
+  while (2 * root + 1 < end) {
+    u32 child = 2 * root + 1;
+    if (child + 1 < end && a[child] < a[child + 1]) child++;
+    if (a[root] >= a[child]) return;
+    u32 t = a[root]; a[root] = a[child]; a[child] = t;
+    root = child;
+  }
+}
+
+static void heap_sort(u32 *a, u32 n) {
+  for (u32 i = n / 2; i-- > 0;) sift_down(a, i, n);
+  for (u32 end = n; end-- > 1;) {
+    u32 t = a[0]; a[0] = a[end]; a[end] = t;
+    sift_down(a, 0, end);
+  }
+}
+
+static void eligible_joiners(const State *s, Eligible *out) {
+  u32 *keys = heap_alloc(MAX_CLIENTS * sizeof(u32));  /* too big for the 512-byte BPF stack */
+  u32 n = 0;
+  sol_memset_(out, 0, sizeof(*out));
+  if (keys == NULL) return;  /* 1 KiB of the 32 KiB heap: never */
+  for (u32 i = 0; i < s->registry_len && i < MAX_CLIENTS; i++)
+    if (is_pending(s, i)) keys[n++] = (u32)s->registry[i].replay_class << 16 | i;
+  u32 need = n < FOLLOWERS_PER_TRAINER + 1 ? n : FOLLOWERS_PER_TRAINER + 1;
+  if (s->config.verification_percent == 0) need = 0;  /* verification off: everyone */
+  heap_sort(keys, n);
+  for (u32 start = 0; start < n;) {
+    u32 end = start, c = keys[start] >> 16;
+    while (end < n && keys[end] >> 16 == c) end++;
+    if (c == 0 || end - start >= need) {
+      for (u32 k = start; k < end; k++) {
+        u32 i = keys[k] & 0xffff;
+        out->bits[i / 8] |= (u8)(1u << (i % 8));
+      }
+      out->count += end - start;
+    }
+    start = end;
+  }
+}
+
 /* the stored checkpoint is older than the clients' model (core.py
  * falling_back_loses_training) */
 static bool falling_back_loses_training(const State *s) {
@@ -126,25 +180,23 @@ static void fall_back_to_stored_checkpoint(State *s) {
   s->model_lost = 0;
 }
 
-/* whether a pending client holds the last epoch's model */
-static bool holder_pending(const State *s) {
-  for (u32 i = 0, n = 0; i < s->registry_len && n < MAX_CLIENTS; i++) {
-    if (!is_pending(s, i)) continue;
-    if (was_listed(s, &s->registry[i].id)) return true;
-    n++;
-  }
+/* whether an eligible pending client holds the last epoch's model */
+static bool holder_pending(const State *s, const Eligible *eligible) {
+  for (u32 i = 0; i < s->registry_len; i++)
+    if (is_eligible(eligible, i) && was_listed(s, &s->registry[i].id)) return true;
   return false;
 }
 
-/* pending = registry entries whose `active` equals next_active, in registry order. */
-static void start_warmup(State *s, u64 now) {
+/* pending = registry entries whose `active` equals next_active, in registry order; the
+ * eligible ones are listed, the others stay pending for the next warm-up. */
+static void start_warmup(State *s, u64 now, const Eligible *eligible) {
   /* bit n: the n-th new client (pending, in registry order) was a client of the last epoch */
   u8 previous[MAX_CLIENTS / 8];
   sol_memset_(previous, 0, sizeof(previous));
   bool previous_member = false;
   u32 n = 0;
   for (u32 i = 0; i < s->registry_len && n < MAX_CLIENTS; i++) {
-    if (!is_pending(s, i)) continue;
+    if (!is_eligible(eligible, i)) continue;
     if (was_listed(s, &s->registry[i].id)) {
       previous[n / 8] |= (u8)(1u << (n % 8));
       previous_member = true;
@@ -166,13 +218,17 @@ static void start_warmup(State *s, u64 now) {
   sol_memset_(s->reports, 0, sizeof(VerificationReport) * s->reports_len);
   s->reports_len = 0;
   for (u32 i = 0; i < s->registry_len && s->clients_len < MAX_CLIENTS; i++) {
-    if (!is_pending(s, i)) continue;
+    if (!is_eligible(eligible, i)) continue;
     u16 k = s->clients_len++;
     s->clients[k].id = s->registry[i].id;
     s->clients[k].holds_model = continuing && (previous[k / 8] >> (k % 8) & 1);
     s->clients[k].replay_class = s->registry[i].replay_class;
   }
+  u64 joined = s->next_active;
   s->next_active += 1;  /* joins are per epoch: clients re-join for the next one */
+  for (u32 i = 0; i < s->registry_len; i++)  /* ...but the ineligible still wait */
+    if (s->registry[i].active == joined && !is_eligible(eligible, i))
+      s->registry[i].active = s->next_active;
   s->rounds_head = 0;
   s->start_step = s->step;
   s->last_step = 0;
@@ -238,24 +294,21 @@ static void end_cooldown(State *s, u64 now) {
   }
 }
 
-static u64 pending_count(const State *s) {
-  u64 n = 0;
-  for (u32 i = 0; i < s->registry_len; i++) n += is_pending(s, i);
-  return n;
-}
-
 static u64 tick(State *s, u64 now, u64 seed) {
   if (halted(s)) return E_Halted;
   const Config *config = &s->config;
   switch (s->run_state) {
-  case WaitingForMembers:
-    if (pending_count(s) >= config->init_min_clients &&
+  case WaitingForMembers: {
+    Eligible eligible;
+    eligible_joiners(s, &eligible);
+    if (eligible.count >= config->init_min_clients &&
         timed_out(s, now, config->waiting_for_members_extra_time)) {
       /* the model is gone: wait for a holder, a report or the authority */
-      if (!holder_pending(s) && falling_back_loses_training(s)) s->model_lost = 1;
-      else start_warmup(s, now);
+      if (!holder_pending(s, &eligible) && falling_back_loses_training(s)) s->model_lost = 1;
+      else start_warmup(s, now, &eligible);
     }
     return SUCCESS;
+  }
   case Warmup:
     if (timed_out(s, now, config->warmup_time)) { start_round_train(s, now, seed); return SUCCESS; }
     move_clients_to_exited(s, 0);
@@ -475,7 +528,6 @@ static u64 checkpoint(State *s, const Pubkey *sender, const u8 *wire) {
  * (y in G and (pos_c(y) - pos_c(t)) mod g is in 1..F_c) or (pos(y) - pos(t)) mod m is in
  * 1..F - F_c. At most four elections of 90 rounds, no table. */
 #define VERIFICATION_REPORT_WIRE_SIZE 112  /* accused[32] step u32 hashes[2][32] 3 x u32 */
-#define FOLLOWERS_PER_TRAINER 2
 #define REPORT_QUORUM 2
 
 static bool key_lt(const Pubkey *a, const Pubkey *b) {

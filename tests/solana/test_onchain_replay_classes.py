@@ -8,6 +8,7 @@ both must agree (test_differential's Harness)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import math
 from typing import Any
@@ -17,10 +18,12 @@ from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
+from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
 from coordinator import ClientState, Coordinator, NodeIdentity, RunState, selection_for_round
 from coordinator.state import VerificationReport
 from coordinator.verification import (
     FOLLOWERS_PER_TRAINER,
+    class_shortfalls,
     epoch_members,
     follow_plan,
     plan_for_epoch,
@@ -41,7 +44,8 @@ from tests.solana.test_onchain_verification_reports import PERCENT, ReportHarnes
 class ClassHarness(ReportHarness):
     """ReportHarness whose clients join with a replay class: `classes[i]` is client i's
     (absent: 0) at its next join; Python's tick gets the pending joiners' classes as
-    their last join gave them, as the program's registry keeps them. A client in
+    their last join gave them, as the program's registry keeps them; a joiner a warm-up
+    does not list (not eligible) stays pending, as its registry entry does. A client in
     `explicit_zero` sends class 0 as two zero bytes instead of leaving it out."""
 
     def __init__(self, clients: list[Keypair], classes: dict[int, int], percent: int):
@@ -56,10 +60,14 @@ class ClassHarness(ReportHarness):
         if event[0] == "tick":
             before = self.python.state.run_state
             pending = self.pending()
-            result = self.python.tick(pending, now, seed,
-                                      {node: self.joined_class[node] for node in pending})
+            classes = {node: self.joined_class[node] for node in pending}
+            waiting = class_shortfalls(pending, classes,
+                                       self.python.state.config.verification_percent)
+            result = self.python.tick(pending, now, seed, classes)
             if before is RunState.WaitingForMembers and self.python.state.run_state is RunState.Warmup:
                 self.next_active += 1
+                self.registry = [(key, self.next_active if NodeIdentity(key) in waiting else active)
+                                 for key, active in self.registry]
             return result
         return super()._python(event, now, seed)
 
@@ -187,9 +195,9 @@ def _check_plan_is_grouped(harness: ClassHarness) -> None:
         assert plan == follow_plan(members, epoch.verification_seed, percent)
 
 
-# client i joins with MIX[i]; the second value is verification_percent. Each nonzero
-# class has at least min(3, n) members: with verification on, a warm-up lists no client
-# of a smaller class (coordinator.verification.eligible_joiners).
+# client i joins with MIX[i]; the second value is verification_percent. With verification
+# on, a warm-up lists a client of a nonzero class only when min(3, n) joiners share it
+# (coordinator.verification.eligible_joiners): the last two mixes have classes that few.
 MIXES = {
     "every-class-0": ([0] * 8, PERCENT),
     "classes-of-4-3-and-0": ([1, 1, 1, 1, 0xBEEF, 0xBEEF, 0xBEEF, 0], PERCENT),
@@ -197,6 +205,9 @@ MIXES = {
     "classes-of-3-3-and-0-watched-half": ([2, 2, 2, 0x0300, 0x0300, 0x0300, 0, 0], 50),
     "classes-of-3-3-and-0-three-quarters": ([9, 4, 9, 0, 4, 9, 4, 0], 75),
     "two-clients-of-one-class": ([6, 6], PERCENT),
+    # classes too small to be eligible: their clients stay pending, unlisted
+    "classes-of-4-2-1-and-0": ([1, 1, 1, 1, 0xBEEF, 0xBEEF, 7, 0], PERCENT),
+    "pairs-and-singles": ([9, 9, 4, 4, 6, 0, 8, 0], 75),
 }
 
 
@@ -211,8 +222,9 @@ def test_the_program_accepts_reports_exactly_from_the_grouped_plans_followers(mi
     harness.start_epoch(list(range(len(classes))))
     _trained(harness)
     chain = harness.chain().epoch_state
+    need = min(FOLLOWERS_PER_TRAINER + 1, len(classes))
     assert {c.id: c.replay_class for c in chain.clients} == {
-        harness.node(i): c for i, c in enumerate(classes)}
+        harness.node(i): c for i, c in enumerate(classes) if c == 0 or classes.count(c) >= need}
     _check_plan_is_grouped(harness)
     accepted = _check_every_report(harness)
     assert accepted == sum(len(fs) for fs in harness.plan().followers.values())
@@ -246,12 +258,14 @@ DEFAULT_INSTRUCTION_BUDGET = 200_000  # compute units: clients send no compute-b
 
 
 def test_a_report_in_a_full_run_fits_the_default_compute_budget():
-    """256 members of mixed classes: an accepted report costs at most three elections of 90
-    rounds (pos(t), then pos_c of both or pos of the reporter) plus O(m) rank counting, under
-    the 200k units a transaction without a compute-budget instruction gets per instruction."""
+    """256 joiners of mixed classes: the warm-up tick (eligibility: a heap sort of the
+    pending classes) and an accepted report (at most three elections of 90 rounds: pos(t),
+    then pos_c of both or pos of the reporter, plus O(m) rank counting) stay under the 200k
+    units a transaction without a compute-budget instruction gets per instruction. The
+    pair and the single are not eligible: they stay pending, unlisted."""
     n = 256
     classes = [i % 5 for i in range(n - 3)] + [0x0B0B, 0x0B0B, 0x0C0C]  # a pair and a single
-    state_file = small_run_state(n, 1, 1, 10, total_steps=40)
+    state_file = small_run_state(n - 3, 1, 1, 10, total_steps=40)
     config = state_file.config.model_copy(update={"verification_percent": PERCENT})
     run = SvmRun.create(state_file.model_copy(update={"config": config}))
     run.authorize_permissionless()
@@ -260,7 +274,10 @@ def test_a_report_in_a_full_run_fits_the_default_compute_budget():
         run.svm.airdrop(key.pubkey(), 10**9)
         run.join(key, replay_class=replay_class)
     run.svm.advance(2)
-    run.tick()
+    warmup_units = run.tick().compute_units
+    assert warmup_units < DEFAULT_INSTRUCTION_BUDGET, warmup_units
+    account = run.account()
+    assert account.pending == [key.pubkey() for key in keys[-3:]]
     by_node = {NodeIdentity(bytes(key.pubkey())): key for key in keys}
     for _ in range(20):
         state = run.account().state
@@ -285,10 +302,10 @@ def test_a_report_in_a_full_run_fits_the_default_compute_budget():
     assert state is not None and state.run_state is RunState.RoundTrain
     epoch = state.epoch_state
     class_of = {c.id: c.replay_class for c in epoch.clients}
-    assert sorted(class_of.values()) == sorted(classes)
+    assert sorted(class_of.values()) == sorted(classes[:-3])
     plan = plan_for_epoch(epoch, PERCENT)
-    # one report per kind of trainer: class 0, a class of about 51, the pair, the single
-    kinds = {0: None, 1: None, 0x0B0B: None, 0x0C0C: None}
+    # one report per kind of trainer: class 0, a class of about 51
+    kinds: dict[int, tuple[NodeIdentity, NodeIdentity] | None] = {0: None, 1: None}
     for trainer, followers in plan.followers.items():
         if class_of[trainer] in kinds and kinds[class_of[trainer]] is None:
             kinds[class_of[trainer]] = (trainer, followers[0])
@@ -300,5 +317,77 @@ def test_a_report_in_a_full_run_fits_the_default_compute_budget():
                                     bytes([1]) * 32, 1, 2, 3)
         units[replay_class] = run.verification_report(by_node[follower], report).compute_units
     assert max(units.values()) < DEFAULT_INSTRUCTION_BUDGET, units
-    # the same-class path costs one election more than the global one (class 0, the single)
-    assert units[1] > units[0] and units[0x0B0B] > units[0x0C0C], units
+    assert units[1] > units[0], units  # the same-class path costs one election more
+
+
+def test_a_full_registry_of_distinct_classes_stays_pending_within_the_compute_budget():
+    """The eligibility's worst case: 256 joiners, every class different (none shared by
+    three), verification on. The tick's heap sort stays under the default 200k units and
+    lists nobody: the run keeps waiting for members."""
+    n = 256
+    state_file = small_run_state(2, 1, 1, 10, total_steps=40)
+    config = state_file.config.model_copy(update={"verification_percent": PERCENT})
+    run = SvmRun.create(state_file.model_copy(update={"config": config}))
+    run.authorize_permissionless()
+    keys = _keys(0, n)
+    for i, key in enumerate(keys):
+        run.svm.airdrop(key.pubkey(), 10**9)
+        run.join(key, replay_class=0xFFFF - 3 * i)
+    run.svm.advance(2)
+    units = run.tick().compute_units
+    account = run.account()
+    assert account.run_state is RunState.WaitingForMembers
+    assert len(account.pending) == n
+    assert units < DEFAULT_INSTRUCTION_BUDGET, units
+
+
+def test_a_joiner_whose_class_too_few_share_stays_pending_for_a_later_epoch():
+    """Verification on, six joiners: class 1 three times, class 7 twice, class 0. need = 3:
+    the class-7 pair is not listed and its registry entries stay pending into the next
+    epoch; when a third client of class 7 joins it, that warm-up lists all three. Python
+    (eligible_joiners) and the program agree after every event (registry included)."""
+    clients = _keys(230, 7)
+    harness = ClassHarness(clients, {0: 1, 1: 1, 2: 1, 3: 7, 4: 7, 5: 0, 6: 7}, PERCENT)
+    harness.start_epoch([0, 1, 2, 3, 4, 5])
+    assert {c.id for c in harness.chain().epoch_state.clients} == {
+        harness.node(i) for i in (0, 1, 2, 5)}
+    assert harness.run.account().pending == [clients[3].pubkey(), clients[4].pubkey()]
+    harness.until(lambda s: s.run_state is RunState.WaitingForMembers)
+    assert harness.run.account().pending == [clients[3].pubkey(), clients[4].pubkey()]
+    for i in (0, 1, 2, 5, 6):
+        assert harness.apply(("join", i)) is None
+    harness.svm.advance(2)
+    assert harness.apply(("tick",)) is None
+    assert harness.state.run_state is RunState.Warmup
+    assert {c.id for c in harness.chain().epoch_state.clients} == {
+        harness.node(i) for i in range(7)}
+    assert harness.run.account().pending == []
+
+
+def test_the_backend_predicts_a_warmup_only_when_enough_joiners_are_eligible():
+    """The client's Solana backend simulates the tick to know whether one is due: with the
+    joiners' classes, as the program decides. Three joiners of three classes: no warm-up
+    (a due tick would be sent in vain again and again); the same three of one class: due."""
+    state_file = small_run_state(2, 1, 1, 10, total_steps=40)
+    config = state_file.config.model_copy(update={"verification_percent": PERCENT})
+    run = SvmRun.create(state_file.model_copy(update={"config": config}))
+    run.authorize_permissionless()
+    keys = _keys(240, 3)
+    for i, key in enumerate(keys):
+        run.svm.airdrop(key.pubkey(), 10**9)
+        run.join(key, replay_class=i + 1)
+    run.svm.advance(5)
+    backend = SolanaBackend(SolanaBackendOptions(rpc=["http://127.0.0.1:9"], wallet=keys[0],
+                                                 run_id="x", p2p_address="x"))
+    try:
+        assert backend.tick_would_change(run.account(), run.svm.now) is False
+        run.tick()
+        assert run.account().run_state is RunState.WaitingForMembers  # the program agrees
+        for key in keys:
+            run.join(key, replay_class=0x0D0D)
+        run.svm.advance(1)
+        assert backend.tick_would_change(run.account(), run.svm.now) is True
+        run.tick()
+        assert run.account().run_state is RunState.Warmup
+    finally:
+        asyncio.run(backend.rpc.close())
