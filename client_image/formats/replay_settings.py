@@ -27,10 +27,15 @@ Wire (the section after distro_wire's fixed header when its flag bit 2 is set):
       (each text: length u8, printable ASCII)
 
 Replay class (`replay_class_of`, issue 36): the u16 a client joins the run with, a hash of
-the three fields no follower can switch (device type, torch build, hardware), so that the
-coordinator elects a trainer's followers among clients that can reproduce it
-(coordinator/verification.py). 0 means none; a collision of two classes only means their
-members may follow each other, judged loosely as before.
+every field above, so that the coordinator elects a trainer's followers among clients that
+train in its very settings (coordinator/verification.py): same class means same settings,
+and a follower of a trainer's own class replays it in its own settings with the tight limits
+from the trainer's first epoch, before any result of it declared anything
+(verification/followers.py). Every field changes a replay's numbers (bench/
+verification_noise.py): threads only on a CPU (a GPU's kernels do not depend on the host's
+thread count, so the class writes 0 there). 0 means none; a 16-bit hash collides (1 in
+65,536 per pair of distinct settings), and followers fail a trainer of their class whose
+declaration is not theirs.
 
 Decoding accepts only what `encode_settings` writes: known codes, onednn 0 or 1,
 micro_batch >= 1, printable texts of 1 to 64 characters, and exactly `length` bytes.
@@ -92,16 +97,25 @@ class ReplaySettings:
                 if getattr(self, name) != getattr(other, name)]
 
 
-def replay_class(device_type: str, torch_version: str, hardware: str) -> int:
-    """The first 2 bytes (u16, little-endian) of SHA-256(f"{device}|{torch}|{hardware}"),
-    1 where that is 0 (0 is "no class")."""
-    digest = hashlib.sha256(f"{device_type}|{torch_version}|{hardware}".encode()).digest()
-    return int.from_bytes(digest[:2], "little") or 1
+def replay_class_text(settings: ReplaySettings) -> str:
+    """What the replay class hashes: every field that changes a replay's numbers,
+    device|torch_version|hardware|compute|attention|onednn (1 or 0)|micro_batch|threads,
+    threads 0 unless the device is a CPU (a GPU's numbers do not depend on them)."""
+    threads = settings.threads if settings.device == "cpu" else 0
+    return (f"{settings.device}|{settings.torch_version}|{settings.hardware}|{settings.compute}"
+            f"|{settings.attention}|{int(settings.onednn)}|{settings.micro_batch}|{threads}")
+
+
+def replay_class_of_text(text: str) -> int:
+    """The first 2 bytes (u16, little-endian) of SHA-256(text), 1 where that is 0 (0 is
+    "no class")."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:2], "little") or 1
 
 
 def replay_class_of(settings: ReplaySettings) -> int:
-    """The class of the machine that can replay in `settings` (the module docstring)."""
-    return replay_class(settings.device, settings.torch_version, settings.hardware)
+    """The class of the clients that train in exactly `settings` (the module docstring):
+    the hash of `replay_class_text`."""
+    return replay_class_of_text(replay_class_text(settings))
 
 
 def encode_varint(value: int) -> bytes:

@@ -107,12 +107,15 @@ class ClientOptions:
             apply_download_timeout_s=self.apply_download_timeout_s)
 
 
-def own_replay_class(device: str, rank_setup: RankSetup | None) -> int:
+def own_replay_class(device: str, rank_setup: RankSetup | None, compute: str = "fp32",
+                     micro_batch_size: int = 1) -> int:
     """The replay class this client joins with (formats/replay_settings.py): of the
-    settings its trainer will declare. Only the device type, the torch build and the
-    hardware (with the split of a model over ranks) enter the class, so the dtype and
-    micro-batch size given here, which the model chosen later may change, do not matter."""
-    settings = capture("fp32", 1, device)
+    settings its trainer will declare (runtime/trainer_choice.py, worker.py for a split
+    model): the worker's compute dtype and micro-batch size, no pinned attention kernel,
+    this process's threads and oneDNN switch, the hardware with the split over ranks. Every
+    one of them enters the class, so a trainer declaring anything else fails its same-class
+    followers (verification/followers.py)."""
+    settings = capture(compute, micro_batch_size, device)
     if rank_setup is not None:
         settings = split_over_ranks(settings, rank_setup.dims.dp, rank_setup.dims.tp)
     return replay_class_of(settings)
@@ -136,7 +139,8 @@ class PsycheClient:
                                      adversary=options.config.verification.test_adversary,
                                      dummy_training_delay_s=training.dummy_training_delay_secs)
         # Sent when joining: the coordinator elects followers among clients of one class.
-        self.replay_class = own_replay_class(training.device, self.worker.rank_setup)
+        self.replay_class = own_replay_class(training.device, self.worker.rank_setup,
+                                             self.worker.compute, self.worker.micro_batch_size)
         self.counters = Counters()
         # what the runtime tells only by event (following, ejected) reaches the metrics
         events.listeners.append(self.counters.observe)

@@ -22,19 +22,26 @@ which and why (`Checked.replayed`), and counts this epoch's loose judgements of 
 reproduce shows as judged loosely at every result.
 
 Replay classes (formats/replay_settings.py `replay_class_of`, coordinator/verification.py):
-each client joins with the class of the machine it replays on, and the coordinator elects a
-trainer's followers among its own class first. Same class means reproducible: a follower
-following a trainer of its own nonzero class (`follow`'s `joined_classes`, the trainers whose
-joined class in the coordinator state is this follower's) never judges it loosely. It fails
-a result whose declaration is of another class than the trainer joined with
-(`OTHER_CLASS`), and one whose declaration is of that class but that this machine cannot
-reproduce (`cannot_reproduce` gives a reason: `SAME_CLASS_UNREPRODUCIBLE` + why), both
-reported as UNDECLARED is. Why the second: a 16-bit class is cheap to collide on purpose
-(about 2^16 tries find a fake hardware string hashing to the majority's class), which would
-otherwise buy the loose limits. Its price: two honest setups whose classes collide (1 in
-65,536 per pair of distinct setups) fail each other's results. A trainer followed by a
-follower of another class (a global follower) is judged as before: tightly where that
-follower can reproduce its declaration, loosely where not (docs/verification.md).
+each client joins with the class of the settings it trains in (every setting a replay must
+match), and the coordinator elects a trainer's followers among its own class first. Same
+class means same settings: a follower following a trainer of its own nonzero class
+(`follow`'s `joined_classes`, the trainers whose joined class in the coordinator state is
+this follower's, which is the class of its own settings) replays it in its own settings
+and judges it with the tight DECLARED_THRESHOLDS from round 0 of the trainer's first epoch,
+when no result of it has declared anything yet (`Checked.replayed` "declared (same class)"):
+a cheater joining under a fresh key every epoch is not judged loosely. It never judges such
+a trainer loosely. It fails a result whose declaration is of another class than the trainer
+joined with (`OTHER_CLASS`: settings other than its class promised), one whose declaration
+is of that class but that this machine cannot reproduce (`cannot_reproduce` gives a reason:
+`SAME_CLASS_UNREPRODUCIBLE` + why), and one whose declaration is of that class and
+reproducible but not the settings it was replayed in (`SAME_CLASS_OTHER_SETTINGS`), all
+reported as UNDECLARED is. Why the last two: a 16-bit class is cheap to collide on purpose
+(about 2^16 tries find a fake hardware string or thread count hashing to the majority's
+class), which would otherwise buy the loose limits. Their price: two honest setups whose
+classes collide (1 in 65,536 per pair of distinct setups) fail each other's results. A
+trainer followed by a follower of another class (a global follower) is judged as before:
+tightly where that follower knew and can reproduce its declaration, loosely where not
+(docs/verification.md).
 
 A result with no declaration is not judged at all: it fails (`UNDECLARED`), and the client
 reports it as it reports any other failed replay. Every client of a run runs the run's
@@ -114,6 +121,14 @@ OTHER_CLASS = "declared settings of another replay class than it joined with"
 # collision of 16-bit classes, on purpose or not: module docstring).
 SAME_CLASS_UNREPRODUCIBLE = ("joined this follower's replay class but declared settings it "
                              "cannot reproduce: ")
+# The verdict's reason, followed by the differences, for a trainer of this follower's class
+# declaring reproducible settings of that class other than this follower's own (a collision
+# of 16-bit classes: module docstring).
+SAME_CLASS_OTHER_SETTINGS = ("joined this follower's replay class but declared other settings "
+                             "than the class's: ")
+# `Checked.replayed` for a trainer of this follower's class replayed in the follower's own
+# settings because its declaration was unknown at the epoch's start (module docstring).
+SAME_CLASS_REPLAY = "declared (same class)"
 
 
 @dataclass(frozen=True)
@@ -123,12 +138,17 @@ class Checked:
     verdict: Verdict
     published_hash: bytes
     expected_hash: bytes
-    # "declared" (replayed in the trainer's declared settings, tight limits), why not
+    # "declared" (replayed in the trainer's declared settings, tight limits), "declared
+    # (same class)" (a trainer of this follower's class whose declaration was unknown at the
+    # epoch's start, replayed in this follower's own settings, which its class promised:
+    # tight limits), why not
     # (loose limits): "cannot replay ...", "not replayed in the declared settings ...",
     # "undeclared" (no settings in the result: failed, UNDECLARED) or "other class: ..."
     # (declared another replay class than it joined with: failed, OTHER_CLASS) or
     # "same class, cannot replay: ..." (declared this follower's class but settings it
-    # cannot reproduce: failed, SAME_CLASS_UNREPRODUCIBLE)
+    # cannot reproduce: failed, SAME_CLASS_UNREPRODUCIBLE) or "same class, other settings:
+    # ..." (declared this follower's class but other settings: failed,
+    # SAME_CLASS_OTHER_SETTINGS)
     replayed: str = "declared"
     # How many of this trainer's results this follower judged with the loose limits this
     # epoch, this one included (0 when every one was replayed in its declaration).
@@ -157,6 +177,8 @@ class Followers:
         self.unreproducible: dict[bytes, str] = {}  # trainer -> why its declaration is not
         self.judged_loosely: dict[bytes, int] = {}  # trainer -> loose verdicts this epoch
         self.joined_classes: dict[bytes, int] = {}  # same-class trainer -> its class
+        self.same_class: set[bytes] = set()  # replayed in `own`, its class being theirs
+        self.known_at_start: set[bytes] = set()  # same-class, declared `own` before
         self.expected: dict[tuple[bytes, int], bytes] = {}
 
     def note_declared(self, trainer: bytes, settings: ReplaySettings | None) -> None:
@@ -170,15 +192,24 @@ class Followers:
         its trainer's last declared settings where this machine can (module docstring).
         `joined_classes`: the trainers this client follows within its own (nonzero) replay
         class, each with the class the coordinator state gives it; their results must
-        declare settings of that class that this machine can reproduce, else they fail."""
+        declare settings of that class that this machine can reproduce, else they fail. Those
+        whose class is that of this follower's own settings are replayed in them (same class
+        means same settings), known or not."""
         self.expected.clear()
         self.replay_in, self.unreproducible, self.shadows = {}, {}, {}
         self.judged_loosely = {}
         self.joined_classes = dict(joined_classes or {})
+        own_class = replay_class_of(self.own)
+        self.same_class = {key for key, joined in self.joined_classes.items()
+                           if joined == own_class}
+        self.known_at_start = set()
         for key in trainers:
             settings = self.own
             declared = self.known.get(key)
-            if declared is not None:
+            if key in self.same_class:
+                if declared == self.own:
+                    self.known_at_start.add(key)
+            elif declared is not None:
                 why = cannot_reproduce(declared, self.own.device)
                 if why is None:
                     settings = declared
@@ -227,9 +258,16 @@ class Followers:
             if why is not None:
                 return Checked(Verdict(False, distances, SAME_CLASS_UNREPRODUCIBLE + why),
                                digest, expected_hash, f"same class, cannot replay: {why}")
+        if trainer in self.same_class and result.settings != self.replay_in[trainer]:
+            differences = "; ".join(self.replay_in[trainer].differences(result.settings))
+            return Checked(Verdict(False, distances, SAME_CLASS_OTHER_SETTINGS + differences),
+                           digest, expected_hash, f"same class, other settings: {differences}")
         replayed = self.how_replayed(trainer, result.settings)
+        if (trainer in self.same_class and replayed == "declared"
+                and trainer not in self.known_at_start):
+            replayed = SAME_CLASS_REPLAY
         loosely = self.judged_loosely.get(trainer, 0)
-        if replayed == "declared":
+        if replayed in ("declared", SAME_CLASS_REPLAY):
             limits = self.declared_thresholds[self.replay_in[trainer].compute]
         else:
             limits = self.thresholds[self.replay_in[trainer].compute]

@@ -11,7 +11,12 @@ import hashlib
 
 from training_assets import TINY_MODEL, TRAIN_DATA
 
-from client_image.formats.replay_settings import ReplaySettings, replay_class, replay_class_of
+from client_image.formats.replay_settings import (
+    ReplaySettings,
+    replay_class_of,
+    replay_class_of_text,
+    replay_class_text,
+)
 from client_image.runtime.client import own_replay_class
 from client_image.runtime.verifying import same_class_trainers
 from client_image.training.model import load_causal_lm
@@ -20,6 +25,7 @@ from client_image.training.rank_group import RankSetup
 from client_image.training.trainer import DistroTrainer
 from client_image.verification.followers import (
     OTHER_CLASS,
+    SAME_CLASS_REPLAY,
     SAME_CLASS_UNREPRODUCIBLE,
     Followers,
 )
@@ -38,22 +44,36 @@ COLLIDER = b"\x0d" * 32
 
 def test_the_class_is_the_first_two_bytes_of_the_hash_and_never_0() -> None:
     own = capture("fp32", 2, "cpu")
-    digest = hashlib.sha256(f"cpu|{own.torch_version}|{own.hardware}".encode()).digest()
+    text = (f"cpu|{own.torch_version}|{own.hardware}|fp32|auto|{int(own.onednn)}|2|"
+            f"{own.threads}")
+    assert replay_class_text(own) == text
+    digest = hashlib.sha256(text.encode()).digest()
     assert replay_class_of(own) == (int.from_bytes(digest[:2], "little") or 1)
-    # what the class leaves out (dtype, micro-batch, kernel, threads) does not move it
-    assert replay_class_of(dataclasses.replace(own, compute="bf16", micro_batch=7,
-                                               attention="math", threads=3)) == replay_class_of(own)
-    assert replay_class_of(dataclasses.replace(own, hardware="Other CPU")) != replay_class_of(own)
-    assert all(0 < replay_class("cuda", "2.5.1", f"GPU {i}") <= 65535 for i in range(2000))
+    assert all(0 < replay_class_of_text(f"cuda|2.5.1|GPU {i}") <= 65535 for i in range(2000))
     # a machine whose hash starts with two zero bytes gets class 1 (0 is "none")
     zero = next(f"GPU {i}" for i in range(10**6)
-                if hashlib.sha256(f"cuda|2.5.1|GPU {i}".encode()).digest()[:2] == b"\0\0")
-    assert replay_class("cuda", "2.5.1", zero) == 1
+                if hashlib.sha256(f"GPU {i}".encode()).digest()[:2] == b"\0\0")
+    assert replay_class_of_text(zero) == 1
+
+
+def test_every_setting_a_replay_must_match_moves_the_class_and_gpu_threads_do_not() -> None:
+    own = capture("fp32", 2, "cpu", threads=4)
+    for change in ({"micro_batch": 3}, {"threads": 5}, {"compute": "bf16"},
+                   {"attention": "math"}, {"onednn": not own.onednn},
+                   {"hardware": "Other CPU"}, {"torch_version": "0.0.1"}):
+        assert replay_class_of(dataclasses.replace(own, **change)) != replay_class_of(own), change
+    gpu = dataclasses.replace(own, device="cuda", threads=0, hardware="Some GPU")
+    # a GPU's numbers do not depend on the host's threads: the class writes 0 for them
+    assert replay_class_text(dataclasses.replace(gpu, threads=16)).endswith("|2|0")
+    assert replay_class_of(dataclasses.replace(gpu, threads=16)) == replay_class_of(gpu)
+    assert replay_class_of(dataclasses.replace(gpu, micro_batch=4)) != replay_class_of(gpu)
 
 
 def test_a_client_joins_with_the_class_of_what_its_trainer_declares() -> None:
-    own = capture("fp32", 2, "cpu")
+    own = capture("fp32", 1, "cpu")
     assert own_replay_class("cpu", None) == replay_class_of(own)
+    assert own_replay_class("cpu", None, "bf16", 4) == replay_class_of(
+        capture("bf16", 4, "cpu")) != replay_class_of(own)
     split = RankSetup(ParallelDims(dp=2, tp=1))
     declared_split = dataclasses.replace(own, hardware=own.hardware + " split dp2 tp1")
     assert own_replay_class("cpu", split) == replay_class_of(declared_split) != replay_class_of(own)
@@ -97,7 +117,7 @@ def test_a_same_class_trainer_declaring_another_class_fails_and_a_stranger_is_ju
             assert checked is not None
             verdicts[key].append((checked.verdict.ok, checked.verdict.reason, checked.replayed))
             trainer.idle(step)
-    assert verdicts[HONEST] == [(True, "", "declared")]
+    assert verdicts[HONEST] == [(True, "", SAME_CLASS_REPLAY)]
     other = replay_class_of(elsewhere)
     assert verdicts[LIAR] == [(False, OTHER_CLASS, f"other class: joined with {mine}, declared "
                                f"{other} ({elsewhere.describe()})")]
@@ -112,7 +132,8 @@ def colliding_hardware(settings: ReplaySettings) -> str:
     2^16 tries find: a collision on purpose, or an honest one)."""
     target = replay_class_of(settings)
     return next(f"Fake CPU {i}" for i in range(10**7)
-                if replay_class(settings.device, settings.torch_version, f"Fake CPU {i}") == target)
+                if replay_class_of(dataclasses.replace(settings, hardware=f"Fake CPU {i}"))
+                == target)
 
 
 def test_a_same_class_trainer_this_follower_cannot_reproduce_fails_and_a_stranger_does_not():
@@ -145,7 +166,7 @@ def test_a_same_class_trainer_this_follower_cannot_reproduce_fails_and_a_strange
         assert checked is not None
         verdicts[key] = (checked.verdict.ok, checked.verdict.reason, checked.replayed)
     why = f"declared hardware {collider.hardware}, this follower's is {own.hardware}"
-    assert verdicts[HONEST] == (True, "", "declared")
+    assert verdicts[HONEST] == (True, "", SAME_CLASS_REPLAY)
     assert verdicts[COLLIDER] == (False, SAME_CLASS_UNREPRODUCIBLE + why,
                                   f"same class, cannot replay: {why}")
     assert verdicts[COLLIDER][1] == ("joined this follower's replay class but declared "
