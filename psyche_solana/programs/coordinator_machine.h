@@ -116,40 +116,39 @@ static bool is_pending(const State *s, u32 i) { return s->registry[i].active == 
  * eligible_joiners, issue 36): with verification on, those of class 0 or of a class that
  * need = min(FOLLOWERS_PER_TRAINER + 1, pending) pending joiners share, so that every
  * listed trainer of a nonzero class has its followers in its class; the others stay
- * pending. One pass: the pending entries' (class << 16 | index) heap-sorted (bounded
- * compute whatever classes the joiners chose), then each run of one class counted. */
+ * pending. One pass: the pending entries' (class << 16 | index) sorted by class (two
+ * counting passes of 8 bits: linear compute whatever classes the joiners chose), then
+ * each run of one class counted. */
 typedef struct { u8 bits[MAX_CLIENTS / 8]; u64 count; } Eligible;
 
 static bool is_eligible(const Eligible *e, u32 i) { return (e->bits[i / 8] >> (i % 8)) & 1; }
 
-static void sift_down(u32 *a, u32 root, u32 end) {
-  while (2 * root + 1 < end) {
-    u32 child = 2 * root + 1;
-    if (child + 1 < end && a[child] < a[child + 1]) child++;
-    if (a[root] >= a[child]) return;
-    u32 t = a[root]; a[root] = a[child]; a[child] = t;
-    root = child;
-  }
-}
-
-static void heap_sort(u32 *a, u32 n) {
-  for (u32 i = n / 2; i-- > 0;) sift_down(a, i, n);
-  for (u32 end = n; end-- > 1;) {
-    u32 t = a[0]; a[0] = a[end]; a[end] = t;
-    sift_down(a, 0, end);
+/* LSD radix sort of keys by bits 16..31, stable; scratch and counts hold n and 256 u32 */
+static void sort_by_class(u32 *keys, u32 *scratch, u32 *counts, u32 n) {
+  for (u32 shift = 16; shift < 32; shift += 8) {
+    sol_memset_(counts, 0, 256 * sizeof(u32));
+    for (u32 k = 0; k < n; k++) counts[(keys[k] >> shift) & 0xff]++;
+    for (u32 b = 0, total = 0; b < 256; b++) {
+      u32 here = counts[b];
+      counts[b] = total;
+      total += here;
+    }
+    for (u32 k = 0; k < n; k++) scratch[counts[(keys[k] >> shift) & 0xff]++] = keys[k];
+    sol_memcpy_(keys, scratch, n * sizeof(u32));
   }
 }
 
 static void eligible_joiners(const State *s, Eligible *out) {
-  u32 *keys = heap_alloc(MAX_CLIENTS * sizeof(u32));  /* too big for the 512-byte BPF stack */
+  /* 3 KiB of the 32 KiB heap: too big for the 512-byte BPF stack */
+  u32 *keys = heap_alloc(3 * MAX_CLIENTS * sizeof(u32));
   u32 n = 0;
   sol_memset_(out, 0, sizeof(*out));
-  if (keys == NULL) return;  /* 1 KiB of the 32 KiB heap: never */
+  if (keys == NULL) return;  /* never: the coordinator allocates nothing else */
   for (u32 i = 0; i < s->registry_len && i < MAX_CLIENTS; i++)
     if (is_pending(s, i)) keys[n++] = (u32)s->registry[i].replay_class << 16 | i;
   u32 need = n < FOLLOWERS_PER_TRAINER + 1 ? n : FOLLOWERS_PER_TRAINER + 1;
   if (s->config.verification_percent == 0) need = 0;  /* verification off: everyone */
-  heap_sort(keys, n);
+  sort_by_class(keys, keys + MAX_CLIENTS, keys + 2 * MAX_CLIENTS, n);
   for (u32 start = 0; start < n;) {
     u32 end = start, c = keys[start] >> 16;
     while (end < n && keys[end] >> 16 == c) end++;

@@ -205,6 +205,9 @@ MIXES = {
     "classes-of-3-3-and-0-watched-half": ([2, 2, 2, 0x0300, 0x0300, 0x0300, 0, 0], 50),
     "classes-of-3-3-and-0-three-quarters": ([9, 4, 9, 0, 4, 9, 4, 0], 75),
     "two-clients-of-one-class": ([6, 6], PERCENT),
+    # classes that differ in their high byte only, interleaved (the program sorts by class)
+    "classes-sharing-a-low-byte": ([0x0100, 0, 0x0200, 0x0100, 0, 0x0200, 0x0100, 0x0200],
+                                   PERCENT),
     # classes too small to be eligible: their clients stay pending, unlisted
     "classes-of-4-2-1-and-0": ([1, 1, 1, 1, 0xBEEF, 0xBEEF, 7, 0], PERCENT),
     "pairs-and-singles": ([9, 9, 4, 4, 6, 0, 8, 0], 75),

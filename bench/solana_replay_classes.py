@@ -1,0 +1,150 @@
+"""Compute units of the replay-class work of our coordinator program (issue 36), in LiteSVM.
+
+    .venv/bin/python -m bench.solana_replay_classes [--clients 256]
+
+Verification on (100 %), `--clients` joiners. Figures:
+- cu_tick_distinct_classes: a WaitingForMembers tick whose joiners all have different
+  classes, so none is eligible (the eligibility's worst case: every pending class sorted
+  and counted, nothing listed);
+- cu_tick_warmup_mixed: the tick that starts a warm-up of joiners of five classes
+  (class 0 among them);
+- cu_report_global / cu_report_same_class: an accepted verification report from a class-0
+  trainer's follower (two elections) and from a same-class follower of a class of about
+  clients / 5 (three elections);
+- cu_tick_warmup_second_epoch: the next epoch's warm-up, every joiner a client of the
+  last one (each pending key compared with the last epoch's clients, then eligibility).
+Each line says whether the figure is under 200,000, what an instruction gets without a
+compute-budget instruction (clients send none); the bench exits 1 only past the
+transaction's 1,400,000. (The second epoch's warm-up with 256 returning clients is past
+200,000 without classes too: its key comparisons are 256 x 256.) The last line is one
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from solders.keypair import Keypair
+
+from coordinator import (
+    CoordinatorState,
+    NodeIdentity,
+    RunState,
+    load_state_file,
+    selection_for_round,
+)
+from coordinator.config import CoordinatorConfig, StateFile
+from coordinator.state import VerificationReport
+from coordinator.verification import plan_for_epoch
+from psyche_solana.scenario import SvmRun
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_INSTRUCTION_BUDGET = 200_000
+CU_LIMIT = 1_400_000
+
+
+def _run(init_min_clients: int) -> SvmRun:
+    base = load_state_file(ROOT / "config/local-testnet/state.toml")
+    config = CoordinatorConfig.model_validate({
+        **base.config.model_dump(), "init_min_clients": init_min_clients, "min_clients": 1,
+        "witness_nodes": 1, "verification_percent": 100,
+        "total_steps": 10_000, "warmup_time": 30, "max_round_train_time": 10, "epoch_time": 40,
+        "round_witness_time": 1, "cooldown_time": 5, "waiting_for_members_extra_time": 1,
+        "global_batch_size_start": 64, "global_batch_size_end": 64})
+    state_file: StateFile = base.model_copy(update={"config": config})
+    run = SvmRun.create(state_file)
+    run.authorize_permissionless()
+    return run
+
+
+def _joined(run: SvmRun, classes: list[int]) -> list[Keypair]:
+    keys = [Keypair() for _ in classes]
+    for key, replay_class in zip(keys, classes, strict=True):
+        run.svm.airdrop(key.pubkey(), 10**9)
+        run.join(key, replay_class=replay_class)
+    run.svm.advance(2)
+    return keys
+
+
+def distinct_classes_tick(clients: int) -> int:
+    run = _run(2)
+    _joined(run, [0xFFFF - 3 * i for i in range(clients)])
+    units = run.tick().compute_units
+    assert run.account().run_state is RunState.WaitingForMembers
+    return units
+
+
+def mixed_run(clients: int) -> dict[str, int]:
+    run = _run(clients)
+    keys = _joined(run, [i % 5 for i in range(clients)])
+    figures = {"cu_tick_warmup_mixed": run.tick().compute_units}
+    by_node = {NodeIdentity(bytes(key.pubkey())): key for key in keys}
+    _play(run, by_node, lambda s: s.run_state is RunState.RoundTrain
+          and s.progress.step > s.epoch_state.start_step)  # a trained step: round 1 under way
+    state = run.account().state
+    assert state is not None
+    class_of = {c.id: c.replay_class for c in state.epoch_state.clients}
+    plan = plan_for_epoch(state.epoch_state, 100)
+    for name, replay_class in (("cu_report_global", 0), ("cu_report_same_class", 1)):
+        trainer = next(t for t in plan.followers if class_of[t] == replay_class)
+        follower = plan.followers[trainer][0]
+        report = VerificationReport(follower, trainer, state.progress.step - 1, bytes(32),
+                                    bytes([1]) * 32, 1, 2, 3)
+        figures[name] = run.verification_report(by_node[follower], report).compute_units
+    _play(run, by_node, lambda s: s.run_state is RunState.WaitingForMembers)
+    for key, replay_class in zip(keys, [i % 5 for i in range(clients)], strict=True):
+        run.join(key, replay_class=replay_class)
+    run.svm.advance(2)
+    figures["cu_tick_warmup_second_epoch"] = run.tick().compute_units
+    assert run.account().run_state is RunState.Warmup
+    return figures
+
+
+def _play(run: SvmRun, by_node: dict[NodeIdentity, Keypair],
+          done: Callable[[CoordinatorState], bool]) -> None:
+    """Drive the run like live clients (one warm-up witness, the elected witnesses, ticks)
+    until `done`."""
+    for _ in range(200):
+        state = run.account().state
+        assert state is not None
+        if done(state):
+            return
+        if state.run_state is RunState.Warmup:
+            key = by_node[state.epoch_state.clients[0].id]
+            witness = run.honest_witness(key, warmup=True)
+            assert witness is not None
+            run.warmup_witness(key, witness)
+            continue
+        if state.run_state is RunState.RoundTrain:
+            selection = selection_for_round(state)
+            for index, client in enumerate(state.epoch_state.clients):
+                if selection.witness_of(index).witness:
+                    witness = run.honest_witness(by_node[client.id])
+                    assert witness is not None
+                    run.witness(by_node[client.id], witness)
+        run.svm.advance(2)
+        run.tick()
+    raise AssertionError("the run did not get there")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=256)
+    args = parser.parse_args()
+    figures = {"clients": args.clients,
+               "cu_tick_distinct_classes": distinct_classes_tick(args.clients),
+               **mixed_run(args.clients)}
+    for name, value in figures.items():
+        if name.startswith("cu_"):
+            fits = "under" if value < DEFAULT_INSTRUCTION_BUDGET else "OVER"
+            print(f"  {name:<28} {value:>9,} CU ({fits} the default "
+                  f"{DEFAULT_INSTRUCTION_BUDGET:,})")
+    print(json.dumps(figures))
+    return 0 if all(v < CU_LIMIT for k, v in figures.items() if k.startswith("cu_")) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
