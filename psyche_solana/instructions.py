@@ -12,6 +12,7 @@ import json
 import struct
 from collections.abc import Sequence
 
+from solders.compute_budget import set_compute_unit_limit
 from solders.instruction import AccountMeta, Instruction
 from solders.pubkey import Pubkey
 from solders.system_program import CreateAccountParams, create_account
@@ -194,6 +195,18 @@ def join_run(account: Pubkey, client: Pubkey, authorization: Pubkey,
 
 def tick(account: Pubkey) -> Instruction:
     return _coordinator(5, account, None)
+
+
+# A tick's compute budget: an instruction gets 200,000 units unless the transaction asks for
+# more, and the warm-up of a second epoch with 256 returning clients takes about 506,000
+# (bench/solana_replay_classes.py: each pending key against the last epoch's clients, then
+# the replay-class eligibility). Asking costs nothing without a compute-unit price.
+TICK_COMPUTE_UNIT_LIMIT = 800_000
+
+
+def tick_with_budget(account: Pubkey) -> list[Instruction]:
+    """The instructions of a tick transaction: the compute-unit limit, then the tick."""
+    return [set_compute_unit_limit(TICK_COMPUTE_UNIT_LIMIT), tick(account)]
 
 
 def witness_bytes(witness: Witness) -> bytes:

@@ -4,7 +4,7 @@ failures (custom error codes in the words of the program that failed:
 psyche_solana.program_failures).
 
     rpc = SolanaRpc(["http://127.0.0.1:8899", os.environ.get("RPC_2")])
-    signature = await rpc.send_instructions([ix.tick(run)], payer, [])
+    signature = await rpc.send_instructions(ix.tick_with_budget(run), payer, [])
     data = await rpc.account_data(address)           # None if the account does not exist
     # account changes: psyche_solana.subscription.AccountSubscription (accountSubscribe)
 

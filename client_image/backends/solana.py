@@ -330,7 +330,7 @@ class SolanaBackend:
         # min_tick_interval_s to be seen (a loaded machine), and a resend is a duplicate.
         due.moment = now + self.options.tick_grace_s
         self.ticks_sent += 1
-        await self._transact([ix.tick(self.address)])
+        await self._transact(ix.tick_with_budget(self.address))
 
     # ---------------------------------------------------------------- the typed port
     async def send_witness(self, witness: RoundWitness) -> bool:

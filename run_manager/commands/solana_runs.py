@@ -303,7 +303,7 @@ def tick(run_id: RunId, wallet: Wallet = None, rpc: Rpc = LOCALNET_URL, rpc_2: R
         sent, started = 0, time.monotonic()
         while count is None or sent < count:
             try:
-                await client.send_instructions([ix.tick(run.address)], payer)
+                await client.send_instructions(ix.tick_with_budget(run.address), payer)
             except ProgramError as error:
                 typer.echo(f"tick: {error}", err=True)
             sent += 1
