@@ -169,10 +169,11 @@ def main() -> None:
     parser.add_argument("--skip-loss", action="store_true",
                         help="no loss runs (bench/verification_delay.py): the detection only")
     parser.add_argument("--loss-followers", choices=("undeclared", "declared"),
-                        default="undeclared",
-                        help="the loss runs' two followers: on the `mixed` and `microbatch` "
-                             "setups with the loose limits, or both in the trainer's declared "
-                             "settings with the declared limits")
+                        default="declared",
+                        help="the loss runs' two followers: both in the trainer's declared "
+                             "settings with the declared limits (the default: followers of "
+                             "its replay class, as the follow plan elects them), or on the "
+                             "`mixed` and `microbatch` setups with the loose limits")
     args = parser.parse_args()
     modes: tuple[bool, ...] = (True, False)
     chosen = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
