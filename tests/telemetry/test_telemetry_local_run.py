@@ -201,7 +201,11 @@ def test_prometheus_scraped_the_coordinator(local_run: LocalRun) -> None:
         'psyche_coordinator_round_duration_seconds{job="coordinator"}')
     assert all(0 < d < 30 for d in durations)
     phases = {v for _, vs in prometheus.samples('psyche_coordinator_run_state') for v in vs}
-    assert {1.0, 2.0, 3.0, 6.0} <= phases  # WaitingForMembers .. Finished
+    # WaitingForMembers, Warmup and Finished last for seconds; a round's phases can each be
+    # shorter than the 1 s scrape (one client on the tiny model: CI once saw every RoundTrain
+    # fall between scrapes), so any round phase counts; the phase-duration histogram below
+    # is what shows every phase, RoundTrain included.
+    assert {1.0, 2.0, 6.0} <= phases and phases & {3.0, 4.0}, phases
     timed = {m["phase"] for m, _ in prometheus.samples(
         'psyche_coordinator_phase_duration_seconds{job="coordinator"}')}
     assert {"Warmup", "RoundTrain", "RoundWitness"} <= timed, timed
