@@ -44,6 +44,7 @@ class Peer:
         self.writer = writer
         self.observer = observer
         self.notice: str | None = None  # the code of the last Notice it was sent
+        self.notice_text = ""  # and its text (a class's shortfall can change, not its code)
         # (state seq, address map version) it last asked for whole (ResyncAddresses)
         self.resynced_version: tuple[int, int] | None = None
 

@@ -188,14 +188,15 @@ class StateUpdate(_Message):
         return base64.b64decode(self.state)
 
 
-NoticeCode = Literal["epoch_full", "epoch_started", "taking_part"]
+NoticeCode = Literal["epoch_full", "epoch_started", "taking_part", "replay_class"]
 
 
 class Notice(_Message):
     """To one client, when what it waits for changes: it is left out of the epoch
     (`epoch_full`: the epoch holds its `cap` clients; `epoch_started`: it joined after
-    the epoch began) and waits for the next one, or it is taking part again. `text` is
-    the sentence its log shows."""
+    the epoch began; `replay_class`: a verified run waits for more joiners of its replay
+    class) and waits for the next one, or it is taking part again. `text` is the sentence
+    its log shows."""
 
     type: Literal["notice"] = "notice"
     code: NoticeCode

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from coordinator import (
     MAX_CLIENTS,
@@ -58,6 +58,7 @@ from coordinator.messages import (
     WitnessMetadata,
 )
 from coordinator.state import VerificationReport
+from coordinator.verification import class_shortfalls
 from coordinator_tcp import protocol as wire
 from coordinator_tcp.addresses import AddressBook
 from coordinator_tcp.broadcaster import StateBroadcaster, fan_out
@@ -348,8 +349,10 @@ class CoordinatorServer:
         once it is in, that it takes part): one Notice each time that changes.
         `pending`: the clients asking to take part, if already known."""
         pending = self._pending() if pending is None else pending
-        for peer, code, text in waiting_notices(self.state, pending, peers):
+        for peer, code, text in waiting_notices(self.state, pending, peers,
+                                                self.replay_classes()):
             peer.notice = code
+            peer.notice_text = text
             peer.send(encode(Notice(code=code, text=text, cap=MAX_CLIENTS)))
 
     # ------------------------------------------------------------------ clients (Served)
@@ -384,7 +387,10 @@ class CoordinatorServer:
             self._persist(encoded)
             self._send_all(*messages)
         self._tell_observers_if_joined_changed(len(pending))
-        self._notify_waiting([peer], pending)
+        # Between epochs a join can make another joiner's replay class too small or big
+        # enough (verified runs): every waiting peer is looked at, and told if that changed.
+        self._notify_waiting(self.peers.values() if self.state.run_state
+                             is RunState.WaitingForMembers else [peer], pending)
         log.info("client %r joined from %s", identity, writer.get_extra_info("peername"))
         self.tracing.joined(started_ns, identity.key.hex(), message.p2p_address, self.state,
                             len(pending))
@@ -552,16 +558,37 @@ _TRAINING = (RunState.Warmup, RunState.RoundTrain, RunState.RoundWitness, RunSta
 
 
 def waiting_notices(state: CoordinatorState, pending: list[NodeIdentity],
-                    peers: Iterable[Peer]) -> Iterator[tuple[Peer, NoticeCode, str]]:
+                    peers: Iterable[Peer],
+                    replay_classes: Mapping[NodeIdentity, int] | None = None
+                    ) -> Iterator[tuple[Peer, NoticeCode, str]]:
     """(peer, code, text) for each of `peers` with something new to be told (a notice
     other than the last it got); `pending` are the clients asking to take part, in join
-    order."""
+    order, and `replay_classes` their classes (a verified epoch lists a class only when
+    enough of the joiners share it: coordinator/verification.py class_shortfalls)."""
     run_state = state.run_state
+    shortfalls = class_shortfalls(pending, replay_classes or {},
+                                  state.config.verification_percent)
+
+    def class_notice(peer: Peer) -> tuple[NoticeCode, str] | None:
+        short = shortfalls.get(peer.identity)
+        if short is None:
+            return None
+        more = f"{short} more client{'s' if short > 1 else ''}"
+        return "replay_class", (
+            f"waiting for {more} of this client's replay class: a verified run lists a "
+            "class only when at least 3 of its joiners (2 when only 2 joined) share it, so "
+            "that its followers can replay it")
+
     if run_state is RunState.WaitingForMembers:
         positions = {node: i for i, node in enumerate(pending)}
         for peer in peers:
             position = positions.get(peer.identity)
-            if position is not None and position >= MAX_CLIENTS and peer.notice != "epoch_full":
+            told = class_notice(peer)
+            if told is not None:
+                if (peer.notice, peer.notice_text) != told:  # the shortfall may have moved
+                    yield peer, *told
+            elif (position is not None and position >= MAX_CLIENTS
+                  and peer.notice != "epoch_full"):
                 yield peer, "epoch_full", (
                     f"the epoch is full ({MAX_CLIENTS} clients): waiting for the next one "
                     f"({position} clients joined before this one)")
@@ -579,5 +606,8 @@ def waiting_notices(state: CoordinatorState, pending: list[NodeIdentity],
         if peer.identity in listed:
             if peer.notice is not None and peer.notice != "taking_part":
                 yield peer, "taking_part", "taking part in the epoch"
-        elif peer.notice != left_out[0]:
+            continue
+        # Told at the warm-up that its replay class was too small: that still holds (who is
+        # pending now says nothing of who was then), until the next WaitingForMembers.
+        if peer.notice not in (left_out[0], "replay_class"):
             yield peer, *left_out

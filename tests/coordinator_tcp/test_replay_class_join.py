@@ -18,9 +18,15 @@ from tcp_helpers import (
     wait_for,
 )
 
-from coordinator import Coordinator, RunState, decode_state
+from coordinator import Coordinator, NodeIdentity, RunState, decode_state
 from coordinator_tcp.client import ProtocolConnection
-from coordinator_tcp.protocol import Challenge, ErrorReply, decode_server_message, encode
+from coordinator_tcp.protocol import (
+    Challenge,
+    ErrorReply,
+    Notice,
+    decode_server_message,
+    encode,
+)
 from coordinator_tcp.server import CoordinatorServer
 from coordinator_tcp.summary import summarize
 from psyche_common.identity import Identity
@@ -36,6 +42,18 @@ async def join_with_class(server: CoordinatorServer, who: Identity,
         "127.0.0.1", server.port, who, RUN_ID, f"{who.node_id}@127.0.0.1:1",
         replay_class=replay_class, timeout_s=5)
     return connection
+
+
+async def next_notice(connection: ProtocolConnection) -> Notice:
+    """The next Notice the connection gets (state updates and heartbeats skipped)."""
+
+    async def wait() -> Notice:
+        while True:
+            message = await connection.receive()
+            if isinstance(message, Notice):
+                return message
+
+    return await asyncio.wait_for(wait(), 5)
 
 
 async def test_two_clients_of_one_class_and_one_of_another_keep_their_classes(
@@ -96,12 +114,20 @@ async def test_a_verified_epoch_starts_with_three_of_a_class_and_a_unique_class_
                             replay_classes=server.replay_classes())
         assert summary.waiting == ("waiting for 3 clients, 4 connected: starting; 1 waiting "
                                    "for 2 more clients of its replay class")
+        # The rare client is told why it waits (it was eligible alone; the joins after it
+        # made its class too small), rather than "the epoch started before it joined".
+        # (told again as its shortfall moved: 1 more with two joiners, 2 more with four)
+        notices = [await next_notice(connections[0]) for _ in range(2)]
+        assert [n.code for n in notices] == ["replay_class", "replay_class"]
+        assert notices[0].text.startswith("waiting for 1 more client of this client's replay")
+        assert notices[1].text.startswith("waiting for 2 more clients of this client's replay")
         clock.now += 2
         await wait_for(lambda: server.state.run_state is RunState.Warmup)
         listed = [(c.id.key, c.replay_class) for c in server.state.epoch_state.clients]
         assert listed == [(who.public_key, H100_CLASS) for who in h100s]
-        # the unique class stays connected and pending, not refused
+        # the unique class stays connected and pending, not refused, and keeps its reason
         assert rare.public_key in {node.key for node in server.pending}
+        assert server.peers[NodeIdentity(rare.public_key)].notice == "replay_class"
         for _ in range(20):  # what the clients receive lists the same three
             state = decode_state((await next_state(connections[0])).state_bytes)
             if state.run_state is RunState.Warmup:
