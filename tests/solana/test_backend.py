@@ -120,10 +120,19 @@ async def test_a_corrupt_account_does_not_stop_the_watcher(net):
     backend = SolanaBackend(SolanaBackendOptions(rpc=[net.url], wallet=wallet, run_id="corrupt-run",
                                                  p2p_address="x", ws_rpc=[net.ws_url], check_interval_s=0.05))
     task = asyncio.create_task(backend.run(on_state, lambda e: None, stop))
-    for _ in range(100):
-        if states:
+    # Corrupt only once the backend's own join is delivered and nothing more is on its way:
+    # a join notification still in flight would otherwise arrive after the corruption.
+    quiet_since, seen = asyncio.get_running_loop().time(), 0
+    for _ in range(200):
+        account = backend.account
+        joined = account is not None and wallet.pubkey() in dict(account.registry)
+        if len(states) != seen:
+            quiet_since, seen = asyncio.get_running_loop().time(), len(states)
+        if joined and states and asyncio.get_running_loop().time() - quiet_since > 0.3:
             break
         await asyncio.sleep(0.05)
+    assert states and backend.account is not None
+    assert wallet.pubkey() in dict(backend.account.registry)
     engine = net.validator.engine.svm
     with net.validator.lock:
         good = engine.get_account(run.address)
