@@ -8,12 +8,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
+from typing import TypeVar
 
 from coordinator.limits import MAX_WITNESSES
 from coordinator.shuffle import sha256, swap_or_not_table
+
+T = TypeVar("T")
 
 COMMITTEE_SALT = b"committee"
 WITNESS_SALT = b"witness"
@@ -49,6 +53,12 @@ class SelectionError(ValueError):
 def election_table(seed: int, n: int, salt: bytes) -> tuple[int, ...]:
     key = sha256(sha256(seed.to_bytes(8, "little")), salt)
     return swap_or_not_table(key, n)
+
+
+def election_order(members: Sequence[T], seed: int, salt: bytes) -> list[T]:
+    """`members` (in a fixed order, e.g. sorted by key) sorted by their election position."""
+    table = election_table(seed, len(members), salt)
+    return [member for _, member in sorted(zip(table, members, strict=True))]
 
 
 def witness_quorum(witnesses: int) -> int:

@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from coordinator.committee import election_table
+from coordinator.committee import election_order
 from coordinator.state import EpochState, NodeIdentity, VerificationReport
 
 VERIFY_SALT = b"verify"
@@ -78,20 +78,13 @@ def class_salt(replay_class: int) -> bytes:
     return VERIFY_SALT + replay_class.to_bytes(2, "little")
 
 
-def class_order(members: list[NodeIdentity], replay_class: int, seed: int) -> list[NodeIdentity]:
-    """The members of one class (`members` sorted by key) in their pos_c order."""
-    table = election_table(seed, len(members), class_salt(replay_class))
-    return [member for _, member in sorted(zip(table, members, strict=True))]
-
-
 def follow_plan(members: list[NodeIdentity], seed: int, verification_percent: int,
                 replay_classes: Mapping[NodeIdentity, int] | None = None) -> FollowPlan:
     """`members` sorted by key; `replay_classes`: each member's class (absent: 0)."""
     m = len(members)
     if verification_percent <= 0 or m < 2:
         return FollowPlan({})
-    table = election_table(seed, m, VERIFY_SALT)
-    order = [member for _, member in sorted(zip(table, members, strict=True))]
+    order = election_order(members, seed, VERIFY_SALT)
     watched = min(m, (m * verification_percent + 99) // 100)
     per_trainer = min(FOLLOWERS_PER_TRAINER, m - 1)
     classes = replay_classes or {}
@@ -100,7 +93,8 @@ def follow_plan(members: list[NodeIdentity], seed: int, verification_percent: in
         replay_class = classes.get(member, 0)
         if replay_class != 0:
             groups.setdefault(replay_class, []).append(member)
-    orders = {c: class_order(group, c, seed) for c, group in groups.items() if len(group) > 1}
+    orders = {c: election_order(group, seed, class_salt(c))
+              for c, group in groups.items() if len(group) > 1}
     followers: dict[NodeIdentity, tuple[NodeIdentity, ...]] = {}
     for p in range(watched):
         trainer = order[p]
