@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 from solders.keypair import Keypair
 
 from coordinator import (
-    CoordinatorState,
     NodeIdentity,
     RunState,
     load_state_file,
-    selection_for_round,
 )
 from coordinator.config import CoordinatorConfig, StateFile
 from coordinator.state import VerificationReport
@@ -82,8 +79,9 @@ def mixed_run(clients: int) -> dict[str, int]:
     keys = _joined(run, [i % 5 for i in range(clients)])
     figures = {"cu_tick_warmup_mixed": run.tick().compute_units}
     by_node = {NodeIdentity(bytes(key.pubkey())): key for key in keys}
-    _play(run, by_node, lambda s: s.run_state is RunState.RoundTrain
-          and s.progress.step > s.epoch_state.start_step)  # a trained step: round 1 under way
+    run.play_until(keys, lambda s: s.run_state is RunState.RoundTrain
+                   and s.progress.step > s.epoch_state.start_step, step_seconds=2)
+    # a trained step: round 1 under way
     state = run.account().state
     assert state is not None
     class_of = {c.id: c.replay_class for c in state.epoch_state.clients}
@@ -94,40 +92,13 @@ def mixed_run(clients: int) -> dict[str, int]:
         report = VerificationReport(follower, trainer, state.progress.step - 1, bytes(32),
                                     bytes([1]) * 32, 1, 2, 3)
         figures[name] = run.verification_report(by_node[follower], report).compute_units
-    _play(run, by_node, lambda s: s.run_state is RunState.WaitingForMembers)
+    run.play_until(keys, lambda s: s.run_state is RunState.WaitingForMembers, step_seconds=2)
     for key, replay_class in zip(keys, [i % 5 for i in range(clients)], strict=True):
         run.join(key, replay_class=replay_class)
     run.svm.advance(2)
     figures["cu_tick_warmup_second_epoch"] = run.tick().compute_units
     assert run.account().run_state is RunState.Warmup
     return figures
-
-
-def _play(run: SvmRun, by_node: dict[NodeIdentity, Keypair],
-          done: Callable[[CoordinatorState], bool]) -> None:
-    """Drive the run like live clients (one warm-up witness, the elected witnesses, ticks)
-    until `done`."""
-    for _ in range(200):
-        state = run.account().state
-        assert state is not None
-        if done(state):
-            return
-        if state.run_state is RunState.Warmup:
-            key = by_node[state.epoch_state.clients[0].id]
-            witness = run.honest_witness(key, warmup=True)
-            assert witness is not None
-            run.warmup_witness(key, witness)
-            continue
-        if state.run_state is RunState.RoundTrain:
-            selection = selection_for_round(state)
-            for index, client in enumerate(state.epoch_state.clients):
-                if selection.witness_of(index).witness:
-                    witness = run.honest_witness(by_node[client.id])
-                    assert witness is not None
-                    run.witness(by_node[client.id], witness)
-        run.svm.advance(2)
-        run.tick()
-    raise AssertionError("the run did not get there")
 
 
 def budget_of(figure: str) -> int:

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from solders.instruction import Instruction
 from solders.keypair import Keypair
@@ -194,30 +194,45 @@ class SvmRun:
             seen.add(participant_item(listed.id.key))
         return Witness(proof, seen, Bloom(keys=tuple(range(11, 19))), bytes(32))
 
-    def play_epoch(self, clients: Sequence[Keypair], step_seconds: int = 3,
-                   max_steps: int = 200) -> dict[str, int]:
-        """Drive one epoch like live clients would: warm-up witnesses, witnesses of elected
-        clients, ticks as time passes. Returns transaction counts per kind."""
+    def play_until(self, clients: Sequence[Keypair], done: Callable[[CoordinatorState], bool],
+                   step_seconds: int = 3, max_steps: int = 200) -> dict[str, int]:
+        """Drive the run like live `clients` would until `done(state)`: in warm-up the listed
+        ones send warm-up witnesses until it ends, in a training round the elected ones
+        witness, then `step_seconds` pass and a tick is sent. Returns transaction counts
+        per kind; raises AssertionError when `done` is not reached in `max_steps`."""
+        by_node = {NodeIdentity(bytes(client.pubkey())): client for client in clients}
         counts = {"tick": 0, "witness": 0, "warmup_witness": 0}
-        start_epoch = self._state().progress.epoch
         for _ in range(max_steps):
-            state = self.account().state
-            assert state is not None
-            if state.progress.epoch > start_epoch or state.run_state.halted:
-                break
+            state = self._state()
+            if done(state):
+                return counts
             if state.run_state is RunState.Warmup:
-                for client in clients:
+                for listed in state.epoch_state.clients:
+                    client = by_node.get(listed.id)
+                    if client is None or self._state().run_state is not RunState.Warmup:
+                        continue
                     witness = self.honest_witness(client, warmup=True)
-                    if witness is not None and self._state().run_state is RunState.Warmup:
-                        self.warmup_witness(client, witness)
-                        counts["warmup_witness"] += 1
+                    assert witness is not None
+                    self.warmup_witness(client, witness)
+                    counts["warmup_witness"] += 1
             elif state.run_state is RunState.RoundTrain:
-                for client in clients:
-                    witness = self.honest_witness(client)
-                    if witness is not None:
+                selection = selection_for_round(state)
+                for index, listed in enumerate(state.epoch_state.clients):
+                    client = by_node.get(listed.id)
+                    if client is not None and selection.witness_of(index).witness:
+                        witness = self.honest_witness(client)
+                        assert witness is not None
                         self.witness(client, witness)
                         counts["witness"] += 1
             self.svm.advance(step_seconds)
             self.tick()
             counts["tick"] += 1
-        return counts
+        raise AssertionError(f"the run did not get there in {max_steps} steps")
+
+    def play_epoch(self, clients: Sequence[Keypair], step_seconds: int = 3,
+                   max_steps: int = 200) -> dict[str, int]:
+        """Drive one epoch like live clients would (play_until the next epoch or a halt)."""
+        start_epoch = self._state().progress.epoch
+        return self.play_until(
+            clients, lambda state: state.progress.epoch > start_epoch or state.run_state.halted,
+            step_seconds, max_steps)

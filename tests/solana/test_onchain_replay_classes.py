@@ -19,7 +19,7 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
 from client_image.backends.solana import SolanaBackend, SolanaBackendOptions
-from coordinator import ClientState, Coordinator, NodeIdentity, RunState, selection_for_round
+from coordinator import ClientState, Coordinator, NodeIdentity, RunState
 from coordinator.state import VerificationReport
 from coordinator.verification import (
     FOLLOWERS_PER_TRAINER,
@@ -282,25 +282,8 @@ def test_a_report_in_a_full_run_fits_the_default_compute_budget():
     account = run.account()
     assert account.pending == [key.pubkey() for key in keys[-3:]]
     by_node = {NodeIdentity(bytes(key.pubkey())): key for key in keys}
-    for _ in range(20):
-        state = run.account().state
-        assert state is not None
-        if state.run_state is RunState.RoundTrain and state.progress.step > state.epoch_state.start_step:
-            break
-        if state.run_state is RunState.Warmup:
-            witness = run.honest_witness(keys[0], warmup=True)
-            assert witness is not None
-            run.warmup_witness(keys[0], witness)
-            continue
-        if state.run_state is RunState.RoundTrain:
-            selection = selection_for_round(state)
-            for index, client in enumerate(state.epoch_state.clients):
-                if selection.witness_of(index).witness:
-                    witness = run.honest_witness(by_node[client.id])
-                    assert witness is not None
-                    run.witness(by_node[client.id], witness)
-        run.svm.advance(3)
-        run.tick()
+    run.play_until(keys, lambda state: state.run_state is RunState.RoundTrain
+                   and state.progress.step > state.epoch_state.start_step, max_steps=20)
     state = run.account().state
     assert state is not None and state.run_state is RunState.RoundTrain
     epoch = state.epoch_state
