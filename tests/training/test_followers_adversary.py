@@ -6,48 +6,38 @@ import hashlib
 
 import pytest
 import torch
-from training_assets import TINY_MODEL, TRAIN_DATA
+from follower_setup import (
+    SCHEDULE,
+    follower_test_optimizer,
+    followers_on,
+    replay_and_train,
+    step_batches,
+    tiny_model,
+)
 
-from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
 from client_image.verification.adversary import LIVE_ATTACKS, Adversary
-from client_image.verification.followers import Followers
 from client_image.verification.settings import capture
 from client_image.verification.similarity import Distances
-from coordinator.config import ConstantLR, DistroOptimizer
-from psyche_common.token_files.local import LocalDataProvider
 
-
-def optimizer(one_bit: bool) -> DistroOptimizer:
-    return DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
-                           quantize_1bit=one_bit, clip_grad_norm=1.0, weight_decay=0.1)
-SCHEDULE = ConstantLR(base_lr=1e-3, warmup_init_lr=1e-4, warmup_steps=2)
 TRAINER = b"\x07" * 32
 
 
 def verdicts(kind: str | None, one_bit: bool = False, steps: int = 3
              ) -> list[tuple[bool, Distances]]:
-    opt = optimizer(one_bit)
-    data = LocalDataProvider(TRAIN_DATA, 32)
+    opt = follower_test_optimizer(one_bit)
     declared = capture("fp32", 2, "cpu")
-    trainer = DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), opt, SCHEDULE,
-                            micro_batch_size=2, declared=declared)
-    follower_model = load_causal_lm(TINY_MODEL, device="cpu")
+    trainer = DistroTrainer(tiny_model(), opt, SCHEDULE, micro_batch_size=2, declared=declared)
+    follower_model = tiny_model()
     own = DistroTrainer(follower_model, opt, SCHEDULE, micro_batch_size=2)
-    followers = Followers(lambda start, settings: DistroTrainer(
-        follower_model, opt, SCHEDULE, micro_batch_size=settings.micro_batch,
-        start_step=start, declared=settings), declared)
+    followers = followers_on(follower_model, declared, opt)
     followers.follow([TRAINER], start_step=1)
     adversary = Adversary(kind) if kind else None
     out = []
-    for step in range(1, steps + 1):
-        batch_id = (4 * step, 4 * step + 1)
-        tokens = data.get_samples(*batch_id)
-        followers.replay(TRAINER, step, tokens, batch_id, cold_start=False)
-        trained = trainer.train(step, adversary.batch(tokens) if adversary else tokens,
-                                batch_id=batch_id)
-        assert trained.payload is not None
-        payload = adversary.payload(trained.payload, trainer) if adversary else trained.payload
+    for step, batch_id, tokens in step_batches(range(1, steps + 1)):
+        trained = replay_and_train(followers, TRAINER, trainer, step, tokens, batch_id,
+                                   trained_tokens=adversary.batch(tokens) if adversary else None)
+        payload = adversary.payload(trained, trainer) if adversary else trained
         checked = followers.verify(TRAINER, step, payload)
         assert checked is not None
         assert checked.published_hash == hashlib.sha256(payload).digest()

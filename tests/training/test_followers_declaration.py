@@ -10,23 +10,22 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from training_assets import TINY_MODEL, TRAIN_DATA
+from follower_setup import (
+    declaring_trainers,
+    followers_on,
+    replay_and_train,
+    step_batches,
+    tiny_model,
+)
 
 from client_image.runtime.events import ResultVerified, RuntimeEvent, VerificationReportSent
 from client_image.runtime.observability import Counters, EventLog
 from client_image.runtime.verifying import VerificationDuty
-from client_image.training.model import load_causal_lm
-from client_image.training.trainer import DistroTrainer
 from client_image.verification.followers import UNDECLARED, Checked, Followers
 from client_image.verification.settings import capture
 from coordinator import NodeIdentity
-from coordinator.config import ConstantLR, DistroOptimizer
 from coordinator.state import VerificationReport
-from psyche_common.token_files.local import LocalDataProvider
 
-OPTIMIZER = DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
-                            quantize_1bit=False, clip_grad_norm=1.0, weight_decay=0.1)
-SCHEDULE = ConstantLR(base_lr=1e-3, warmup_init_lr=1e-4, warmup_steps=2)
 FOLLOWER = NodeIdentity(b"\x01" * 32)
 HONEST, UNDECLARED_TRAINER, ELSEWHERE = b"\x0a" * 32, b"\x0b" * 32, b"\x0c" * 32
 
@@ -56,13 +55,9 @@ async def test_an_undeclared_result_is_reported_and_an_unreproducible_one_judged
     # passes the loose limits, which is the point: it passes, and is counted).
     on_gpu = dataclasses.replace(own, device="cuda", threads=0, hardware="Some GPU")
     trainers = {HONEST: own, UNDECLARED_TRAINER: None, ELSEWHERE: on_gpu}
-    trained = {key: DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER,
-                                  SCHEDULE, micro_batch_size=2, declared=declared)
-               for key, declared in trainers.items()}
-    follower_model = load_causal_lm(TINY_MODEL, device="cpu")
-    followers = Followers(lambda start, s: DistroTrainer(
-        follower_model, OPTIMIZER, SCHEDULE, micro_batch_size=s.micro_batch, start_step=start,
-        declared=s), own, known={HONEST: own, ELSEWHERE: on_gpu})
+    trained = declaring_trainers(trainers)
+    follower_model = tiny_model()
+    followers = followers_on(follower_model, own, known={HONEST: own, ELSEWHERE: on_gpu})
     followers.follow(list(trainers), start_step=0)
     events: list[RuntimeEvent] = []
     log = EventLog(mode="none")
@@ -71,16 +66,9 @@ async def test_an_undeclared_result_is_reported_and_an_unreproducible_one_judged
     duty = VerificationDuty(FOLLOWER, FollowingWorker(followers),  # type: ignore[arg-type]  # a stand-in worker
                             link, log, Counters())  # type: ignore[arg-type]  # a recording link
     duty.followed = list(trainers)
-    data = LocalDataProvider(TRAIN_DATA, 32)
-    for step in range(2):
-        rows = (4 * step, 4 * step + 1)
-        tokens = data.get_samples(*rows)
-        results = []
-        for key, trainer in trained.items():
-            followers.replay(key, step, tokens, rows, cold_start=False)
-            payload = trainer.train(step, tokens, batch_id=rows).payload
-            assert payload is not None
-            results.append((key, payload))
+    for step, rows, tokens in step_batches(range(2)):
+        results = [(key, replay_and_train(followers, key, trainer, step, tokens, rows))
+                   for key, trainer in trained.items()]
         await duty.check(step, results)
         for trainer in trained.values():
             trainer.idle(step)
@@ -103,4 +91,4 @@ async def test_an_undeclared_result_is_reported_and_an_unreproducible_one_judged
     assert [(e.accused, e.reason) for e in sent] == [(UNDECLARED_TRAINER.hex(), UNDECLARED)]
     assert duty.counters.verification_reports_sent == 1
     assert torch.equal(next(follower_model.parameters()),
-                       next(load_causal_lm(TINY_MODEL, device="cpu").parameters()))
+                       next(tiny_model().parameters()))

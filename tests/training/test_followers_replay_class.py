@@ -9,7 +9,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from training_assets import TINY_MODEL, TRAIN_DATA
+from follower_setup import (
+    declaring_trainers,
+    followers_on,
+    step_batches,
+    tiny_model,
+    verify_each,
+)
 
 from client_image.formats.replay_settings import (
     ReplaySettings,
@@ -19,25 +25,17 @@ from client_image.formats.replay_settings import (
 )
 from client_image.runtime.client import own_replay_class
 from client_image.runtime.verifying import same_class_trainers
-from client_image.training.model import load_causal_lm
 from client_image.training.parallel import ParallelDims
 from client_image.training.rank_group import RankSetup
-from client_image.training.trainer import DistroTrainer
 from client_image.verification.followers import (
     OTHER_CLASS,
     SAME_CLASS_REPLAY,
     SAME_CLASS_UNREPRODUCIBLE,
-    Followers,
 )
 from client_image.verification.settings import capture
 from coordinator import NodeIdentity
-from coordinator.config import ConstantLR, DistroOptimizer
 from coordinator.state import Client, EpochState
-from psyche_common.token_files.local import LocalDataProvider
 
-OPTIMIZER = DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
-                            quantize_1bit=False, clip_grad_norm=1.0, weight_decay=0.1)
-SCHEDULE = ConstantLR(base_lr=1e-3, warmup_init_lr=1e-4, warmup_steps=2)
 HONEST, LIAR, STRANGER = b"\x0a" * 32, b"\x0b" * 32, b"\x0c" * 32
 COLLIDER = b"\x0d" * 32
 
@@ -95,27 +93,15 @@ def test_a_same_class_trainer_declaring_another_class_fails_and_a_stranger_is_ju
     # LIAR joined with this follower's class but declares a machine of another class;
     # STRANGER joined with that other class (a global follower): judged loosely, as before.
     declared = {HONEST: own, LIAR: elsewhere, STRANGER: elsewhere}
-    trained = {key: DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER,
-                                  SCHEDULE, micro_batch_size=2, declared=settings)
-               for key, settings in declared.items()}
-    follower_model = load_causal_lm(TINY_MODEL, device="cpu")
-    followers = Followers(lambda start, s: DistroTrainer(
-        follower_model, OPTIMIZER, SCHEDULE, micro_batch_size=s.micro_batch, start_step=start,
-        declared=s), own)
+    trained = declaring_trainers(declared)
+    followers = followers_on(tiny_model(), own)
     mine = replay_class_of(own)
     followers.follow(list(declared), start_step=0, joined_classes={HONEST: mine, LIAR: mine})
-    data = LocalDataProvider(TRAIN_DATA, 32)
     verdicts: dict[bytes, list[tuple[bool, str, str]]] = {key: [] for key in declared}
-    for step in range(1):
-        rows = (4 * step, 4 * step + 1)
-        tokens = data.get_samples(*rows)
-        for key, trainer in trained.items():
-            followers.replay(key, step, tokens, rows, cold_start=False)
-            payload = trainer.train(step, tokens, batch_id=rows).payload
-            assert payload is not None
-            checked = followers.verify(key, step, payload)
-            assert checked is not None
+    for step, rows, tokens in step_batches(range(1)):
+        for key, checked in verify_each(followers, trained, step, tokens, rows).items():
             verdicts[key].append((checked.verdict.ok, checked.verdict.reason, checked.replayed))
+        for trainer in trained.values():
             trainer.idle(step)
     assert verdicts[HONEST] == [(True, "", SAME_CLASS_REPLAY)]
     other = replay_class_of(elsewhere)
@@ -145,26 +131,14 @@ def test_a_same_class_trainer_this_follower_cannot_reproduce_fails_and_a_strange
     # declares the same machine but joined with another class: its follower is a global
     # one, which judges it loosely, as before.
     declared = {HONEST: own, COLLIDER: collider, STRANGER: collider}
-    trained = {key: DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER,
-                                  SCHEDULE, micro_batch_size=2, declared=settings)
-               for key, settings in declared.items()}
-    follower_model = load_causal_lm(TINY_MODEL, device="cpu")
-    followers = Followers(lambda start, s: DistroTrainer(
-        follower_model, OPTIMIZER, SCHEDULE, micro_batch_size=s.micro_batch, start_step=start,
-        declared=s), own)
+    trained = declaring_trainers(declared)
+    followers = followers_on(tiny_model(), own)
     mine = replay_class_of(own)
     followers.follow(list(declared), start_step=0,
                      joined_classes={HONEST: mine, COLLIDER: mine})
-    rows = (0, 1)
-    tokens = LocalDataProvider(TRAIN_DATA, 32).get_samples(*rows)
-    verdicts: dict[bytes, tuple[bool, str, str]] = {}
-    for key, trainer in trained.items():
-        followers.replay(key, 0, tokens, rows, cold_start=False)
-        payload = trainer.train(0, tokens, batch_id=rows).payload
-        assert payload is not None
-        checked = followers.verify(key, 0, payload)
-        assert checked is not None
-        verdicts[key] = (checked.verdict.ok, checked.verdict.reason, checked.replayed)
+    step, rows, tokens = next(step_batches(range(1)))
+    verdicts = {key: (checked.verdict.ok, checked.verdict.reason, checked.replayed)
+                for key, checked in verify_each(followers, trained, step, tokens, rows).items()}
     why = f"declared hardware {collider.hardware}, this follower's is {own.hardware}"
     assert verdicts[HONEST] == (True, "", SAME_CLASS_REPLAY)
     assert verdicts[COLLIDER] == (False, SAME_CLASS_UNREPRODUCIBLE + why,

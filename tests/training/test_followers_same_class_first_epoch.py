@@ -12,12 +12,18 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from training_assets import TINY_MODEL, TRAIN_DATA
+from follower_setup import (
+    OPTIMIZER,
+    SCHEDULE,
+    followers_on,
+    replay_and_train,
+    step_batches,
+    tiny_model,
+)
 
 from client_image.formats.blocks import SparseResult
 from client_image.formats.distro_wire import encode_result
 from client_image.formats.replay_settings import replay_class_of
-from client_image.training.model import load_causal_lm
 from client_image.training.trainer import DistroTrainer
 from client_image.verification.followers import (
     DECLARED_THRESHOLDS,
@@ -28,12 +34,7 @@ from client_image.verification.followers import (
     Followers,
 )
 from client_image.verification.settings import capture
-from coordinator.config import ConstantLR, DistroOptimizer
-from psyche_common.token_files.local import LocalDataProvider
 
-OPTIMIZER = DistroOptimizer(compression_decay=0.999, compression_topk=8, compression_chunk=64,
-                            quantize_1bit=False, clip_grad_norm=1.0, weight_decay=0.1)
-SCHEDULE = ConstantLR(base_lr=1e-3, warmup_init_lr=1e-4, warmup_steps=2)
 TRAINER = b"\x21" * 32
 STEPS = 3
 
@@ -65,25 +66,19 @@ def first_epoch(batch: Callable[[torch.Tensor], torch.Tensor] = honest,
     followed as a global follower)."""
     own = capture("fp32", 2, "cpu")
     declared = dataclasses.replace(own, micro_batch=declared_micro_batch)
-    trainer = DistroTrainer(load_causal_lm(TINY_MODEL, device="cpu"), OPTIMIZER, SCHEDULE,
+    trainer = DistroTrainer(tiny_model(), OPTIMIZER, SCHEDULE,
                             micro_batch_size=declared_micro_batch, declared=declared)
-    follower_model = load_causal_lm(TINY_MODEL, device="cpu")
+    follower_model = tiny_model()
     # the follower's own trainer, idle this epoch: its weights decay as the trainer's do
     follower = DistroTrainer(follower_model, OPTIMIZER, SCHEDULE, micro_batch_size=2)
-    followers = Followers(lambda start, s: DistroTrainer(
-        follower_model, OPTIMIZER, SCHEDULE, micro_batch_size=s.micro_batch, start_step=start,
-        declared=s), own)
+    followers = followers_on(follower_model, own)
     joined = {TRAINER: replay_class_of(own)} if same_class else {}
     followers.follow([TRAINER], start_step=0, joined_classes=joined)
     assert TRAINER not in followers.known  # nothing declared yet: its first epoch here
-    data = LocalDataProvider(TRAIN_DATA, 32)
     verdicts = []
-    for step in range(STEPS):
-        rows = (4 * step, 4 * step + 1)
-        tokens = data.get_samples(*rows)
-        followers.replay(TRAINER, step, tokens, rows, cold_start=False)
-        published = trainer.train(step, batch(tokens), batch_id=rows).payload
-        assert published is not None
+    for step, rows, tokens in step_batches(range(STEPS)):
+        published = replay_and_train(followers, TRAINER, trainer, step, tokens, rows,
+                                     trained_tokens=batch(tokens))
         if payload is not None:
             published = payload(published, trainer)
         checked = followers.verify(TRAINER, step, published)
