@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,17 @@ class ObservabilityConfig:
 
 @dataclass(frozen=True)
 class VerificationConfig:
-    """Testing the run's verification: never set by an honest client."""
+    """How this client is verified (its replay class), and testing the run's verification
+    (never set by an honest client)."""
+
+    # A Literal: Typer makes it a choice, so a bad value is a usage error naming the option
+    # and both values before anything starts.
+    replay_class: Annotated[Literal["machine", "none"], Option(
+        env="REPLAY_CLASS",
+        help="machine (default): join with the replay class of the settings this client's "
+             "trainer declares, so that followers of the same class judge it with the tight "
+             "limits; none: join without one (class 0): listed without waiting for clients of "
+             "the same class, judged by any followers with the loose limits")] = "machine"
 
     test_adversary: Annotated[str | None, Option(
         env=None,

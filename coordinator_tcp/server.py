@@ -577,7 +577,8 @@ def waiting_notices(state: CoordinatorState, pending: list[NodeIdentity],
         return "replay_class", (
             f"waiting for {more} of this client's replay class: a verified run lists a "
             "class only when at least 3 of its joiners (2 when only 2 joined) share it, so "
-            "that its followers can replay it")
+            "that its followers can replay it; or restart this client with REPLAY_CLASS=none "
+            "to join without a class, judged with the loose limits")
 
     if run_state is RunState.WaitingForMembers:
         positions = {node: i for i, node in enumerate(pending)}

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from client_image.backends.base import CoordinatorBackend, ServerState
 from client_image.backends.tcp import TcpBackend
@@ -121,6 +121,18 @@ def own_replay_class(device: str, rank_setup: RankSetup | None, compute: str = "
     return replay_class_of(settings)
 
 
+def join_replay_class(choice: Literal["machine", "none"], device: str,
+                      rank_setup: RankSetup | None, compute: str = "fp32",
+                      micro_batch_size: int = 1) -> int:
+    """The replay class sent when joining, by the client's REPLAY_CLASS option: "machine",
+    its own (own_replay_class); "none", class 0, which the coordinator lists without waiting
+    for clients of the same class (a rare machine may otherwise wait forever) and whose
+    followers judge it with the loose limits."""
+    if choice == "none":
+        return 0
+    return own_replay_class(device, rank_setup, compute, micro_batch_size)
+
+
 class PsycheClient:
     def __init__(self, options: ClientOptions, events: EventLog):
         self.options = options
@@ -138,9 +150,11 @@ class PsycheClient:
                                      ranks=options.ranks,
                                      adversary=options.config.verification.test_adversary,
                                      dummy_training_delay_s=training.dummy_training_delay_secs)
-        # Sent when joining: the coordinator elects followers among clients of one class.
-        self.replay_class = own_replay_class(training.device, self.worker.rank_setup,
-                                             self.worker.compute, self.worker.micro_batch_size)
+        # Sent when joining: the coordinator elects followers among clients of one class;
+        # REPLAY_CLASS=none joins as class 0, listed at once, judged with the loose limits.
+        self.replay_class = join_replay_class(options.config.verification.replay_class,
+                                              training.device, self.worker.rank_setup,
+                                              self.worker.compute, self.worker.micro_batch_size)
         self.counters = Counters()
         # what the runtime tells only by event (following, ejected) reaches the metrics
         events.listeners.append(self.counters.observe)

@@ -69,6 +69,9 @@ def _probe(args: list[str], env: dict[str, str]) -> tuple[Result, list[ClientCon
 
 def _sample(option: ConfigOption) -> tuple[str, Any]:
     """An environment value for the option, other than its default, and the value it means."""
+    if typing.get_origin(option.type) is typing.Literal:  # a choice: another of its values
+        choice = next(c for c in typing.get_args(option.type) if c != option.default)
+        return str(choice), choice
     kinds = {t for t in typing.get_args(option.type) if t is not types.NoneType} or {option.type}
     kind = kinds.pop()
     if kind is bool:
