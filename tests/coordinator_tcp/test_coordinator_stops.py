@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
-import re
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import termios
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +21,7 @@ from pathlib import Path
 import pytest
 from loopback import free_port
 from processes import session_members
+from pseudo_terminal import Terminal
 from tcp_helpers import RUN_ID, TESTNET, identity, next_state
 
 from coordinator_tcp.client import ProtocolConnection
@@ -151,62 +146,6 @@ def test_a_port_in_use_is_one_line_and_exit_1_at_once(tmp_path: Path, busy: str)
     assert elapsed < START_WITHIN_S / 2  # it did not wait for anything
     assert_port_free(server_port)
     assert_port_free(data_port)
-
-
-class Terminal:
-    """A pseudo-terminal for a process (its controlling terminal, as in a real shell):
-    drained in a thread, so the TUI never blocks on a full buffer. `hang_up()` closes it as
-    a terminal window that is closed: the kernel sends SIGHUP and every later write fails."""
-
-    def __init__(self) -> None:
-        self.master, self.slave = os.openpty()
-        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
-        self.output = bytearray()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-
-    def spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
-        def controlling_terminal() -> None:
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        process = subprocess.Popen(  # a session of its own, this terminal its own
-            args, stdin=self.slave, stdout=self.slave, stderr=self.slave,
-            start_new_session=True, preexec_fn=controlling_terminal,  # noqa: PLW1509
-            env={**os.environ, "TERM": "xterm-256color"})
-        os.close(self.slave)
-        self._thread.start()
-        return process
-
-    def _drain(self) -> None:
-        while not self._stop.is_set():
-            if not select.select([self.master], [], [], 0.1)[0]:
-                continue
-            try:
-                data = os.read(self.master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            self.output.extend(data)
-
-    def type(self, keys: bytes) -> None:
-        os.write(self.master, keys)
-
-    def hang_up(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)  # (a read in progress would keep the terminal open)
-        os.close(self.master)
-        self.master = -1
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        if self.master >= 0:
-            os.close(self.master)
-
-    def text(self) -> str:
-        """What it showed, without the escape sequences."""
-        return re.sub(r"\x1b\[[0-9;?<>=$]*[a-zA-Z~]", "", self.output.decode(errors="replace"))
 
 
 @pytest.mark.parametrize("how", ["ctrl+c", "hangup"])

@@ -8,23 +8,19 @@ started is alive and its ports are free."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import termios
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from loopback import free_port
 from processes import cmdline
+from pseudo_terminal import Terminal
 from tcp_helpers import ROOT, TESTNET
 
 START_WITHIN_S = 120.0  # a coordinator and torch-importing clients on a busy 2-core machine
@@ -186,59 +182,10 @@ def test_sigterm_stops_every_process_group_of_a_headless_testnet(tmp_path: Path)
         ports.assert_free()
 
 
-class Terminal:
-    """A pseudo-terminal that becomes a process's controlling terminal, drained in a
-    thread; `hang_up()` closes it as a closed terminal window does (the kernel sends
-    SIGHUP, later writes fail)."""
-
-    def __init__(self) -> None:
-        self.master, self.slave = os.openpty()
-        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
-        self.output = bytearray()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-
-    def spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
-        def controlling_terminal() -> None:
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        process = subprocess.Popen(
-            args, cwd=ROOT, stdin=self.slave, stdout=self.slave, stderr=self.slave,
-            start_new_session=True, preexec_fn=controlling_terminal,  # noqa: PLW1509
-            env={**os.environ, "TERM": "xterm-256color"})
-        os.close(self.slave)
-        self._thread.start()
-        return process
-
-    def _drain(self) -> None:
-        while not self._stop.is_set():
-            if not select.select([self.master], [], [], 0.1)[0]:
-                continue
-            try:
-                data = os.read(self.master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            self.output.extend(data)
-
-    def hang_up(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)  # (a read in progress would keep the terminal open)
-        os.close(self.master)
-        self.master = -1
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        if self.master >= 0:
-            os.close(self.master)
-
-
 def test_closing_the_terminal_of_the_tui_stops_everything(tmp_path: Path) -> None:
     ports = Ports()
     terminal = Terminal()
-    process = terminal.spawn(psyche_testnet_args(tmp_path, ports, "--tui"))
+    process = terminal.spawn(psyche_testnet_args(tmp_path, ports, "--tui"), cwd=ROOT)
     try:
         with started(process) as tree:
             wait_until(lambda: serving(ports) and b"psyche testnet" in terminal.output,
