@@ -28,10 +28,15 @@ BURST = 1 << 20  # RateLimiter's default burst: the first MiB is free
 BASE = ["train", "--run-id", "r", "--server-addr", "127.0.0.1:9", "--logs", "none"]
 
 
+def six_mb_model() -> dict[str, torch.Tensor]:
+    """The model these cap tests move: the same 6 MB every time."""
+    torch.manual_seed(7)
+    return {f"layer{i}.weight": torch.randn(500_000) for i in range(3)}  # 3 x 2 MB fp32
+
+
 async def fetch_seconds(cap_mbps: float | None) -> tuple[float, int]:
     """Seconds for a joiner to fetch a 6 MB model from one peer, and the bytes fetched."""
-    torch.manual_seed(7)
-    state = {f"layer{i}.weight": torch.randn(500_000) for i in range(3)}  # 3 x 2 MB fp32
+    state = six_mb_model()
     async with started_nodes(2) as (sharer, joiner):
         sharer.model_sharing.share(state, "{}")
         joiner.add_peer_addresses([sharer.address])
@@ -67,6 +72,17 @@ def config_from(args: list[str], env: dict[str, str]) -> ClientConfig:
     return seen[0]
 
 
+def one_line_usage_error(args: list[str], env: dict[str, Any], option: str, message: str) -> None:
+    """`train` with these flags and variables exits 2 with one `Error:` line naming `option`
+    and saying `message`, and no traceback."""
+    result = CliRunner().invoke(app, [*BASE, *args], env={"COLUMNS": "200", **env})
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and option in errors[0], result.output
+    assert message in errors[0], result.output
+    assert "Traceback" not in result.output
+
+
 def test_the_flag_and_its_environment_variable_reach_the_config() -> None:
     assert config_from([], {}).p2p.max_model_download_mbps is None
     assert config_from(["--max-model-download-mbps", "250"], {}).p2p.max_model_download_mbps \
@@ -85,9 +101,4 @@ def test_the_flag_and_its_environment_variable_reach_the_config() -> None:
 ])
 def test_a_value_that_is_not_a_rate_is_a_one_line_usage_error(
         args: list[str], env: dict[str, Any], message: str) -> None:
-    result = CliRunner().invoke(app, [*BASE, *args], env={"COLUMNS": "200", **env})
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "--max-model-download-mbps" in errors[0], result.output
-    assert message in errors[0], result.output
-    assert "Traceback" not in result.output
+    one_line_usage_error(args, env, "--max-model-download-mbps", message)

@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from client_image.cli import app
 from client_image.client_config import ClientConfig
 from client_image.p2p import ModelFetchOptions, NodeConfig, P2PNode
 from client_image.p2p.blobs import CAPPED_SERVE_CHUNK
@@ -27,7 +25,7 @@ from client_image.runtime.observability import EventLog
 from psyche_common.identity import Identity
 
 from .swarm import FAST_DOWNLOADS, FAST_GOSSIP, started_nodes
-from .test_model_download_cap import BASE, config_from
+from .test_model_download_cap import config_from, one_line_usage_error, six_mb_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,15 +44,10 @@ async def capped_sharer(state: dict[str, torch.Tensor]) -> AsyncIterator[P2PNode
         yield node
 
 
-def model() -> dict[str, torch.Tensor]:
-    torch.manual_seed(7)
-    return {f"layer{i}.weight": torch.randn(500_000) for i in range(3)}  # 3 x 2 MB fp32
-
-
 async def serve_to(joiners: int) -> tuple[list[tuple[float, int]], int]:
     """The sharer's (seconds, bytes served) every 50 ms while `joiners` fetch its model at
     once, and the model's size; every joiner checks what it got."""
-    state = model()
+    state = six_mb_model()
     samples: list[tuple[float, int]] = []
     async with capped_sharer(state) as sharer, started_nodes(joiners) as fetchers:
         for joiner in fetchers:
@@ -119,12 +112,7 @@ def test_the_flag_and_its_environment_variable_reach_the_config() -> None:
 ])
 def test_a_value_that_is_not_a_rate_is_a_one_line_usage_error(
         args: list[str], env: dict[str, Any], message: str) -> None:
-    result = CliRunner().invoke(app, [*BASE, *args], env={"COLUMNS": "200", **env})
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "--max-upload-mbps" in errors[0], result.output
-    assert message in errors[0], result.output
-    assert "Traceback" not in result.output
+    one_line_usage_error(args, env, "--max-upload-mbps", message)
 
 
 @pytest.mark.parametrize(("mbps", "limited"), [(40.0, True), (None, False)])

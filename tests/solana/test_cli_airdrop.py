@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import Result
 from solders.keypair import Keypair
 
 from psyche_solana import instructions as ix
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import SolanaRpc
 from run_manager.cli import app
+from tests.solana.refusals import one_line_error
 from tests.solana.test_cli import funded_wallet, mint_for, run_cli, runner
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,14 +37,6 @@ def _balance(net: Localnet, owner: Keypair, mint: str) -> int:
             return 0 if data is None else ix.token_amount(data)
 
     return asyncio.run(read())
-
-
-def _one_line_error(result: Result, *words: str) -> None:
-    assert result.exit_code != 0, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    for word in words:
-        assert word in lines[0], result.output
 
 
 def test_an_airdrop_is_created_claimed_shown_and_withdrawn_from_the_command_line(localnet, tmp_path):
@@ -75,16 +67,16 @@ def test_an_airdrop_is_created_claimed_shown_and_withdrawn_from_the_command_line
     quarter = _balance(localnet, recipients[1][1], mint)
     assert 2_500_000 <= quarter < 3_000_000  # 1000-odd of 4000 s elapsed
 
-    _one_line_error(run_cli(localnet, recipients[2][0], "airdrop-claim", "--proofs", str(proofs)),
-                    "nothing to claim now")
-    _one_line_error(run_cli(localnet, recipients[2][0], "airdrop-claim", "--proofs", str(proofs),
-                            "--amount", "0.5"), "distributor", "NothingVestedYet")
-    _one_line_error(run_cli(localnet, recipients[0][0], "airdrop-claim", "--proofs", str(proofs),
-                            "--amount", "1"), "distributor", "MoreThanVested")
-    _one_line_error(run_cli(localnet, outsider_path, "airdrop-claim", "--proofs", str(proofs)),
-                    "no allocation")
-    _one_line_error(run_cli(localnet, outsider_path, "airdrop-withdraw", "--airdrop-id", "5"),
-                    "distributor", "NotAirdropAuthority")
+    one_line_error(run_cli(localnet, recipients[2][0], "airdrop-claim", "--proofs", str(proofs)),
+                   "nothing to claim now")
+    one_line_error(run_cli(localnet, recipients[2][0], "airdrop-claim", "--proofs", str(proofs),
+                           "--amount", "0.5"), "distributor", "NothingVestedYet")
+    one_line_error(run_cli(localnet, recipients[0][0], "airdrop-claim", "--proofs", str(proofs),
+                           "--amount", "1"), "distributor", "MoreThanVested")
+    one_line_error(run_cli(localnet, outsider_path, "airdrop-claim", "--proofs", str(proofs)),
+                   "no allocation")
+    one_line_error(run_cli(localnet, outsider_path, "airdrop-withdraw", "--airdrop-id", "5"),
+                   "distributor", "NotAirdropAuthority")
 
     shown = run_cli(localnet, None, "airdrop-show", "--airdrop-id", "5", "--proofs", str(proofs))
     assert shown.exit_code == 0, shown.output
@@ -101,8 +93,8 @@ def test_an_airdrop_is_created_claimed_shown_and_withdrawn_from_the_command_line
     assert _balance(localnet, authority, mint) == before + state["vault"]["amount"]
     shown = run_cli(localnet, None, "airdrop-show", "--airdrop-id", "5")
     assert json.loads(shown.output)["vault"]["amount"] == 0
-    _one_line_error(run_cli(localnet, authority_path, "airdrop-withdraw", "--airdrop-id", "5",
-                            "--amount", "1"), "distributor", "InsufficientFunds")
+    one_line_error(run_cli(localnet, authority_path, "airdrop-withdraw", "--airdrop-id", "5",
+                           "--amount", "1"), "distributor", "InsufficientFunds")
 
 
 @pytest.mark.parametrize("command,words", [
@@ -139,7 +131,7 @@ def test_a_bad_allocations_file_is_named_in_one_line(localnet: Localnet, tmp_pat
     result = run_cli(localnet, authority_path, "airdrop-create", "--allocations", str(path),
                      "--collateral-mint", mint)
     assert result.exit_code == 2
-    _one_line_error(result, *words)
+    one_line_error(result, *words)
 
 
 def test_a_bad_proofs_file_and_an_unknown_airdrop_are_one_line_errors(localnet: Localnet,
@@ -147,7 +139,7 @@ def test_a_bad_proofs_file_and_an_unknown_airdrop_are_one_line_errors(localnet: 
     wallet, _ = funded_wallet(tmp_path, "someone", localnet)
     bad = tmp_path / "proofs.json"
     bad.write_text('{"airdrop_id": 1}')
-    _one_line_error(run_cli(localnet, wallet, "airdrop-claim", "--proofs", str(bad)),
-                    "not a proofs file")
-    _one_line_error(run_cli(localnet, None, "airdrop-show", "--airdrop-id", "424242"),
-                    "no airdrop with id 424242")
+    one_line_error(run_cli(localnet, wallet, "airdrop-claim", "--proofs", str(bad)),
+                   "not a proofs file")
+    one_line_error(run_cli(localnet, None, "airdrop-show", "--airdrop-id", "424242"),
+                   "no airdrop with id 424242")

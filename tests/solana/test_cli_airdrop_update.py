@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
 from solders.keypair import Keypair
 
 from psyche_solana.localnet import Localnet
 from run_manager.cli import app
+from tests.solana.refusals import one_line_error
 from tests.solana.test_cli import funded_wallet, mint_for, run_cli, runner
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,14 +28,6 @@ M = 10**6  # the mint has 6 decimals
 def localnet() -> Iterator[Localnet]:
     with Localnet() as net:
         yield net
-
-
-def one_line_error(result: Result, *words: str) -> None:
-    assert result.exit_code != 0, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    for word in words:
-        assert word in lines[0], result.output
 
 
 def write_allocations(path: Path, rows: list[tuple[Keypair, str]]) -> Path:

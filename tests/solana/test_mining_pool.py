@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from solders.instruction import AccountMeta, Instruction
+from solders.instruction import Instruction
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
@@ -24,6 +24,7 @@ from psyche_solana.ids import TOKEN_PROGRAM_ID, mining_pool_program
 from psyche_solana.localnet import Localnet
 from psyche_solana.rpc import ProgramError, SolanaRpc
 from psyche_solana.svm import ProgramSvm, TransactionFailed
+from tests.solana.refusals import unsigned, with_account
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,18 +174,6 @@ def _snapshot(svm: ProgramSvm) -> dict[Pubkey, tuple[Pubkey, int, bytes]]:
             for address, account in svm.svm.get_program_accounts(program)}
 
 
-def _unsigned(instruction: Instruction, key: Pubkey) -> Instruction:
-    metas = [AccountMeta(m.pubkey, False, m.is_writable) if m.pubkey == key else m
-             for m in instruction.accounts]
-    return Instruction(instruction.program_id, bytes(instruction.data), metas)
-
-
-def _with_account(instruction: Instruction, index: int, key: Pubkey) -> Instruction:
-    metas = list(instruction.accounts)
-    metas[index] = AccountMeta(key, metas[index].is_signer, metas[index].is_writable)
-    return Instruction(instruction.program_id, bytes(instruction.data), metas)
-
-
 def _with_data(instruction: Instruction, data: bytes) -> Instruction:
     return Instruction(instruction.program_id, data, list(instruction.accounts))
 
@@ -209,12 +198,12 @@ CASES: list[tuple[str, str, Case]] = [
      lambda w: (mp.pool_extract(_key(w, "b"), 1, w.collateral, 200), w.b)),
     ("claimable-by-intruder", "NotPoolAuthority",
      lambda w: (mp.pool_claimable(_key(w, "intruder"), 3, w.reward), w.intruder)),
-    ("authority-listed-not-signing", "MissingSignature", lambda w: (_unsigned(
+    ("authority-listed-not-signing", "MissingSignature", lambda w: (unsigned(
         mp.pool_extract(_key(w, "authority"), 1, w.collateral, 300), _key(w, "authority")), w.svm.payer)),
-    ("extract-to-someone-elses-account", "WrongTokenAccount", lambda w: (_with_account(
+    ("extract-to-someone-elses-account", "WrongTokenAccount", lambda w: (with_account(
         mp.pool_extract(_key(w, "authority"), 1, w.collateral, 300), 1,
         ix.associated_token_address(_key(w, "intruder"), w.collateral)), w.authority)),
-    ("extract-from-a-forged-vault", "WrongPoolVault", lambda w: (_with_account(
+    ("extract-from-a-forged-vault", "WrongPoolVault", lambda w: (with_account(
         mp.pool_extract(_key(w, "authority"), 1, w.collateral, 300), 3,
         ix.associated_token_address(_key(w, "intruder"), w.collateral)), w.authority)),
     ("extract-while-frozen", "PoolFreezeIsTrue",
@@ -230,20 +219,20 @@ CASES: list[tuple[str, str, Case]] = [
      lambda w: (mp.lender_claim(_key(w, "b"), 1, w.reward, 601), w.b)),
     ("claim-with-no-deposit", "ParamsRedeemableAmountIsTooLarge",
      lambda w: (mp.lender_claim(_key(w, "c"), 1, w.reward, 1), w.c)),
-    ("claim-another-lenders-share", "WrongLender", lambda w: (_with_account(
+    ("claim-another-lenders-share", "WrongLender", lambda w: (with_account(
         mp.lender_claim(_key(w, "intruder"), 1, w.reward, 600), 5,
         mp.lender_address(mp.pool_address(1), _key(w, "b"))), w.intruder)),
-    ("claim-into-another-lenders-account", "WrongTokenAccount", lambda w: (_with_account(
+    ("claim-into-another-lenders-account", "WrongTokenAccount", lambda w: (with_account(
         mp.lender_claim(_key(w, "b"), 1, w.reward, 600), 1,
         ix.associated_token_address(_key(w, "intruder"), w.reward)), w.b)),
-    ("claim-from-a-forged-vault", "WrongPoolVault", lambda w: (_with_account(
+    ("claim-from-a-forged-vault", "WrongPoolVault", lambda w: (with_account(
         mp.lender_claim(_key(w, "b"), 1, w.reward, 600), 3,
         ix.associated_token_address(_key(w, "intruder"), w.reward)), w.b)),
     ("claim-another-mint", "WrongRedeemableMint",
      lambda w: (mp.lender_claim(_key(w, "b"), 1, w.collateral, 1), w.b)),
     ("claim-before-claims-are-enabled", "PoolClaimingEnabledIsFalse", lambda w: (
         mp.lender_claim(_key(w, "a"), 3, w.reward, 1), w.a)),
-    ("claim-unsigned", "MissingSignature", lambda w: (_unsigned(
+    ("claim-unsigned", "MissingSignature", lambda w: (unsigned(
         mp.lender_claim(_key(w, "b"), 1, w.reward, 600), _key(w, "b")), w.svm.payer)),
     ("deposit-past-the-max", "ParamsCollateralAmountIsTooLarge",
      lambda w: (mp.lender_deposit(_key(w, "a"), 3, w.collateral, 951), w.a)),
@@ -253,15 +242,15 @@ CASES: list[tuple[str, str, Case]] = [
      lambda w: (mp.lender_deposit(_key(w, "c"), 1, w.collateral, 1), w.c)),
     ("deposit-into-a-frozen-pool", "PoolFreezeIsTrue",
      lambda w: (mp.lender_deposit(_key(w, "a"), 2, w.collateral, 1), w.a)),
-    ("deposit-from-another-lenders-tokens", "WrongTokenAccount", lambda w: (_with_account(
+    ("deposit-from-another-lenders-tokens", "WrongTokenAccount", lambda w: (with_account(
         mp.lender_deposit(_key(w, "c"), 1, w.collateral, 10), 1,
         ix.associated_token_address(_key(w, "b"), w.collateral)), w.c)),
-    ("deposit-credited-to-another-lender", "WrongLender", lambda w: (_with_account(
+    ("deposit-credited-to-another-lender", "WrongLender", lambda w: (with_account(
         mp.lender_deposit(_key(w, "c"), 1, w.collateral, 10), 4,
         mp.lender_address(mp.pool_address(1), _key(w, "b"))), w.c)),
     ("deposit-without-a-lender-account", "WrongLender",
      lambda w: (mp.lender_deposit(_key(w, "intruder"), 1, w.collateral, 10), w.intruder)),
-    ("lender-create-for-someone-else", "WrongLender", lambda w: (_with_account(
+    ("lender-create-for-someone-else", "WrongLender", lambda w: (with_account(
         mp.lender_create(_key(w, "intruder"), _key(w, "intruder"), 1), 3,
         mp.lender_address(mp.pool_address(1), _key(w, "b"))), w.intruder)),
     ("lender-create-twice", "AlreadyInitialized",
@@ -269,7 +258,7 @@ CASES: list[tuple[str, str, Case]] = [
     # pools
     ("pool-create-twice", "AlreadyInitialized", lambda w: (mp.pool_create(
         _key(w, "intruder"), _key(w, "intruder"), 1, w.collateral), w.intruder)),
-    ("pool-create-at-another-address", "WrongPoolAddress", lambda w: (_with_account(
+    ("pool-create-at-another-address", "WrongPoolAddress", lambda w: (with_account(
         mp.pool_create(_key(w, "intruder"), _key(w, "intruder"), 9, w.collateral), 2,
         mp.pool_address(10)), w.intruder)),
     ("pool-metadata-too-long", "ParamsMetadataLengthIsTooLarge", lambda w: (_with_data(
@@ -280,7 +269,7 @@ CASES: list[tuple[str, str, Case]] = [
         + bytes(400)), w.authority)),
     ("update-truncated", "InvalidInstruction", lambda w: (_with_data(
         mp.pool_update(_key(w, "authority"), 1), b"\2\1\0\0"), w.authority)),
-    ("update-a-lender-account-as-pool", "WrongAccountSize", lambda w: (_with_account(
+    ("update-a-lender-account-as-pool", "WrongAccountSize", lambda w: (with_account(
         mp.pool_update(_key(w, "authority"), 1, freeze=True), 1,
         mp.lender_address(mp.pool_address(1), _key(w, "b"))), w.authority)),
     ("unknown-instruction", "InvalidInstruction", lambda w: (_with_data(

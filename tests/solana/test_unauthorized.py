@@ -37,6 +37,7 @@ from psyche_solana.run_metadata import treasurer_run_close as close
 from psyche_solana.run_metadata import treasurer_run_set_metadata as set_metadata
 from psyche_solana.scenario import SvmRun
 from psyche_solana.svm import ProgramSvm, TransactionFailed
+from tests.solana.refusals import unsigned, with_account
 from tests.solana.test_differential import small_run_state
 
 # the world is built in about a second and every case is one transaction: a minute is
@@ -134,19 +135,6 @@ def _raw(program: Pubkey, data: bytes, *metas: tuple[Pubkey, bool, bool]) -> Ins
     return Instruction(program, data, [AccountMeta(k, s, w) for k, s, w in metas])
 
 
-def _unsigned(instruction: Instruction, key: Pubkey) -> Instruction:
-    """The same instruction with `key` listed but not signing."""
-    metas = [AccountMeta(m.pubkey, False, m.is_writable) if m.pubkey == key else m
-             for m in instruction.accounts]
-    return Instruction(instruction.program_id, bytes(instruction.data), metas)
-
-
-def _with_account(instruction: Instruction, index: int, key: Pubkey) -> Instruction:
-    metas = list(instruction.accounts)
-    metas[index] = AccountMeta(key, metas[index].is_signer, metas[index].is_writable)
-    return Instruction(instruction.program_id, bytes(instruction.data), metas)
-
-
 def _longer(instruction: Instruction, extra: bytes = b"\0") -> Instruction:
     return Instruction(instruction.program_id, bytes(instruction.data) + extra,
                        list(instruction.accounts))
@@ -220,11 +208,11 @@ CASES: list[tuple[str, str, Build]] = [
      _as("intruder", lambda w: set_run_metadata(w.run.address, _me(w), _me(w), Meta("evil")))),
     ("free-coordinator-running", "NotHalted", _as("run.authority", lambda w: ix.free_coordinator(
         w.run.address, w.run.authority.pubkey(), "guarded-run", w.run.authority.pubkey()))),
-    ("authority-listed-not-signing", "MissingSignature", _as("svm.payer", lambda w: _unsigned(
+    ("authority-listed-not-signing", "MissingSignature", _as("svm.payer", lambda w: unsigned(
         ix.set_paused(w.run.address, w.run.authority.pubkey(), True), w.run.authority.pubkey()))),
     ("treasury-authority-direct", "NotMainAuthority", _as("treasury.authority", lambda w: ix.set_paused(
         w.treasury.address, w.treasury.authority.pubkey(), False))),
-    ("treasury-pda-not-signing", "MissingSignature", _as("svm.payer", lambda w: _unsigned(
+    ("treasury-pda-not-signing", "MissingSignature", _as("svm.payer", lambda w: unsigned(
         ix.set_paused(w.treasury.address, w.run_pda(), False), w.run_pda()))),
     ("config-change-while-running", "NotHalted",
      _as("run.authority", lambda w: ix.update_config(w.run.address, w.run.authority.pubkey(), _config(w)))),
@@ -258,7 +246,7 @@ CASES: list[tuple[str, str, Build]] = [
         w.run.address, _me(w), ix.authorization_address(w.run.join_authority.pubkey(), Pubkey.default())))),
     ("join-forged-authorization", "NotAuthorized",
      _as("intruder", lambda w: ix.join_run(w.run.address, _me(w), w.halted.address))),
-    ("join-as-member-not-signing", "MissingSignature", _as("svm.payer", lambda w: _unsigned(
+    ("join-as-member-not-signing", "MissingSignature", _as("svm.payer", lambda w: unsigned(
         ix.join_run(w.run.address, w.member.pubkey(), w.member_auth), w.member.pubkey()))),
     # the members' instructions, by a non-member
     ("witness", "NotYourIndex", _as("intruder", lambda w: ix.witness(w.run.address, _me(w), w.honest))),
@@ -271,7 +259,7 @@ CASES: list[tuple[str, str, Build]] = [
         CommitteeProof(Committee.Trainer, 0, 0)))),
     ("checkpoint", "NotYourIndex", _as("intruder", lambda w: ix.checkpoint(
         w.run.address, _me(w), 0, HubCheckpoint(repo_id="evil/model", revision=None)))),
-    ("p2p-address-of-another", "WrongAccount", _as("intruder", lambda w: _with_account(
+    ("p2p-address-of-another", "WrongAccount", _as("intruder", lambda w: with_account(
         ix.set_p2p_address(w.run.address, _me(w), "evil"), 2,
         ix.p2p_address_account(w.run.address, w.member.pubkey())))),
     # tick: anyone, except on a halted run or a wrong account
@@ -289,13 +277,13 @@ CASES: list[tuple[str, str, Build]] = [
     # run ids: claimed once, by the PDA of the id
     ("duplicate-run-id", "AlreadyInitialized", _as("intruder", lambda w: _init(w, w.blank, "guarded-run"))),
     ("reinit-a-run", "AlreadyInitialized", _as("intruder", lambda w: _init(w, w.run.address, "fresh-id"))),
-    ("claim-not-the-pda-of-the-id", "WrongAccount", _as("intruder", lambda w: _with_account(
+    ("claim-not-the-pda-of-the-id", "WrongAccount", _as("intruder", lambda w: with_account(
         _init(w, w.blank, "fresh-id"), 2, ix.coordinator_instance_address("other-id")))),
     ("non-canonical-run-id", "InvalidRunId", _as("intruder", lambda w: _raw(
         coordinator_program(), b"\0" + b"abc\0xyz".ljust(32, b"\0") + bytes(64 + 96),
         (w.blank, False, True), (w.intruder.pubkey(), True, True),
         (ix.coordinator_instance_address("abc"), False, True), (SYSTEM_PROGRAM_ID, False, False)))),
-    ("init-payer-not-signing", "MissingSignature", _as("svm.payer", lambda w: _unsigned(
+    ("init-payer-not-signing", "MissingSignature", _as("svm.payer", lambda w: unsigned(
         _init(w, w.blank, "fresh-id"), w.intruder.pubkey()))),
     ("treasurer-duplicate-run-id", "AlreadyInitialized",
      _as("intruder", lambda w: _create(w, "guarded-run", 12345))),
@@ -307,9 +295,9 @@ CASES: list[tuple[str, str, Build]] = [
      _as("delegate", lambda w: [_claim(w, w.delegate, 500), _claim(w, w.delegate, 500)])),
     ("claim-too-large", "ClaimTooLarge", _as("delegate", lambda w: _claim(w, w.delegate, 501))),
     ("claim-non-member", "NothingToClaim", _as("intruder", lambda w: _claim(w, w.intruder, 1))),
-    ("claim-into-anothers-participant", "WrongAccount", _as("intruder", lambda w: _with_account(
+    ("claim-into-anothers-participant", "WrongAccount", _as("intruder", lambda w: with_account(
         _claim(w, w.intruder, 500), 3, ix.participant_address(w.run_pda(), w.delegate.pubkey())))),
-    ("claim-from-a-foreign-vault", "WrongVault", _as("delegate", lambda w: _with_account(
+    ("claim-from-a-foreign-vault", "WrongVault", _as("delegate", lambda w: with_account(
         _claim(w, w.delegate, 500), 4, ix.associated_token_address(_me(w), w.mint())))),
     ("claim-on-another-coordinator", "WrongAccount",
      _as("delegate", lambda w: _claim(w, w.delegate, 500, w.run.address))),
@@ -320,12 +308,12 @@ CASES: list[tuple[str, str, Build]] = [
      _as("intruder", lambda w: ix.authorization_close(_me(w), w.member_auth, _me(w)))),
     ("authorization-delegates-by-grantor", "NotGrantee", _as("run.join_authority", lambda w: (
         ix.authorization_grantee_update(w.run.join_authority.pubkey(), w.member_auth, True)))),
-    ("authorization-forged-grantor", "MissingSignature", _as("intruder", lambda w: _unsigned(
+    ("authorization-forged-grantor", "MissingSignature", _as("intruder", lambda w: unsigned(
         ix.authorization_create(_me(w), w.run.join_authority.pubkey(), _me(w)),
         w.run.join_authority.pubkey()))),
     ("authorization-duplicate", "AlreadyInitialized", _as("run.join_authority", lambda w: ix.authorization_create(
         w.run.join_authority.pubkey(), w.run.join_authority.pubkey(), w.member.pubkey()))),
-    ("authorization-wrong-address", "WrongAccount", _as("intruder", lambda w: _with_account(
+    ("authorization-wrong-address", "WrongAccount", _as("intruder", lambda w: with_account(
         ix.authorization_create(_me(w), _me(w), w.member.pubkey()), 2, w.intruder_auth))),
     ("authorization-wrong-owner", "WrongAccountOwner",
      _as("intruder", lambda w: ix.authorization_grantor_update(_me(w), w.run.address, True))),
