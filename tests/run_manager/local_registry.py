@@ -118,12 +118,13 @@ def remove_images(client: docker.DockerClient, *images: str) -> None:
 
 
 def publish_tiny_client(client: docker.DockerClient, registry: LocalRegistry, workdir: Path,
-                        tag: str, payload_mb: int = 16) -> tuple[str, str]:
-    """A stand-in client `tag` that exits 0, published with scripts/publish_client_image.sh
-    as psyche-client:<its version> and then removed from the engine with what the script
-    tagged (a run-manager must pull it): (the published reference, the digest the script
-    printed)."""
-    build_tiny_client(client, workdir, tag, exit_code=0, payload_mb=payload_mb)
+                        tag: str, payload_mb: int = 16,
+                        exit_code: int = 0) -> tuple[str, str]:
+    """A stand-in client `tag` that exits `exit_code`, published with
+    scripts/publish_client_image.sh as psyche-client:<its version> and then removed from
+    the engine with what the script tagged (a run-manager must pull it): (the published
+    reference, the digest the script printed)."""
+    build_tiny_client(client, workdir, tag, exit_code=exit_code, payload_mb=payload_mb)
     result = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "publish_client_image.sh"), registry.address,
          "--image", tag], capture_output=True, text=True, timeout=120, check=False)

@@ -9,14 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from loopback import free_port
-from tcp_run import write_run_files
 from test_rm_tui import text_of
 from textual.pilot import Pilot
 
@@ -26,6 +23,7 @@ from run_manager.monitor import Monitor, Part
 from run_manager.sources import Heard, TcpCoordinatorSource
 from run_manager.tui.app import RunManagerApp
 from run_manager.view import Dashboard
+from tests.run_manager.coordinator_setup import start_coordinator
 
 RUN_ID = "silent-run"
 SHOWN_WITHIN_S = 10.0  # the bound: a dead coordinator shows within 10 s
@@ -33,14 +31,7 @@ SHOWN_WITHIN_S = 10.0  # the issue's bound: a dead coordinator shows within 10 s
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    port = free_port()
-    state, data = write_run_files(tmp_path / "run", "0.1.0", free_port(), RUN_ID)
-    with (tmp_path / "coordinator.log").open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state),
-             "--data-config", str(data), "--server-port", str(port), "--bind-host",
-             "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-            start_new_session=True)
+    process, port = start_coordinator(tmp_path, RUN_ID)
     try:
         yield process, port
     finally:

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import io
-import subprocess
-import sys
 import time
 from pathlib import Path
-
-from loopback import free_port
-from tcp_run import write_run_files
 
 from run_manager.monitor import Monitor
 from run_manager.runner import LogLinePrinter
 from run_manager.sources import Heard, RunSnapshot, TcpCoordinatorSource
 from run_manager.view import Dashboard
+from tests.run_manager.coordinator_setup import start_coordinator
 
 
 def test_run_lines_print_on_changes_not_on_every_tick_of_the_phase_timer() -> None:
@@ -78,14 +74,7 @@ def test_coordinator_alarms_print_once_when_they_start_and_once_when_they_end() 
 async def test_a_killed_coordinator_is_said_by_the_headless_run_manager(tmp_path: Path) -> None:
     """A real `psyche-coordinator run` followed by the real source and Monitor, printed by
     `--no-tui`'s printer: killed, it is said within the TUI's bound (10 s)."""
-    port = free_port()
-    state, data = write_run_files(tmp_path / "run", "0.1.0", free_port(), "headless-run")
-    with (tmp_path / "coordinator.log").open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "coordinator_tcp", "run", "--state", str(state),
-             "--data-config", str(data), "--server-port", str(port), "--bind-host",
-             "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-            start_new_session=True)
+    process, port = start_coordinator(tmp_path, "headless-run")
     dashboard, out = Dashboard(), io.StringIO()
     printer = LogLinePrinter(dashboard, out)
     source = TcpCoordinatorSource(f"127.0.0.1:{port}", "headless-run", wait_s=60,

@@ -39,8 +39,8 @@ from tests.run_manager.local_registry import (
     REGISTRY_BINARY,
     TINY_BASE,
     LocalRegistry,
-    build_tiny_client,
     free_port,
+    publish_tiny_client,
     remove_images,
 )
 
@@ -72,15 +72,12 @@ def publish(docker_client: docker.DockerClient, registry: LocalRegistry,
     published: list[str] = []
 
     def publish(version: str, exit_code: int) -> str:
-        local = f"psyche-registry-test:{version}"
-        build_tiny_client(docker_client, tmp_path, local, exit_code)
-        result = subprocess.run(
-            ["bash", str(REPO_ROOT / "scripts" / "publish_client_image.sh"), registry.address,
-             "--image", local], capture_output=True, text=True, timeout=120, check=False)
-        published.append(f"{registry.address}/{REPOSITORY}:{version}")
-        remove_images(docker_client, local, published[-1])  # the run-manager must pull it
-        assert result.returncode == 0, result.stderr
-        return result.stdout.splitlines()[-1]
+        reference, digest = publish_tiny_client(
+            docker_client, registry, tmp_path, f"psyche-registry-test:{version}",
+            exit_code=exit_code)
+        assert reference == f"{registry.address}/{REPOSITORY}:{version}"
+        published.append(reference)  # pulled by the run-manager later: removed at the end
+        return digest
 
     yield publish
     remove_images(docker_client, *published)

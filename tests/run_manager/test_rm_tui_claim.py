@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from solders.keypair import Keypair
 from test_rm_tui import text_of
 from test_rm_tui_rewards import OPERATOR
 
@@ -24,7 +23,7 @@ from run_manager.rewards import RewardsUnavailable, SolanaRewards
 from run_manager.tui.app import RunManagerApp
 from run_manager.tui.widgets import ClaimScreen
 from run_manager.view import Dashboard
-from tests.solana.test_differential import small_run_state
+from tests.run_manager.tui_setup import played_treasurer_run
 
 EARNED = 500  # an epoch's points for each of the two clients
 
@@ -32,17 +31,7 @@ EARNED = 500  # an epoch's points for each of the two clients
 @pytest.fixture
 def funded_run() -> Iterator[tuple[Localnet, SvmRun, str]]:
     """An epoch played by the operator and another client; the vault holds enough."""
-    run = SvmRun.create(small_run_state(2, 2, 1, 10), treasurer=True)
-    other = Keypair()
-    for key in (OPERATOR, other):
-        run.svm.airdrop(key.pubkey(), 10**9)
-    run.authorize_permissionless()
-    run.set_rates(1000, None)
-    run.join(OPERATOR)
-    run.join(other)
-    run.svm.advance(2)
-    run.tick()
-    run.play_epoch([OPERATOR, other])
+    run = played_treasurer_run(OPERATOR)
     assert run.account().earned(OPERATOR.pubkey()) == EARNED
     run.top_up(10 * EARNED)
     with Localnet(validator=LocalValidator(run.svm)) as net:

@@ -36,6 +36,7 @@ from run_manager.tui.app import RunManagerApp
 from run_manager.tui.widgets.funds_claim_screen import FundsClaimScreen
 from run_manager.tui.widgets.funds_panel import FundsPanel
 from run_manager.view import Dashboard
+from tests.run_manager.tui_setup import claim_dialog_on_row, funds_app, token_balance
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -124,19 +125,6 @@ def world(tmp_path: Path) -> Iterator[World]:
         yield World(net, proofs)
 
 
-async def token_balance(net: Localnet, mint: Pubkey) -> int:
-    async with SolanaRpc([net.url]) as rpc:
-        data = await rpc.account_data(ix.associated_token_address(WALLET.pubkey(), mint))
-        return 0 if data is None else ix.token_amount(data)
-
-
-def funds_app(net: Localnet, proofs: Path | None) -> RunManagerApp:
-    dashboard = Dashboard()
-    dashboard.wallet.address = str(WALLET.pubkey())
-    return RunManagerApp(dashboard, wallet_refresh_s=3600,
-                         funds=WalletFunds([net.url], WALLET, proofs))
-
-
 async def listed(app: RunManagerApp, pilot: Pilot[None], rows: int) -> FundsPanel:
     """The panel once it has read the chain (its first read starts on mount)."""
     panel = app.query_one(FundsPanel)
@@ -154,7 +142,7 @@ def cells(app: RunManagerApp, key: str) -> list[str]:
 
 async def test_the_panel_lists_the_wallets_pools_and_airdrop_with_their_figures(
         world: World) -> None:
-    app = funds_app(world.net, world.proofs)
+    app = funds_app(world.net.url, WALLET, world.proofs)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             panel = await listed(app, pilot, 4)
@@ -178,9 +166,9 @@ async def test_the_panel_lists_the_wallets_pools_and_airdrop_with_their_figures(
 
 
 async def test_a_confirmed_claim_sends_exactly_the_amount_the_dialog_shows(world: World) -> None:
-    app = funds_app(world.net, world.proofs)
-    reward_before = await token_balance(world.net, REWARD.pubkey())
-    dropped_before = await token_balance(world.net, DROPPED.pubkey())
+    app = funds_app(world.net.url, WALLET, world.proofs)
+    reward_before = await token_balance(world.net.url, WALLET.pubkey(), REWARD.pubkey())
+    dropped_before = await token_balance(world.net.url, WALLET.pubkey(), DROPPED.pubkey())
     assert (reward_before, dropped_before) == (0, 1 * M)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -196,26 +184,23 @@ async def test_a_confirmed_claim_sends_exactly_the_amount_the_dialog_shows(world
             await pilot.click("#claim-confirm")
             await app.workers.wait_for_complete()
             await pilot.pause()
-            assert await token_balance(world.net, REWARD.pubkey()) == reward_before + SHARE
+            reward = await token_balance(world.net.url, WALLET.pubkey(), REWARD.pubkey())
+            assert reward == reward_before + SHARE
             assert text_of(app, "#funds-notes").splitlines()[-1] == (
                 f"claimed {SHARE} base units from pool 3: token balance now {SHARE} base units")
             assert cells(app, "pool:3")[3:5] == ["claimed 333.333333", "claimable 0"]
 
             # The airdrop's vested, unclaimed 4 tokens: enter on its row.
-            table = app.query_one("#funds-table", DataTable)
-            table.focus()
-            table.move_cursor(row=2)
-            await pilot.press("enter")
-            await pilot.pause()
-            dialog = app.screen
-            assert isinstance(dialog, FundsClaimScreen) and dialog.amount == 4 * M
+            dialog = await claim_dialog_on_row(app, pilot, 2)
+            assert dialog.amount == 4 * M
             assert dialog.question.startswith(
                 f"Claim {4 * M} base units = 4 tokens ({DROPPED.pubkey()})\n"
                 "from airdrop 9, allocation #0 (vested so far)")
             await pilot.press("y")
             await app.workers.wait_for_complete()
             await pilot.pause()
-            assert await token_balance(world.net, DROPPED.pubkey()) == dropped_before + 4 * M
+            dropped = await token_balance(world.net.url, WALLET.pubkey(), DROPPED.pubkey())
+            assert dropped == dropped_before + 4 * M
             assert cells(app, "airdrop:9:0")[3:5] == ["claimed 5", "claimable 0"]
 
             # Nothing left there: a notification, no dialog, no transaction.
@@ -232,7 +217,7 @@ async def test_a_confirmed_claim_sends_exactly_the_amount_the_dialog_shows(world
 
 async def test_a_claim_made_stale_elsewhere_is_refused_in_one_line_not_resized(
         world: World) -> None:
-    app = funds_app(world.net, world.proofs)
+    app = funds_app(world.net.url, WALLET, world.proofs)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             panel = await listed(app, pilot, 4)
@@ -254,11 +239,12 @@ async def test_a_claim_made_stale_elsewhere_is_refused_in_one_line_not_resized(
             assert cells(app, "pool:3")[3:5] == ["claimed 0.000001", "claimable 333.333332"]
     finally:
         await app.funds.close()  # type: ignore[union-attr]  # given above
-    assert await token_balance(world.net, REWARD.pubkey()) == 1  # only the other claim
+    # only the other claim
+    assert await token_balance(world.net.url, WALLET.pubkey(), REWARD.pubkey()) == 1
 
 
 async def test_cancelling_the_claim_sends_nothing(world: World) -> None:
-    app = funds_app(world.net, world.proofs)
+    app = funds_app(world.net.url, WALLET, world.proofs)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             panel = await listed(app, pilot, 4)
@@ -273,7 +259,7 @@ async def test_cancelling_the_claim_sends_nothing(world: World) -> None:
             assert panel.last_claim == ""
     finally:
         await app.funds.close()  # type: ignore[union-attr]  # given above
-    assert await token_balance(world.net, REWARD.pubkey()) == 0
+    assert await token_balance(world.net.url, WALLET.pubkey(), REWARD.pubkey()) == 0
     async with SolanaRpc([world.net.url]) as rpc:
         lender = await rpc.account_data(mp.lender_address(mp.pool_address(POOL_PAID),
                                                           WALLET.pubkey()))
@@ -290,7 +276,7 @@ async def test_without_a_proofs_file_the_panel_says_so_and_lists_the_pools(
                                         "no such file"),
             (broken, f"airdrops: AIRDROP_PROOFS={broken}: not a proofs file written by "
                      "airdrop-create (KeyError: 'airdrop_id')")):
-        app = funds_app(world.net, proofs)
+        app = funds_app(world.net.url, WALLET, proofs)
         try:
             async with app.run_test(size=(120, 40)) as pilot:
                 panel = await listed(app, pilot, 2)
@@ -311,7 +297,7 @@ async def test_the_panel_is_hidden_and_a_not_offered_without_a_wallet_on_solana(
 
 
 def test_snapshot_funds_panel_and_claim_dialog(world: World, snap_compare: Any) -> None:
-    app = funds_app(world.net, world.proofs)
+    app = funds_app(world.net.url, WALLET, world.proofs)
 
     async def ready(pilot: Pilot[None]) -> None:
         await listed(app, pilot, 4)

@@ -21,7 +21,6 @@ import pytest
 from solders.keypair import Keypair
 from test_rm_tui import text_of
 from test_rm_tui_funds import cells, listed
-from textual.widgets import DataTable
 
 from psyche_solana import distributor as dist
 from psyche_solana import instructions as ix
@@ -29,10 +28,8 @@ from psyche_solana.localnet import Localnet
 from psyche_solana.merkle import Allocation, Vesting
 from psyche_solana.rpc import SolanaRpc
 from run_manager.commands.airdrop import proofs_json
-from run_manager.funds import WalletFunds
 from run_manager.tui.app import RunManagerApp
-from run_manager.tui.widgets.funds_claim_screen import FundsClaimScreen
-from run_manager.view import Dashboard
+from tests.run_manager.tui_setup import claim_dialog_on_row, funds_app, token_balance
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,27 +91,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         yield built
 
 
-def funds_app(net: Localnet, proofs: str) -> RunManagerApp:
-    dashboard = Dashboard()
-    dashboard.wallet.address = str(WALLET.pubkey())
-    return RunManagerApp(dashboard, wallet_refresh_s=3600,
-                         funds=WalletFunds([net.url], WALLET, proofs))
-
-
 def airdrop_notes(app: RunManagerApp) -> list[str]:
     """The panel's notes about airdrops (the pools' own come first)."""
     return [line for line in text_of(app, "#funds-notes").splitlines()
             if line.startswith("airdrops: ")]
 
 
-async def wallet_balance(net: Localnet) -> int:
-    async with SolanaRpc([net.url]) as rpc:
-        data = await rpc.account_data(ix.associated_token_address(WALLET.pubkey(), MINT.pubkey()))
-        return 0 if data is None else ix.token_amount(data)
-
-
 async def test_a_directory_and_a_file_list_each_allocation_once_and_claim(world: World) -> None:
-    app = funds_app(world.net, f"{world.drops}, {world.second}")
+    app = funds_app(world.net.url, WALLET, f"{world.drops}, {world.second}")
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             panel = await listed(app, pilot, 2)
@@ -127,18 +111,13 @@ async def test_a_directory_and_a_file_list_each_allocation_once_and_claim(world:
                 f"airdrops: AIRDROP_PROOFS: {world.drops}: not proofs files, passed over: "
                 "allocations.json"]
 
-            table = app.query_one("#funds-table", DataTable)
-            table.focus()
-            table.move_cursor(row=1)
-            await pilot.press("enter")
-            await pilot.pause()
-            dialog = app.screen
-            assert isinstance(dialog, FundsClaimScreen) and dialog.amount == 3 * M
+            dialog = await claim_dialog_on_row(app, pilot, 1)
+            assert dialog.amount == 3 * M
             assert "from airdrop 22, allocation #0" in dialog.question
             await pilot.press("y")
             await app.workers.wait_for_complete()
             await pilot.pause()
-            assert await wallet_balance(world.net) == 3 * M
+            assert await token_balance(world.net.url, WALLET.pubkey(), MINT.pubkey()) == 3 * M
             assert cells(app, "airdrop:22:0")[3:5] == ["claimed 3", "claimable 0"]
     finally:
         await app.funds.close()  # type: ignore[union-attr]  # given above
@@ -150,7 +129,7 @@ async def test_missing_stale_and_empty_entries_are_notes_next_to_the_good_ones(
     empty.mkdir()
     missing = tmp_path / "missing.json"
     stale = world.drops / "airdrop-21-proofs-old.json"
-    app = funds_app(world.net, f"{missing},{empty},{stale},{world.second},")
+    app = funds_app(world.net.url, WALLET, f"{missing},{empty},{stale},{world.second},")
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             panel = await listed(app, pilot, 1)

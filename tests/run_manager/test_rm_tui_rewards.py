@@ -30,7 +30,7 @@ from run_manager.tui.app import RunManagerApp
 from run_manager.tui.messages import DashboardChanged, SupervisorEventPosted
 from run_manager.tui.widgets import ClaimScreen
 from run_manager.view import Dashboard, same_key
-from tests.solana.test_differential import small_run_state
+from tests.run_manager.tui_setup import played_treasurer_run
 
 try:  # the pull's progress moves from the engine to its own module (registry pulls)
     from run_manager.image_pull import PullProgress
@@ -188,17 +188,7 @@ def test_snapshot_claim_dialog(snap_compare: Any) -> None:
 def treasurer_run() -> Iterator[TreasurerRun]:
     """An epoch played by the operator and one other client (500 points each), served
     over JSON-RPC; its reward vault still empty."""
-    run = SvmRun.create(small_run_state(2, 2, 1, 10), treasurer=True)
-    other = Keypair()
-    for key in (OPERATOR, other):
-        run.svm.airdrop(key.pubkey(), 10**9)
-    run.authorize_permissionless()
-    run.set_rates(1000, None)
-    run.join(OPERATOR)
-    run.join(other)
-    run.svm.advance(2)
-    run.tick()
-    run.play_epoch([OPERATOR, other])
+    run = played_treasurer_run(OPERATOR)
     assert run.account().earned(OPERATOR.pubkey()) == 500
     with Localnet(validator=LocalValidator(run.svm)) as net:
         yield net, run, run.account().run_id

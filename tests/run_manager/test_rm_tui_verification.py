@@ -20,6 +20,7 @@ from run_manager.tui.app import RunManagerApp
 from run_manager.tui.messages import DashboardChanged
 from run_manager.tui.widgets import VerificationPanel
 from run_manager.view import Dashboard, describe_verification, ejection_alert
+from tests.run_manager.tui_setup import eject
 
 
 def metrics(**verification: Any) -> ClientMetrics:
@@ -30,16 +31,11 @@ def metrics(**verification: Any) -> ClientMetrics:
 def verifying(dashboard: Dashboard | None = None) -> Dashboard:
     """Alice's client follows one trainer and reported Carol, whom Bob reported too."""
     dashboard = dashboard or sample_dashboard()
-    assert dashboard.run is not None
-    reports = [RunReport(reporter=ALICE, accused=CAROL, step=40, jaccard=0.31, hamming=0.48,
-                         manhattan=1.2),
-               RunReport(reporter=BOB, accused=CAROL, step=40, jaccard=0.3, hamming=0.5,
-                         manhattan=1.1)]
-    clients = [c.model_copy(update={"state": "Ejected"}) if c.id == CAROL else c
-               for c in dashboard.run.clients]
-    dashboard.apply_run(dashboard.run.model_copy(update={
-        "clients": clients,
-        "verification": RunVerification(percent=50, reports=reports, ejected=[CAROL])}))
+    eject(dashboard, CAROL, [
+        RunReport(reporter=ALICE, accused=CAROL, step=40, jaccard=0.31, hamming=0.48,
+                  manhattan=1.2),
+        RunReport(reporter=BOB, accused=CAROL, step=40, jaccard=0.3, hamming=0.5,
+                  manhattan=1.1)])
     dashboard.apply_metrics(metrics(verification_following=1, verifications_passed=3,
                                     verifications_failed=1, verification_reports_sent=1))
     return dashboard
@@ -48,16 +44,11 @@ def verifying(dashboard: Dashboard | None = None) -> Dashboard:
 def ejected() -> Dashboard:
     """Alice's own client was ejected by Bob and Carol, its followers."""
     dashboard = sample_dashboard()
-    assert dashboard.run is not None
-    reports = [RunReport(reporter=CAROL, accused=ALICE, step=41, jaccard=0.2, hamming=0.4,
-                         manhattan=0.9),
-               RunReport(reporter=BOB, accused=ALICE, step=40, jaccard=0.31, hamming=0.48,
-                         manhattan=1.2)]
-    clients = [c.model_copy(update={"state": "Ejected"}) if c.id == ALICE else c
-               for c in dashboard.run.clients]
-    dashboard.apply_run(dashboard.run.model_copy(update={
-        "clients": clients,
-        "verification": RunVerification(percent=50, reports=reports, ejected=[ALICE])}))
+    eject(dashboard, ALICE, [
+        RunReport(reporter=CAROL, accused=ALICE, step=41, jaccard=0.2, hamming=0.4,
+                  manhattan=0.9),
+        RunReport(reporter=BOB, accused=ALICE, step=40, jaccard=0.31, hamming=0.48,
+                  manhattan=1.2)])
     dashboard.apply_metrics(metrics(verifications_passed=3, ejected=True, ejected_epoch=2,
                                     ejected_by=[BOB, CAROL]))
     return dashboard
