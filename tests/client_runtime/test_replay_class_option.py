@@ -10,13 +10,10 @@ import asyncio
 from typing import cast
 
 import pytest
-import typer
+from client_cli_probe import config_from, one_line_usage_error
 from tcp_helpers import identity, make_state_file
-from typer.testing import CliRunner
 
-from client_image.cli import app
 from client_image.client_config import ClientConfig
-from client_image.config_typer import client_config_options
 from client_image.p2p import NodeConfig
 from client_image.runtime.client import (
     ClientOptions,
@@ -29,23 +26,6 @@ from coordinator import Coordinator, NodeIdentity, RunState
 from coordinator_tcp.connections import Peer
 from coordinator_tcp.server import waiting_notices
 from psyche_common.identity import Identity
-
-BASE = ["train", "--run-id", "r", "--server-addr", "127.0.0.1:9", "--logs", "none"]
-
-
-def config_from(args: list[str], env: dict[str, str]) -> ClientConfig:
-    """The ClientConfig `train`'s options make of these flags and variables."""
-    probe = typer.Typer()
-    seen: list[ClientConfig] = []
-
-    @probe.command()
-    @client_config_options
-    def train(config: ClientConfig) -> None:
-        seen.append(config)
-
-    result = CliRunner().invoke(probe, ["--run-id", "r", *args], env=env)
-    assert result.exit_code == 0, result.output
-    return seen[0]
 
 
 def test_the_flag_and_its_environment_variable_reach_the_config() -> None:
@@ -64,12 +44,8 @@ def test_the_flag_and_its_environment_variable_reach_the_config() -> None:
     (["--replay-class", "0"], {}),
 ])
 def test_a_bad_value_is_a_one_line_usage_error(args: list[str], env: dict[str, str]) -> None:
-    result = CliRunner().invoke(app, [*BASE, *args], env={"COLUMNS": "200", **env})
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if "Invalid value" in line]
-    assert len(errors) == 1, result.output
-    assert "--replay-class" in errors[0] and "'machine', 'none'" in errors[0], result.output
-    assert "Traceback" not in result.output
+    one_line_usage_error(args, env, "--replay-class", "'machine', 'none'",
+                         marker="Invalid value")
 
 
 def test_none_joins_as_class_zero_and_machine_with_its_own_class() -> None:

@@ -10,12 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
+from client_cli_probe import config_from, one_line_usage_error
 
-from client_image.cli import app
-from client_image.client_config import ClientConfig
-from client_image.config_typer import client_config_options
 from client_image.p2p import ModelFetchOptions
 from client_image.p2p.model_sharing import MEGABIT_BYTES
 
@@ -25,7 +21,6 @@ pytestmark = pytest.mark.timeout(120)
 
 CAP_MBPS = 16.0  # 2 MB/s
 BURST = 1 << 20  # RateLimiter's default burst: the first MiB is free
-BASE = ["train", "--run-id", "r", "--server-addr", "127.0.0.1:9", "--logs", "none"]
 
 
 def six_mb_model() -> dict[str, torch.Tensor]:
@@ -55,32 +50,6 @@ async def test_the_cap_slows_a_real_model_fetch_to_its_rate() -> None:
     assert capped >= floor, (capped, floor)
     uncapped, _ = await fetch_seconds(None)
     assert uncapped < floor, (uncapped, floor)
-
-
-def config_from(args: list[str], env: dict[str, str]) -> ClientConfig:
-    """The ClientConfig `train`'s options make of these flags and variables."""
-    probe = typer.Typer()
-    seen: list[ClientConfig] = []
-
-    @probe.command()
-    @client_config_options
-    def train(config: ClientConfig) -> None:
-        seen.append(config)
-
-    result = CliRunner().invoke(probe, ["--run-id", "r", *args], env=env)
-    assert result.exit_code == 0, result.output
-    return seen[0]
-
-
-def one_line_usage_error(args: list[str], env: dict[str, Any], option: str, message: str) -> None:
-    """`train` with these flags and variables exits 2 with one `Error:` line naming `option`
-    and saying `message`, and no traceback."""
-    result = CliRunner().invoke(app, [*BASE, *args], env={"COLUMNS": "200", **env})
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and option in errors[0], result.output
-    assert message in errors[0], result.output
-    assert "Traceback" not in result.output
 
 
 def test_the_flag_and_its_environment_variable_reach_the_config() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from client_cli_probe import config_from, one_line_usage_error
 
 from client_image.client_config import ClientConfig
 from client_image.p2p import ModelFetchOptions, NodeConfig, P2PNode
@@ -25,7 +26,7 @@ from client_image.runtime.observability import EventLog
 from psyche_common.identity import Identity
 
 from .swarm import FAST_DOWNLOADS, FAST_GOSSIP, started_nodes
-from .test_model_download_cap import config_from, one_line_usage_error, six_mb_model
+from .test_model_download_cap import six_mb_model
 
 pytestmark = pytest.mark.timeout(120)
 
