@@ -36,11 +36,10 @@ from coordinator import (
 from coordinator.config import CoordinatorConfig, StateFile
 from coordinator.state import VerificationReport
 from coordinator.verification import plan_for_epoch
-from psyche_solana.instructions import TICK_COMPUTE_UNIT_LIMIT
+from psyche_solana.instructions import DEFAULT_INSTRUCTION_COMPUTE_UNITS, TICK_COMPUTE_UNIT_LIMIT
 from psyche_solana.scenario import SvmRun
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_INSTRUCTION_BUDGET = 200_000
 
 
 def _run(init_min_clients: int) -> SvmRun:
@@ -76,12 +75,13 @@ def distinct_classes_tick(clients: int) -> int:
 
 def mixed_run(clients: int) -> dict[str, int]:
     run = _run(clients)
-    keys = _joined(run, [i % 5 for i in range(clients)])
+    classes = [i % 5 for i in range(clients)]
+    keys = _joined(run, classes)
     figures = {"cu_tick_warmup_mixed": run.tick().compute_units}
     by_node = {NodeIdentity(bytes(key.pubkey())): key for key in keys}
+    # until a trained step: round 1 under way
     run.play_until(keys, lambda s: s.run_state is RunState.RoundTrain
                    and s.progress.step > s.epoch_state.start_step, step_seconds=2)
-    # a trained step: round 1 under way
     state = run.account().state
     assert state is not None
     class_of = {c.id: c.replay_class for c in state.epoch_state.clients}
@@ -93,7 +93,7 @@ def mixed_run(clients: int) -> dict[str, int]:
                                     bytes([1]) * 32, 1, 2, 3)
         figures[name] = run.verification_report(by_node[follower], report).compute_units
     run.play_until(keys, lambda s: s.run_state is RunState.WaitingForMembers, step_seconds=2)
-    for key, replay_class in zip(keys, [i % 5 for i in range(clients)], strict=True):
+    for key, replay_class in zip(keys, classes, strict=True):
         run.join(key, replay_class=replay_class)
     run.svm.advance(2)
     figures["cu_tick_warmup_second_epoch"] = run.tick().compute_units
@@ -104,7 +104,7 @@ def mixed_run(clients: int) -> dict[str, int]:
 def budget_of(figure: str) -> int:
     """What the instruction measured gets: a tick asks for TICK_COMPUTE_UNIT_LIMIT (every
     tick sender uses ix.tick_with_budget); a report asks for nothing."""
-    return TICK_COMPUTE_UNIT_LIMIT if figure.startswith("cu_tick") else DEFAULT_INSTRUCTION_BUDGET
+    return TICK_COMPUTE_UNIT_LIMIT if figure.startswith("cu_tick") else DEFAULT_INSTRUCTION_COMPUTE_UNITS
 
 
 def main() -> int:

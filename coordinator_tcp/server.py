@@ -58,7 +58,7 @@ from coordinator.messages import (
     WitnessMetadata,
 )
 from coordinator.state import VerificationReport
-from coordinator.verification import class_shortfalls
+from coordinator.verification import FOLLOWERS_PER_TRAINER, class_shortfalls
 from coordinator_tcp import protocol as wire
 from coordinator_tcp.addresses import AddressBook
 from coordinator_tcp.broadcaster import StateBroadcaster, fan_out
@@ -576,7 +576,8 @@ def waiting_notices(state: CoordinatorState, pending: list[NodeIdentity],
         more = f"{short} more client{'s' if short > 1 else ''}"
         return "replay_class", (
             f"waiting for {more} of this client's replay class: a verified run lists a "
-            "class only when at least 3 of its joiners (2 when only 2 joined) share it, so "
+            f"class only when at least {FOLLOWERS_PER_TRAINER + 1} of its joiners "
+            f"({FOLLOWERS_PER_TRAINER} when only {FOLLOWERS_PER_TRAINER} joined) share it, so "
             "that its followers can replay it; or restart this client with REPLAY_CLASS=none "
             "to join without a class, judged with the loose limits")
 

@@ -197,8 +197,11 @@ def tick(account: Pubkey) -> Instruction:
     return _coordinator(5, account, None)
 
 
-# A tick's compute budget: an instruction gets 200,000 units unless the transaction asks for
-# more, and the warm-up of a second epoch with 256 returning clients takes about 506,000
+# What an instruction gets when its transaction sends no compute-budget instruction.
+DEFAULT_INSTRUCTION_COMPUTE_UNITS = 200_000
+
+# A tick's compute budget: an instruction gets DEFAULT_INSTRUCTION_COMPUTE_UNITS unless the
+# transaction asks for more, and the warm-up of a second epoch with 256 returning clients takes about 506,000
 # (bench/solana_replay_classes.py: each pending key against the last epoch's clients, then
 # the replay-class eligibility). Asking costs nothing without a compute-unit price.
 TICK_COMPUTE_UNIT_LIMIT = 800_000

@@ -209,8 +209,10 @@ class SvmRun:
             if state.run_state is RunState.Warmup:
                 for listed in state.epoch_state.clients:
                     client = by_node.get(listed.id)
-                    if client is None or self._state().run_state is not RunState.Warmup:
+                    if client is None:
                         continue
+                    if self._state().run_state is not RunState.Warmup:
+                        break  # the last witness ended it
                     witness = self.honest_witness(client, warmup=True)
                     assert witness is not None
                     self.warmup_witness(client, witness)

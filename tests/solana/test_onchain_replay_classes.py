@@ -257,7 +257,6 @@ def test_an_exited_member_keeps_its_class_and_its_place_in_the_plan():
         1 for t, fs in plan.followers.items() for f in fs if trainer not in (f, t))
 
 
-DEFAULT_INSTRUCTION_BUDGET = 200_000  # compute units: clients send no compute-budget instruction
 
 
 def test_a_report_in_a_full_run_fits_the_default_compute_budget():
@@ -278,7 +277,7 @@ def test_a_report_in_a_full_run_fits_the_default_compute_budget():
         run.join(key, replay_class=replay_class)
     run.svm.advance(2)
     warmup_units = run.tick().compute_units
-    assert warmup_units < DEFAULT_INSTRUCTION_BUDGET, warmup_units
+    assert warmup_units < ix.DEFAULT_INSTRUCTION_COMPUTE_UNITS, warmup_units
     account = run.account()
     assert account.pending == [key.pubkey() for key in keys[-3:]]
     by_node = {NodeIdentity(bytes(key.pubkey())): key for key in keys}
@@ -302,7 +301,7 @@ def test_a_report_in_a_full_run_fits_the_default_compute_budget():
         report = VerificationReport(follower, trainer, state.progress.step - 1, bytes(32),
                                     bytes([1]) * 32, 1, 2, 3)
         units[replay_class] = run.verification_report(by_node[follower], report).compute_units
-    assert max(units.values()) < DEFAULT_INSTRUCTION_BUDGET, units
+    assert max(units.values()) < ix.DEFAULT_INSTRUCTION_COMPUTE_UNITS, units
     assert units[1] > units[0], units  # the same-class path costs one election more
 
 
@@ -324,7 +323,7 @@ def test_a_full_registry_of_distinct_classes_stays_pending_within_the_compute_bu
     account = run.account()
     assert account.run_state is RunState.WaitingForMembers
     assert len(account.pending) == n
-    assert units < DEFAULT_INSTRUCTION_BUDGET, units
+    assert units < ix.DEFAULT_INSTRUCTION_COMPUTE_UNITS, units
 
 
 def test_a_joiner_whose_class_too_few_share_stays_pending_for_a_later_epoch():
